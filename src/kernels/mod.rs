@@ -1,0 +1,35 @@
+//! Numeric kernels over plain `f32` slices. Each has a test against a naive version.
+
+pub mod attention;
+pub mod matmul;
+pub mod norm;
+pub mod rope;
+
+pub use matmul::{dot, matmul};
+pub use norm::{rmsnorm, silu_mul};
+
+#[cfg(test)]
+pub(crate) mod testing {
+    /// Deterministic values in [-1, 1) from a seed (xorshift), for kernel tests.
+    pub fn random_vec(len: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..len)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    pub fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str) {
+        assert_eq!(got.len(), want.len(), "{what}: length");
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!(
+                (g - w).abs() <= tol * (1.0 + w.abs()),
+                "{what}: [{i}] got {g}, want {w}"
+            );
+        }
+    }
+}

@@ -1,0 +1,83 @@
+//! Rotary position embedding, Hugging Face "rotate_half" layout: dimension `i` pairs with
+//! `i + head_dim/2` (GGUF weights are un-permuted to this layout at load time).
+
+/// Precomputed cos/sin per (position, frequency), computed like HF in f32.
+pub struct Rope {
+    half: usize,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+impl Rope {
+    pub fn new(head_dim: usize, theta: f32, max_positions: usize) -> Self {
+        let half = head_dim / 2;
+        let inv_freq: Vec<f32> = (0..half)
+            .map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32))
+            .collect();
+        let mut cos = Vec::with_capacity(max_positions * half);
+        let mut sin = Vec::with_capacity(max_positions * half);
+        for p in 0..max_positions {
+            for f in &inv_freq {
+                let angle = p as f32 * f;
+                cos.push(angle.cos());
+                sin.push(angle.sin());
+            }
+        }
+        Rope { half, cos, sin }
+    }
+
+    pub fn max_positions(&self) -> usize {
+        self.cos.len() / self.half.max(1)
+    }
+
+    /// Rotates every head (width `2 * half`) of `x` in place for position `pos`.
+    pub fn apply(&self, x: &mut [f32], pos: usize) {
+        let h = self.half;
+        let cos = &self.cos[pos * h..(pos + 1) * h];
+        let sin = &self.sin[pos * h..(pos + 1) * h];
+        for head in x.chunks_exact_mut(2 * h) {
+            let (a, b) = head.split_at_mut(h);
+            for i in 0..h {
+                let (x0, x1) = (a[i], b[i]);
+                a[i] = x0 * cos[i] - x1 * sin[i];
+                b[i] = x1 * cos[i] + x0 * sin[i];
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::testing::{assert_close, random_vec};
+
+    #[test]
+    fn matches_naive_rotate_half() {
+        let (hd, heads, pos, theta) = (10, 3, 37, 10000f64);
+        let rope = Rope::new(hd, theta as f32, 64);
+        let x = random_vec(hd * heads, 9);
+        let mut got = x.clone();
+        rope.apply(&mut got, pos);
+        let mut want = vec![0f32; x.len()];
+        for h in 0..heads {
+            let v = &x[h * hd..(h + 1) * hd];
+            for i in 0..hd / 2 {
+                let a = pos as f64 / theta.powf((2 * i) as f64 / hd as f64);
+                let (x0, x1) = (v[i] as f64, v[i + hd / 2] as f64);
+                want[h * hd + i] = (x0 * a.cos() - x1 * a.sin()) as f32;
+                want[h * hd + i + hd / 2] = (x1 * a.cos() + x0 * a.sin()) as f32;
+            }
+        }
+        assert_close(&got, &want, 1e-5, "rope");
+    }
+
+    #[test]
+    fn position_zero_is_identity() {
+        let rope = Rope::new(8, 10000.0, 4);
+        let x = random_vec(16, 1);
+        let mut y = x.clone();
+        rope.apply(&mut y, 0);
+        assert_eq!(x, y);
+        assert_eq!(rope.max_positions(), 4);
+    }
+}

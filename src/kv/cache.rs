@@ -1,0 +1,92 @@
+//! The K/V pools: one `[num_blocks, block_size, kv_heads, head_dim]` array each for K and V
+//! per layer, f32 so the cached path computes exactly what the reference does.
+
+use crate::kernels::attention::PagedKv;
+
+pub struct KvCache {
+    layers: Vec<(Vec<f32>, Vec<f32>)>,
+    num_blocks: usize,
+    block_size: usize,
+    kv_heads: usize,
+    head_dim: usize,
+}
+
+impl KvCache {
+    pub fn new(
+        num_layers: usize,
+        num_blocks: usize,
+        block_size: usize,
+        kv_heads: usize,
+        head_dim: usize,
+    ) -> Self {
+        let len = num_blocks * block_size * kv_heads * head_dim;
+        let layers = (0..num_layers)
+            .map(|_| (vec![0f32; len], vec![0f32; len]))
+            .collect();
+        KvCache {
+            layers,
+            num_blocks,
+            block_size,
+            kv_heads,
+            head_dim,
+        }
+    }
+
+    /// Bytes one block takes over all layers, K and V.
+    pub fn bytes_per_block(
+        num_layers: usize,
+        block_size: usize,
+        kv_heads: usize,
+        head_dim: usize,
+    ) -> usize {
+        2 * num_layers * block_size * kv_heads * head_dim * std::mem::size_of::<f32>()
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    pub fn layer(&self, layer: usize) -> PagedKv<'_> {
+        let (k, v) = &self.layers[layer];
+        PagedKv {
+            k,
+            v,
+            block_size: self.block_size,
+            kv_heads: self.kv_heads,
+            head_dim: self.head_dim,
+        }
+    }
+
+    /// Stores all kv heads of one position: `k` and `v` are `[kv_heads * head_dim]`.
+    pub fn write(&mut self, layer: usize, block_table: &[u32], pos: usize, k: &[f32], v: &[f32]) {
+        let width = self.kv_heads * self.head_dim;
+        let o = self.layer(layer).offset(block_table, pos, 0);
+        let (kp, vp) = &mut self.layers[layer];
+        kp[o..o + width].copy_from_slice(k);
+        vp[o..o + width].copy_from_slice(v);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_lands_in_the_mapped_block_and_slot() {
+        let mut c = KvCache::new(2, 3, 2, 2, 3);
+        let k: Vec<f32> = (0..6).map(|x| x as f32).collect();
+        let v: Vec<f32> = (10..16).map(|x| x as f32).collect();
+        c.write(1, &[2, 0], 1, &k, &v);
+        let view = c.layer(1);
+        let o = view.offset(&[2, 0], 1, 1);
+        assert_eq!(o, ((2 * 2 + 1) * 2 + 1) * 3);
+        assert_eq!(&view.k[o..o + 3], &[3.0, 4.0, 5.0]);
+        assert_eq!(&view.v[o..o + 3], &[13.0, 14.0, 15.0]);
+        assert!(c.layer(0).k.iter().all(|x| *x == 0.0));
+        assert_eq!(KvCache::bytes_per_block(2, 2, 2, 3), 2 * 2 * 2 * 2 * 3 * 4);
+    }
+}

@@ -1,0 +1,19 @@
+//! The paged KV cache: a pool of fixed-size blocks per layer ([`KvCache`]), who owns which
+//! block ([`BlockAllocator`], ref-counted so prefixes can be shared) and each sequence's
+//! list of blocks ([`BlockTable`]).
+
+mod allocator;
+mod block_table;
+mod cache;
+
+pub use allocator::BlockAllocator;
+pub use block_table::BlockTable;
+pub use cache::KvCache;
+
+/// Raised when a sequence needs more blocks than are free; the caller decides what to evict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("KV cache out of blocks: need {needed}, {free} free")]
+pub struct OutOfBlocks {
+    pub needed: usize,
+    pub free: usize,
+}

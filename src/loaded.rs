@@ -1,0 +1,59 @@
+//! Opening a model path — a Hugging Face directory or a `.gguf` file — into weights and
+//! tokenizer.
+
+use crate::model::gguf::GgufFile;
+use crate::model::loader::{GgufWeights, SafetensorsWeights};
+use crate::model::{Llama, ModelConfig};
+use crate::tokenizer::Tokenizer;
+use anyhow::{bail, Result};
+use std::path::Path;
+
+pub struct LoadedModel {
+    pub model: Llama,
+    pub tokenizer: Tokenizer,
+    /// A short name for logs and the API (directory or file stem).
+    pub name: String,
+}
+
+impl LoadedModel {
+    pub fn open(path: &Path) -> Result<Self> {
+        let name = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let (model, tokenizer) = if path.is_dir() {
+            let cfg_path = path.join("config.json");
+            if !cfg_path.exists() {
+                bail!(
+                    "{}: no config.json (expected a Hugging Face model directory or a .gguf file)",
+                    path.display()
+                );
+            }
+            let config = ModelConfig::from_hf_json(&cfg_path)?;
+            let weights = SafetensorsWeights::open_dir(path)?;
+            let tokenizer = Tokenizer::from_dir(path)?;
+            (Llama::load(config, &weights)?, tokenizer)
+        } else if path.is_file() {
+            let g = GgufFile::open(path)?;
+            let config = ModelConfig::from_gguf(&g)?;
+            let weights = GgufWeights::new(&g, config.num_heads, config.num_kv_heads);
+            let tokenizer = Tokenizer::from_gguf(&g)?;
+            (Llama::load(config, &weights)?, tokenizer)
+        } else {
+            bail!("model path {} does not exist", path.display());
+        };
+        let vocab = model.config.vocab_size;
+        if tokenizer.vocab_size() > vocab {
+            bail!(
+                "{}: tokenizer has {} tokens but the model only {vocab}",
+                path.display(),
+                tokenizer.vocab_size()
+            );
+        }
+        Ok(LoadedModel {
+            model,
+            tokenizer,
+            name,
+        })
+    }
+}

@@ -1,0 +1,446 @@
+//! A GGUF (v2/v3) file reader: metadata, tensor directory, and dequantization of the tensor
+//! types llama.cpp ships most (F32, F16, BF16, Q8_0, Q4_0, Q4_1) to f32.
+
+use anyhow::{bail, ensure, Context, Result};
+use half::{bf16, f16};
+use memmap2::Mmap;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// A metadata value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    Int(i64),
+    Float(f64),
+    Bool(bool),
+    Str(String),
+    Array(Vec<Value>),
+}
+
+impl Value {
+    pub fn as_u64(&self) -> Option<u64> {
+        match self {
+            Value::Int(i) => u64::try_from(*i).ok(),
+            _ => None,
+        }
+    }
+    pub fn as_f64(&self) -> Option<f64> {
+        match self {
+            Value::Float(f) => Some(*f),
+            Value::Int(i) => Some(*i as f64),
+            _ => None,
+        }
+    }
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Value::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+    pub fn as_bool(&self) -> Option<bool> {
+        match self {
+            Value::Bool(b) => Some(*b),
+            _ => None,
+        }
+    }
+    pub fn as_array(&self) -> Option<&[Value]> {
+        match self {
+            Value::Array(a) => Some(a),
+            _ => None,
+        }
+    }
+}
+
+/// GGML tensor element types this reader can dequantize.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GgmlType {
+    F32,
+    F16,
+    Bf16,
+    Q4_0,
+    Q4_1,
+    Q8_0,
+}
+
+impl GgmlType {
+    fn from_id(id: u32) -> Result<Self> {
+        Ok(match id {
+            0 => GgmlType::F32,
+            1 => GgmlType::F16,
+            2 => GgmlType::Q4_0,
+            3 => GgmlType::Q4_1,
+            8 => GgmlType::Q8_0,
+            30 => GgmlType::Bf16,
+            other => bail!(
+                "unsupported GGML tensor type {other} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)"
+            ),
+        })
+    }
+
+    /// (elements per block, bytes per block)
+    fn block(self) -> (usize, usize) {
+        match self {
+            GgmlType::F32 => (1, 4),
+            GgmlType::F16 | GgmlType::Bf16 => (1, 2),
+            GgmlType::Q4_0 => (32, 18),
+            GgmlType::Q4_1 => (32, 20),
+            GgmlType::Q8_0 => (32, 34),
+        }
+    }
+}
+
+/// Where a tensor lives in the file.
+#[derive(Debug, Clone)]
+pub struct TensorInfo {
+    /// Row-major shape (GGUF lists dimensions fastest-first; this is reversed).
+    pub shape: Vec<usize>,
+    pub dtype: GgmlType,
+    /// Absolute byte offset in the file.
+    pub offset: usize,
+    pub len_bytes: usize,
+}
+
+pub struct GgufFile {
+    pub path: PathBuf,
+    pub metadata: HashMap<String, Value>,
+    pub tensors: HashMap<String, TensorInfo>,
+    mmap: Mmap,
+}
+
+impl GgufFile {
+    pub fn open(path: &Path) -> Result<Self> {
+        let file =
+            std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        // SAFETY: the file is opened read-only; weights files are not modified while served.
+        let mmap =
+            unsafe { Mmap::map(&file) }.with_context(|| format!("mapping {}", path.display()))?;
+        Self::parse(path, mmap).with_context(|| format!("reading GGUF file {}", path.display()))
+    }
+
+    fn parse(path: &Path, mmap: Mmap) -> Result<Self> {
+        let mut r = Reader { buf: &mmap, pos: 0 };
+        ensure!(r.bytes(4)? == b"GGUF", "not a GGUF file (bad magic)");
+        let version = r.u32()?;
+        ensure!(
+            version == 2 || version == 3,
+            "unsupported GGUF version {version} (need 2 or 3)"
+        );
+        let n_tensors = r.u64()? as usize;
+        let n_kv = r.u64()? as usize;
+        let mut metadata = HashMap::new();
+        for _ in 0..n_kv {
+            let key = r.string()?;
+            let ty = r.u32()?;
+            let value = r.value(ty).with_context(|| format!("metadata key {key}"))?;
+            metadata.insert(key, value);
+        }
+        let mut infos = Vec::with_capacity(n_tensors.min(1 << 16));
+        for _ in 0..n_tensors {
+            let name = r.string()?;
+            let n_dims = r.u32()? as usize;
+            ensure!(n_dims <= 4, "tensor {name}: {n_dims} dimensions");
+            let mut dims = (0..n_dims)
+                .map(|_| r.u64().map(|d| d as usize))
+                .collect::<Result<Vec<_>>>()?;
+            dims.reverse();
+            let dtype = GgmlType::from_id(r.u32()?).with_context(|| format!("tensor {name}"))?;
+            let offset = r.u64()? as usize;
+            infos.push((name, dims, dtype, offset));
+        }
+        let align = metadata
+            .get("general.alignment")
+            .and_then(Value::as_u64)
+            .unwrap_or(32) as usize;
+        ensure!(
+            align.is_power_of_two(),
+            "general.alignment {align} is not a power of two"
+        );
+        let data_start = r.pos.next_multiple_of(align);
+        let mut tensors = HashMap::new();
+        for (name, shape, dtype, rel) in infos {
+            let elems: usize = shape.iter().product();
+            let (per_block, block_bytes) = dtype.block();
+            ensure!(
+                elems % per_block == 0,
+                "tensor {name}: {elems} elements, not whole blocks of {per_block}"
+            );
+            let len_bytes = elems / per_block * block_bytes;
+            let offset = data_start + rel;
+            ensure!(
+                offset + len_bytes <= mmap.len(),
+                "tensor {name} ends at byte {} but the file has {} bytes (truncated?)",
+                offset + len_bytes,
+                mmap.len()
+            );
+            tensors.insert(
+                name,
+                TensorInfo {
+                    shape,
+                    dtype,
+                    offset,
+                    len_bytes,
+                },
+            );
+        }
+        Ok(GgufFile {
+            path: path.to_path_buf(),
+            metadata,
+            tensors,
+            mmap,
+        })
+    }
+
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.metadata.get(key)
+    }
+
+    /// Raw bytes of a tensor, still in its on-disk type.
+    pub fn raw(&self, info: &TensorInfo) -> &[u8] {
+        &self.mmap[info.offset..info.offset + info.len_bytes]
+    }
+
+    /// A tensor dequantized to f32, row-major.
+    pub fn dequantize(&self, info: &TensorInfo) -> Vec<f32> {
+        dequantize(info.dtype, self.raw(info))
+    }
+}
+
+/// Converts raw GGML data to f32 exactly as ggml's reference dequantization does
+/// (`d * q + m` in f32, no fused multiply-add).
+pub fn dequantize(dtype: GgmlType, raw: &[u8]) -> Vec<f32> {
+    let f16_at = |b: &[u8], i: usize| f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
+    match dtype {
+        GgmlType::F32 => raw
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        GgmlType::F16 => raw.chunks_exact(2).map(|c| f16_at(c, 0)).collect(),
+        GgmlType::Bf16 => raw
+            .chunks_exact(2)
+            .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        GgmlType::Q8_0 => {
+            let mut out = Vec::with_capacity(raw.len() / 34 * 32);
+            for b in raw.chunks_exact(34) {
+                let d = f16_at(b, 0);
+                out.extend(b[2..].iter().map(|&q| d * (q as i8) as f32));
+            }
+            out
+        }
+        GgmlType::Q4_0 => {
+            let mut out = vec![0f32; raw.len() / 18 * 32];
+            for (b, o) in raw.chunks_exact(18).zip(out.chunks_exact_mut(32)) {
+                let d = f16_at(b, 0);
+                for (j, &q) in b[2..].iter().enumerate() {
+                    o[j] = d * ((q & 0x0F) as i32 - 8) as f32;
+                    o[j + 16] = d * ((q >> 4) as i32 - 8) as f32;
+                }
+            }
+            out
+        }
+        GgmlType::Q4_1 => {
+            let mut out = vec![0f32; raw.len() / 20 * 32];
+            for (b, o) in raw.chunks_exact(20).zip(out.chunks_exact_mut(32)) {
+                let (d, m) = (f16_at(b, 0), f16_at(b, 2));
+                for (j, &q) in b[4..].iter().enumerate() {
+                    o[j] = d * (q & 0x0F) as f32 + m;
+                    o[j + 16] = d * (q >> 4) as f32 + m;
+                }
+            }
+            out
+        }
+    }
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn bytes(&mut self, n: usize) -> Result<&'a [u8]> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len());
+        let Some(end) = end else {
+            bail!(
+                "unexpected end of file at byte {} (truncated header?)",
+                self.pos
+            )
+        };
+        let s = &self.buf[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+    fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.bytes(4)?.try_into()?))
+    }
+    fn u64(&mut self) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.bytes(8)?.try_into()?))
+    }
+    fn string(&mut self) -> Result<String> {
+        let n = self.u64()? as usize;
+        Ok(String::from_utf8_lossy(self.bytes(n)?).into_owned())
+    }
+    fn value(&mut self, ty: u32) -> Result<Value> {
+        let b = |r: &mut Self, n| r.bytes(n).map(|s| s.to_vec());
+        Ok(match ty {
+            0 => Value::Int(b(self, 1)?[0] as i64),
+            1 => Value::Int(b(self, 1)?[0] as i8 as i64),
+            2 => Value::Int(u16::from_le_bytes(b(self, 2)?.try_into().unwrap()) as i64),
+            3 => Value::Int(i16::from_le_bytes(b(self, 2)?.try_into().unwrap()) as i64),
+            4 => Value::Int(self.u32()? as i64),
+            5 => Value::Int(self.u32()? as i32 as i64),
+            6 => Value::Float(f32::from_bits(self.u32()?) as f64),
+            7 => Value::Bool(b(self, 1)?[0] != 0),
+            8 => Value::Str(self.string()?),
+            9 => {
+                let ety = self.u32()?;
+                let n = self.u64()? as usize;
+                ensure!(
+                    n <= self.buf.len(),
+                    "array of {n} elements is longer than the file"
+                );
+                Value::Array((0..n).map(|_| self.value(ety)).collect::<Result<_>>()?)
+            }
+            10 => Value::Int(self.u64()? as i64),
+            11 => Value::Int(self.u64()? as i64),
+            12 => Value::Float(f64::from_bits(self.u64()?)),
+            other => bail!("unknown metadata value type {other}"),
+        })
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// Writes a minimal GGUF v3 file: metadata, then tensors given as (name, dims fastest-first, type id, data).
+    pub fn write_gguf(
+        path: &Path,
+        meta: &[(&str, Value)],
+        tensors: &[(&str, Vec<u64>, u32, Vec<u8>)],
+    ) {
+        fn s(out: &mut Vec<u8>, v: &str) {
+            out.extend((v.len() as u64).to_le_bytes());
+            out.extend(v.as_bytes());
+        }
+        fn val(out: &mut Vec<u8>, v: &Value) {
+            match v {
+                Value::Int(i) => {
+                    out.extend(4u32.to_le_bytes());
+                    out.extend((*i as u32).to_le_bytes());
+                }
+                Value::Float(f) => {
+                    out.extend(6u32.to_le_bytes());
+                    out.extend((*f as f32).to_le_bytes());
+                }
+                Value::Bool(b) => {
+                    out.extend(7u32.to_le_bytes());
+                    out.push(*b as u8);
+                }
+                Value::Str(x) => {
+                    out.extend(8u32.to_le_bytes());
+                    s(out, x);
+                }
+                Value::Array(a) => {
+                    out.extend(9u32.to_le_bytes());
+                    out.extend(8u32.to_le_bytes());
+                    out.extend((a.len() as u64).to_le_bytes());
+                    for x in a {
+                        s(out, x.as_str().expect("string arrays only"));
+                    }
+                }
+            }
+        }
+        let mut out = b"GGUF".to_vec();
+        out.extend(3u32.to_le_bytes());
+        out.extend((tensors.len() as u64).to_le_bytes());
+        out.extend((meta.len() as u64).to_le_bytes());
+        for (k, v) in meta {
+            s(&mut out, k);
+            val(&mut out, v);
+        }
+        let mut rel = 0u64;
+        for (name, dims, ty, data) in tensors {
+            s(&mut out, name);
+            out.extend((dims.len() as u32).to_le_bytes());
+            for d in dims {
+                out.extend(d.to_le_bytes());
+            }
+            out.extend(ty.to_le_bytes());
+            out.extend(rel.to_le_bytes());
+            rel = (rel + data.len() as u64).next_multiple_of(32);
+        }
+        out.resize(out.len().next_multiple_of(32), 0);
+        for (_, _, _, data) in tensors {
+            out.extend(data);
+            out.resize(out.len().next_multiple_of(32), 0);
+        }
+        std::fs::write(path, out).unwrap();
+    }
+
+    #[test]
+    fn dequantizes_quantized_blocks() {
+        let d = f16::from_f32(0.5).to_le_bytes();
+        let m = f16::from_f32(-1.0).to_le_bytes();
+        let mut q41 = vec![d[0], d[1], m[0], m[1]];
+        q41.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+        let got = dequantize(GgmlType::Q4_1, &q41);
+        assert_eq!(got[0], -1.0);
+        assert_eq!(got[15], 0.5 * 15.0 - 1.0);
+        assert_eq!(got[16], 0.5 * 15.0 - 1.0);
+        assert_eq!(got[31], -1.0);
+
+        let mut q40 = vec![d[0], d[1]];
+        q40.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+        let got = dequantize(GgmlType::Q4_0, &q40);
+        assert_eq!((got[0], got[16], got[15]), (-4.0, 3.5, 3.5));
+
+        let mut q80 = vec![d[0], d[1]];
+        q80.extend((0..32).map(|j| (j as i8 - 16) as u8));
+        let got = dequantize(GgmlType::Q8_0, &q80);
+        assert_eq!((got[0], got[31]), (-8.0, 7.5));
+    }
+
+    #[test]
+    fn reads_metadata_and_tensors_and_rejects_truncation() {
+        let dir = tempdir();
+        let path = dir.join("t.gguf");
+        let data: Vec<u8> = [1f32, 2.0, 3.0, 4.0, 5.0, 6.0]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        write_gguf(
+            &path,
+            &[
+                ("general.architecture", Value::Str("llama".into())),
+                ("llama.block_count", Value::Int(2)),
+            ],
+            &[("w", vec![3, 2], 0, data)],
+        );
+        let g = GgufFile::open(&path).unwrap();
+        assert_eq!(g.get("llama.block_count").and_then(Value::as_u64), Some(2));
+        let info = &g.tensors["w"];
+        assert_eq!(info.shape, vec![2, 3]);
+        assert_eq!(g.dequantize(info), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() - 8]).unwrap();
+        let err = format!("{:#}", GgufFile::open(&path).err().unwrap());
+        assert!(err.contains("truncated"), "{err}");
+        std::fs::write(&path, b"GGUX0000").unwrap();
+        let err = format!("{:#}", GgufFile::open(&path).err().unwrap());
+        assert!(err.contains("bad magic"), "{err}");
+    }
+
+    pub fn tempdir() -> PathBuf {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "weft-test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&p).unwrap();
+        p
+    }
+}

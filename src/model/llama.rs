@@ -1,0 +1,249 @@
+//! The Llama forward pass over a ragged batch: all rows of a step (prefill chunks and
+//! decode tokens of many sequences, no padding) go through every projection as one matrix
+//! multiply, so each weight is read once per step; attention runs per sequence over its
+//! own paged K/V.
+
+use super::config::ModelConfig;
+use super::loader::WeightSource;
+use super::tensor::Tensor;
+use crate::kernels::attention::attend;
+use crate::kernels::rope::Rope;
+use crate::kernels::{matmul, rmsnorm, silu_mul};
+use crate::kv::KvCache;
+use anyhow::Result;
+use rayon::prelude::*;
+
+struct Layer {
+    attn_norm: Tensor,
+    /// q, k and v projections stacked: `[q_dim + 2 kv_dim, hidden]`.
+    wqkv: Vec<f32>,
+    wo: Tensor,
+    ffn_norm: Tensor,
+    /// gate and up projections stacked: `[2 intermediate, hidden]`.
+    w_gate_up: Vec<f32>,
+    w_down: Tensor,
+}
+
+pub struct Llama {
+    pub config: ModelConfig,
+    embed: Tensor,
+    layers: Vec<Layer>,
+    norm: Tensor,
+    lm_head: Option<Tensor>,
+    rope: Rope,
+}
+
+/// One sequence's part of a step: `num_tokens` new tokens at positions
+/// `context_len..context_len + num_tokens`, whose K/V go into `block_table`.
+#[derive(Debug, Clone, Copy)]
+pub struct SeqStep<'a> {
+    pub context_len: usize,
+    pub num_tokens: usize,
+    pub block_table: &'a [u32],
+    /// Whether logits are wanted for this sequence's last token.
+    pub sample: bool,
+}
+
+/// A step: the tokens of all sequences, concatenated in `seqs` order.
+pub struct StepInput<'a> {
+    pub tokens: &'a [u32],
+    pub seqs: &'a [SeqStep<'a>],
+}
+
+/// Activation buffers reused across steps.
+#[derive(Default)]
+pub struct Workspace {
+    h: Vec<f32>,
+    xn: Vec<f32>,
+    qkv: Vec<f32>,
+    attn: Vec<f32>,
+    tmp: Vec<f32>,
+    gate_up: Vec<f32>,
+    act: Vec<f32>,
+    last: Vec<f32>,
+    logits: Vec<f32>,
+}
+
+fn resize(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    v.resize(n, 0.0);
+    &mut v[..n]
+}
+
+fn stack(a: Tensor, rest: &[Tensor]) -> Vec<f32> {
+    let mut v = a.into_vec();
+    for t in rest {
+        v.extend_from_slice(t.data());
+    }
+    v
+}
+
+impl Llama {
+    pub fn load(config: ModelConfig, src: &dyn WeightSource) -> Result<Self> {
+        let c = &config;
+        let (d, f) = (c.hidden_size, c.intermediate_size);
+        let embed = src.load("model.embed_tokens.weight", &[c.vocab_size, d])?;
+        let mut layers = Vec::with_capacity(c.num_layers);
+        for i in 0..c.num_layers {
+            let name = |s: &str| format!("model.layers.{i}.{s}.weight");
+            let q = src.load(&name("self_attn.q_proj"), &[c.q_dim(), d])?;
+            let k = src.load(&name("self_attn.k_proj"), &[c.kv_dim(), d])?;
+            let v = src.load(&name("self_attn.v_proj"), &[c.kv_dim(), d])?;
+            let gate = src.load(&name("mlp.gate_proj"), &[f, d])?;
+            let up = src.load(&name("mlp.up_proj"), &[f, d])?;
+            layers.push(Layer {
+                attn_norm: src.load(&name("input_layernorm"), &[d])?,
+                wqkv: stack(q, &[k, v]),
+                wo: src.load(&name("self_attn.o_proj"), &[d, c.q_dim()])?,
+                ffn_norm: src.load(&name("post_attention_layernorm"), &[d])?,
+                w_gate_up: stack(gate, &[up]),
+                w_down: src.load(&name("mlp.down_proj"), &[d, f])?,
+            });
+        }
+        let norm = src.load("model.norm.weight", &[d])?;
+        let lm_head = if c.tie_word_embeddings && !src.contains("lm_head.weight") {
+            None
+        } else {
+            Some(src.load("lm_head.weight", &[c.vocab_size, d])?)
+        };
+        let rope = Rope::new(c.head_dim, c.rope_theta, c.max_position_embeddings);
+        Ok(Llama {
+            config,
+            embed,
+            layers,
+            norm,
+            lm_head,
+            rope,
+        })
+    }
+
+    /// Bytes of weights read by one step (the decode bandwidth bound).
+    pub fn weight_bytes(&self) -> usize {
+        let layer: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                l.attn_norm.data().len()
+                    + l.wqkv.len()
+                    + l.wo.data().len()
+                    + l.ffn_norm.data().len()
+                    + l.w_gate_up.len()
+                    + l.w_down.data().len()
+            })
+            .sum();
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed).data().len();
+        4 * (layer + self.norm.data().len() + head)
+    }
+
+    /// Runs one step and returns the logits `[sampling sequences, vocab]`, in `seqs` order.
+    pub fn forward<'w>(
+        &self,
+        input: &StepInput<'_>,
+        kv: &mut KvCache,
+        ws: &'w mut Workspace,
+    ) -> &'w [f32] {
+        let c = &self.config;
+        let (d, hd) = (c.hidden_size, c.head_dim);
+        let (qd, kvd, f) = (c.q_dim(), c.kv_dim(), c.intermediate_size);
+        let t = input.tokens.len();
+        let total: usize = input.seqs.iter().map(|s| s.num_tokens).sum();
+        assert_eq!(
+            total, t,
+            "step has {t} tokens but its sequences cover {total}"
+        );
+
+        // Per-row (sequence index, position), so row-wise work needs no search.
+        let mut rows = Vec::with_capacity(t);
+        for (si, s) in input.seqs.iter().enumerate() {
+            let end = s.context_len + s.num_tokens;
+            assert!(
+                end <= self.rope.max_positions(),
+                "position {end} beyond the model's context"
+            );
+            assert!(
+                s.block_table.len() * kv.block_size() >= end,
+                "block table too short for {end} tokens"
+            );
+            rows.extend((s.context_len..end).map(|p| (si, p)));
+        }
+
+        let h = resize(&mut ws.h, t * d);
+        for (row, &tok) in h.chunks_exact_mut(d).zip(input.tokens) {
+            let tok = tok as usize;
+            assert!(tok < c.vocab_size, "token id {tok} outside the vocabulary");
+            row.copy_from_slice(&self.embed.data()[tok * d..(tok + 1) * d]);
+        }
+        let xn = resize(&mut ws.xn, t * d);
+        let qkv = resize(&mut ws.qkv, t * (qd + 2 * kvd));
+        let attn = resize(&mut ws.attn, t * qd);
+        let tmp = resize(&mut ws.tmp, t * d);
+        let gate_up = resize(&mut ws.gate_up, t * 2 * f);
+        let act = resize(&mut ws.act, t * f);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let group = c.num_heads / c.num_kv_heads;
+
+        for (li, layer) in self.layers.iter().enumerate() {
+            rmsnorm(h, layer.attn_norm.data(), c.rms_norm_eps, xn);
+            matmul(xn, &layer.wqkv, qkv, t, d, qd + 2 * kvd);
+            for (row, &(si, pos)) in qkv.chunks_exact_mut(qd + 2 * kvd).zip(&rows) {
+                let (q, kvpart) = row.split_at_mut(qd);
+                let (k, v) = kvpart.split_at_mut(kvd);
+                self.rope.apply(q, pos);
+                self.rope.apply(k, pos);
+                kv.write(li, input.seqs[si].block_table, pos, k, v);
+            }
+            let view = kv.layer(li);
+            let qkv_ro: &[f32] = qkv;
+            attn.par_chunks_mut(qd)
+                .enumerate()
+                .for_each_init(Vec::new, |scores, (r, out)| {
+                    let (si, pos) = rows[r];
+                    let q = &qkv_ro[r * (qd + 2 * kvd)..r * (qd + 2 * kvd) + qd];
+                    for head in 0..c.num_heads {
+                        let o = head * hd;
+                        let table = input.seqs[si].block_table;
+                        attend(
+                            &q[o..o + hd],
+                            view,
+                            table,
+                            head / group,
+                            pos,
+                            scale,
+                            scores,
+                            &mut out[o..o + hd],
+                        );
+                    }
+                });
+            matmul(attn, layer.wo.data(), tmp, t, qd, d);
+            h.iter_mut().zip(tmp.iter()).for_each(|(a, b)| *a += b);
+
+            rmsnorm(h, layer.ffn_norm.data(), c.rms_norm_eps, xn);
+            matmul(xn, &layer.w_gate_up, gate_up, t, d, 2 * f);
+            silu_mul(gate_up, f, act);
+            matmul(act, layer.w_down.data(), tmp, t, f, d);
+            h.iter_mut().zip(tmp.iter()).for_each(|(a, b)| *a += b);
+        }
+
+        // Final norm and LM head only for the last row of each sampling sequence.
+        let mut sampled = Vec::new();
+        let mut start = 0;
+        for s in input.seqs {
+            start += s.num_tokens;
+            if s.sample && s.num_tokens > 0 {
+                sampled.push(start - 1);
+            }
+        }
+        let last = resize(&mut ws.last, sampled.len() * d);
+        for (dst, &r) in last.chunks_exact_mut(d).zip(&sampled) {
+            rmsnorm(
+                &h[r * d..(r + 1) * d],
+                self.norm.data(),
+                c.rms_norm_eps,
+                dst,
+            );
+        }
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        let logits = resize(&mut ws.logits, sampled.len() * c.vocab_size);
+        matmul(last, head.data(), logits, sampled.len(), d, c.vocab_size);
+        logits
+    }
+}

@@ -1,0 +1,120 @@
+//! Weights from a GGUF file, dequantized to f32 at load, with llama.cpp's q/k row order
+//! for interleaved RoPE mapped back to the Hugging Face rotate_half order.
+
+use super::{check_shape, Tensor, WeightSource};
+use crate::model::gguf::GgufFile;
+use anyhow::{Context, Result};
+
+pub struct GgufWeights<'a> {
+    file: &'a GgufFile,
+    num_heads: usize,
+    num_kv_heads: usize,
+}
+
+impl<'a> GgufWeights<'a> {
+    pub fn new(file: &'a GgufFile, num_heads: usize, num_kv_heads: usize) -> Self {
+        GgufWeights {
+            file,
+            num_heads,
+            num_kv_heads,
+        }
+    }
+}
+
+/// The GGUF name of a Hugging Face Llama tensor name.
+fn gguf_name(hf: &str) -> Option<String> {
+    let fixed = match hf {
+        "model.embed_tokens.weight" => Some("token_embd.weight"),
+        "model.norm.weight" => Some("output_norm.weight"),
+        "lm_head.weight" => Some("output.weight"),
+        _ => None,
+    };
+    if let Some(f) = fixed {
+        return Some(f.to_string());
+    }
+    let rest = hf.strip_prefix("model.layers.")?;
+    let (layer, part) = rest.split_once('.')?;
+    let part = match part {
+        "input_layernorm.weight" => "attn_norm.weight",
+        "post_attention_layernorm.weight" => "ffn_norm.weight",
+        "self_attn.q_proj.weight" => "attn_q.weight",
+        "self_attn.k_proj.weight" => "attn_k.weight",
+        "self_attn.v_proj.weight" => "attn_v.weight",
+        "self_attn.o_proj.weight" => "attn_output.weight",
+        "mlp.gate_proj.weight" => "ffn_gate.weight",
+        "mlp.up_proj.weight" => "ffn_up.weight",
+        "mlp.down_proj.weight" => "ffn_down.weight",
+        _ => return None,
+    };
+    Some(format!("blk.{layer}.{part}"))
+}
+
+/// Row `h*hd + half*(hd/2) + i` of the HF layout is row `h*hd + 2i + half` in llama.cpp's.
+fn unpermute_rows(data: &[f32], heads: usize, cols: usize) -> Vec<f32> {
+    let hd = data.len() / cols / heads;
+    let mut out = vec![0f32; data.len()];
+    for h in 0..heads {
+        for half in 0..2 {
+            for i in 0..hd / 2 {
+                let dst = (h * hd + half * (hd / 2) + i) * cols;
+                let src = (h * hd + 2 * i + half) * cols;
+                out[dst..dst + cols].copy_from_slice(&data[src..src + cols]);
+            }
+        }
+    }
+    out
+}
+
+impl WeightSource for GgufWeights<'_> {
+    fn contains(&self, name: &str) -> bool {
+        gguf_name(name).is_some_and(|g| self.file.tensors.contains_key(&g))
+    }
+
+    fn load(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        let gname = gguf_name(name).with_context(|| format!("no GGUF name for tensor {name}"))?;
+        let info = self.file.tensors.get(&gname).with_context(|| {
+            format!(
+                "{}: tensor {gname} ({name}) not found",
+                self.file.path.display()
+            )
+        })?;
+        check_shape(&self.file.path, &gname, shape, &info.shape)?;
+        let data = self.file.dequantize(info);
+        let data = if name.ends_with("q_proj.weight") {
+            unpermute_rows(&data, self.num_heads, shape[1])
+        } else if name.ends_with("k_proj.weight") {
+            unpermute_rows(&data, self.num_kv_heads, shape[1])
+        } else {
+            data
+        };
+        Ok(Tensor::owned(shape.to_vec(), data))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_names() {
+        assert_eq!(
+            gguf_name("model.layers.12.mlp.up_proj.weight").unwrap(),
+            "blk.12.ffn_up.weight"
+        );
+        assert_eq!(
+            gguf_name("model.embed_tokens.weight").unwrap(),
+            "token_embd.weight"
+        );
+        assert!(gguf_name("model.layers.1.bogus").is_none());
+    }
+
+    #[test]
+    fn unpermute_inverts_the_llama_cpp_permutation() {
+        // One head, hd = 4, 1 column: llama.cpp order is [x0, x2, x1, x3] for HF [x0, x1, x2, x3].
+        let gguf = [0.0, 2.0, 1.0, 3.0, 10.0, 12.0, 11.0, 13.0];
+        assert_eq!(
+            unpermute_rows(&gguf, 2, 1),
+            vec![0.0, 1.0, 2.0, 3.0, 10.0, 11.0, 12.0, 13.0]
+        );
+    }
+}

@@ -1,0 +1,26 @@
+//! Weight sources: anything that can hand out a named f32 tensor of an expected shape.
+//! Names are Hugging Face Llama names; each source maps them onto its own format.
+
+mod gguf;
+mod safetensors;
+
+pub use gguf::GgufWeights;
+pub use safetensors::SafetensorsWeights;
+
+use super::tensor::Tensor;
+use anyhow::Result;
+
+pub trait WeightSource {
+    /// The tensor `name`, checked to have `shape` (row-major, `[out, in]` for linear layers).
+    fn load(&self, name: &str, shape: &[usize]) -> Result<Tensor>;
+    fn contains(&self, name: &str) -> bool;
+}
+
+fn check_shape(file: &std::path::Path, name: &str, want: &[usize], found: &[usize]) -> Result<()> {
+    anyhow::ensure!(
+        want == found,
+        "{}: tensor {name} has shape {found:?}, expected {want:?}",
+        file.display()
+    );
+    Ok(())
+}

@@ -1,0 +1,112 @@
+//! Hugging Face safetensors (one file or shards): f32 tensors are borrowed from the
+//! memory map, f16/bf16 are widened to f32 once at load.
+
+use super::{check_shape, Tensor, WeightSource};
+use anyhow::{bail, Context, Result};
+use half::{bf16, f16};
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensors};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+struct Entry {
+    file: usize,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    offset: usize,
+    len_bytes: usize,
+}
+
+pub struct SafetensorsWeights {
+    files: Vec<(PathBuf, Arc<Mmap>)>,
+    entries: HashMap<String, Entry>,
+}
+
+impl SafetensorsWeights {
+    /// Opens every `*.safetensors` file of a model directory.
+    pub fn open_dir(dir: &Path) -> Result<Self> {
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+            .with_context(|| format!("reading {}", dir.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+            .collect();
+        if paths.is_empty() {
+            bail!("{}: no *.safetensors files", dir.display());
+        }
+        paths.sort();
+        let mut files = Vec::new();
+        let mut entries = HashMap::new();
+        for (i, path) in paths.into_iter().enumerate() {
+            let file = std::fs::File::open(&path)
+                .with_context(|| format!("opening {}", path.display()))?;
+            // SAFETY: read-only map of a weights file that is not modified while in use.
+            let map = Arc::new(
+                unsafe { Mmap::map(&file) }
+                    .with_context(|| format!("mapping {}", path.display()))?,
+            );
+            let st = SafeTensors::deserialize(&map).with_context(|| {
+                format!("{}: invalid or truncated safetensors file", path.display())
+            })?;
+            for (name, view) in st.tensors() {
+                let offset = view.data().as_ptr() as usize - map.as_ptr() as usize;
+                entries.insert(
+                    name,
+                    Entry {
+                        file: i,
+                        dtype: view.dtype(),
+                        shape: view.shape().to_vec(),
+                        offset,
+                        len_bytes: view.data().len(),
+                    },
+                );
+            }
+            files.push((path, map));
+        }
+        Ok(SafetensorsWeights { files, entries })
+    }
+}
+
+impl WeightSource for SafetensorsWeights {
+    fn contains(&self, name: &str) -> bool {
+        self.entries.contains_key(name)
+    }
+
+    fn load(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        let Some(e) = self.entries.get(name) else {
+            let dir = self.files[0].0.parent().unwrap_or(Path::new("."));
+            bail!(
+                "{}: tensor {name} not found in any *.safetensors file",
+                dir.display()
+            );
+        };
+        let (path, map) = &self.files[e.file];
+        check_shape(path, name, shape, &e.shape)?;
+        let n: usize = shape.iter().product();
+        let bytes = &map[e.offset..e.offset + e.len_bytes];
+        let data = match e.dtype {
+            Dtype::F32 => {
+                if let Some(t) = Tensor::mapped(shape.to_vec(), map.clone(), e.offset, n) {
+                    return Ok(t);
+                }
+                bytes
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect()
+            }
+            Dtype::F16 => bytes
+                .chunks_exact(2)
+                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            Dtype::BF16 => bytes
+                .chunks_exact(2)
+                .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            other => bail!(
+                "{}: tensor {name} has dtype {other:?}; supported: F32, F16, BF16",
+                path.display()
+            ),
+        };
+        Ok(Tensor::owned(shape.to_vec(), data))
+    }
+}

@@ -1,0 +1,11 @@
+//! Models: configuration, weight loading (safetensors directories and GGUF files) and the
+//! Llama forward pass over a ragged batch.
+
+pub mod config;
+pub mod gguf;
+pub mod llama;
+pub mod loader;
+mod tensor;
+
+pub use config::ModelConfig;
+pub use llama::{Llama, SeqStep, StepInput, Workspace};

@@ -1,0 +1,174 @@
+//! Builds a `tokenizer.json` document from GGUF tokenizer metadata, the way Hugging Face's
+//! converters do, so that GGUF-only models tokenize exactly like their HF originals.
+
+use crate::model::gguf::{GgufFile, Value};
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Map, Value as Json};
+use std::collections::HashMap;
+
+const CONTROL: i64 = 3;
+const USER_DEFINED: i64 = 4;
+const UNKNOWN: i64 = 2;
+
+fn strings(g: &GgufFile, key: &str) -> Result<Vec<String>> {
+    let arr = g
+        .get(key)
+        .and_then(Value::as_array)
+        .with_context(|| format!("GGUF has no {key}"))?;
+    arr.iter()
+        .map(|v| {
+            v.as_str()
+                .map(str::to_owned)
+                .with_context(|| format!("{key}: not strings"))
+        })
+        .collect()
+}
+
+fn id(g: &GgufFile, key: &str) -> Option<u32> {
+    g.get(key).and_then(Value::as_u64).map(|v| v as u32)
+}
+
+/// The tokenizer.json equivalent of the GGUF's `tokenizer.ggml.*` metadata.
+pub fn tokenizer_json(g: &GgufFile) -> Result<Json> {
+    let model = g
+        .get("tokenizer.ggml.model")
+        .and_then(Value::as_str)
+        .context("GGUF has no tokenizer.ggml.model")?;
+    let tokens = strings(g, "tokenizer.ggml.tokens")?;
+    let types: Vec<i64> = match g.get("tokenizer.ggml.token_type").and_then(Value::as_array) {
+        Some(a) => a
+            .iter()
+            .map(|v| if let Value::Int(i) = v { *i } else { 1 })
+            .collect(),
+        None => vec![1; tokens.len()],
+    };
+    let bos = id(g, "tokenizer.ggml.bos_token_id");
+    let add_bos = g
+        .get("tokenizer.ggml.add_bos_token")
+        .and_then(Value::as_bool)
+        .unwrap_or(model == "llama");
+    let vocab: Map<String, Json> = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.clone(), json!(i)))
+        .collect();
+
+    let added = |special: &dyn Fn(i64) -> Option<bool>| -> Vec<Json> {
+        tokens
+            .iter()
+            .zip(&types)
+            .enumerate()
+            .filter_map(|(i, (t, &ty))| {
+                special(ty).map(|s| {
+                    json!({"id": i, "content": t, "single_word": false, "lstrip": false,
+                           "rstrip": false, "normalized": false, "special": s})
+                })
+            })
+            .collect()
+    };
+    let post_processor = match (add_bos, bos) {
+        (true, Some(b)) => {
+            let bt = &tokens[b as usize];
+            json!({"type": "TemplateProcessing",
+                "single": [{"SpecialToken": {"id": bt, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                "pair": [{"SpecialToken": {"id": bt, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                         {"SpecialToken": {"id": bt, "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                "special_tokens": {bt.clone(): {"id": bt, "ids": [b], "tokens": [bt]}}})
+        }
+        _ => Json::Null,
+    };
+
+    match model {
+        "gpt2" => {
+            let pre = g
+                .get("tokenizer.ggml.pre")
+                .and_then(Value::as_str)
+                .unwrap_or("default");
+            let byte_level = json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true});
+            let pre_tokenizer = match pre {
+                "default" | "gpt2" | "gpt-2" => byte_level,
+                "smollm" => json!({"type": "Sequence", "pretokenizers": [
+                    {"type": "Digits", "individual_digits": true}, byte_level]}),
+                other => bail!(
+                    "GGUF pre-tokenizer '{other}' is not supported; put the model's tokenizer.json next to the .gguf file"
+                ),
+            };
+            let merges = strings(g, "tokenizer.ggml.merges")?;
+            Ok(json!({
+                "version": "1.0", "truncation": null, "padding": null,
+                "added_tokens": added(&|ty| match ty { CONTROL => Some(true), USER_DEFINED => Some(false), _ => None }),
+                "normalizer": null,
+                "pre_tokenizer": pre_tokenizer,
+                "post_processor": post_processor,
+                "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+                "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                          "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                          "ignore_merges": false, "vocab": vocab, "merges": merges}
+            }))
+        }
+        "llama" => {
+            let scores: Vec<f64> = match g.get("tokenizer.ggml.scores").and_then(Value::as_array) {
+                Some(a) => a.iter().map(|v| v.as_f64().unwrap_or(0.0)).collect(),
+                None => vec![0.0; tokens.len()],
+            };
+            let space_prefix = g
+                .get("tokenizer.ggml.add_space_prefix")
+                .and_then(Value::as_bool)
+                .unwrap_or(true);
+            let unk = id(g, "tokenizer.ggml.unknown_token_id").map(|u| tokens[u as usize].clone());
+            let mut normalizers = Vec::new();
+            if space_prefix {
+                normalizers.push(json!({"type": "Prepend", "prepend": "\u{2581}"}));
+            }
+            normalizers.push(
+                json!({"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"}),
+            );
+            let mut decoders = vec![
+                json!({"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "}),
+                json!({"type": "ByteFallback"}),
+                json!({"type": "Fuse"}),
+            ];
+            if space_prefix {
+                decoders.push(json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
+            }
+            Ok(json!({
+                "version": "1.0", "truncation": null, "padding": null,
+                "added_tokens": added(&|ty| matches!(ty, CONTROL | UNKNOWN).then_some(true)),
+                "normalizer": {"type": "Sequence", "normalizers": normalizers},
+                "pre_tokenizer": null,
+                "post_processor": post_processor,
+                "decoder": {"type": "Sequence", "decoders": decoders},
+                "model": {"type": "BPE", "dropout": null, "unk_token": unk, "continuing_subword_prefix": null,
+                          "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true,
+                          "ignore_merges": false, "vocab": vocab, "merges": spm_merges(&tokens, &scores)}
+            }))
+        }
+        other => bail!("GGUF tokenizer model '{other}' is not supported (supported: gpt2, llama)"),
+    }
+}
+
+/// SentencePiece BPE merges from piece scores, as transformers' SentencePieceExtractor
+/// derives them: every split of a piece into two pieces is a merge, ranked by the merged
+/// piece's score (ties keep vocabulary order).
+fn spm_merges(tokens: &[String], scores: &[f64]) -> Vec<Json> {
+    let ids: HashMap<&str, usize> = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.as_str(), i))
+        .collect();
+    let mut merges: Vec<(usize, usize, f64)> = Vec::new();
+    for (piece, &score) in tokens.iter().zip(scores) {
+        let mut local: Vec<(usize, usize, f64)> = piece
+            .char_indices()
+            .skip(1)
+            .filter_map(|(i, _)| Some((*ids.get(&piece[..i])?, *ids.get(&piece[i..])?, score)))
+            .collect();
+        local.sort_by_key(|&(l, r, _)| (l, r));
+        merges.extend(local);
+    }
+    merges.sort_by(|a, b| b.2.total_cmp(&a.2));
+    merges
+        .into_iter()
+        .map(|(l, r, _)| json!([tokens[l], tokens[r]]))
+        .collect()
+}

@@ -1,0 +1,159 @@
+//! Text ⇄ token ids: Hugging Face `tokenizers` plus what the engine needs around it (BOS
+//! and EOS ids, the chat template, streaming detokenization).
+
+mod detokenizer;
+mod gguf;
+
+pub use detokenizer::Detokenizer;
+
+use crate::model::gguf::{GgufFile, Value};
+use anyhow::{anyhow, Context, Result};
+use serde_json::Value as Json;
+use std::path::Path;
+
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    /// Token ids that end generation (unless the request ignores EOS).
+    pub eos_ids: Vec<u32>,
+    pub bos_id: Option<u32>,
+    /// Whether `encode` puts BOS in front of the text.
+    pub adds_bos: bool,
+    /// Jinja chat template, when the model has one.
+    pub chat_template: Option<String>,
+}
+
+fn read_json(path: &Path) -> Result<Option<Json>> {
+    if !path.exists() {
+        return Ok(None);
+    }
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(Some(
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?,
+    ))
+}
+
+/// Ids from a config field that holds one id or a list of ids.
+fn ids_of(v: Option<&Json>) -> Vec<u32> {
+    match v {
+        Some(Json::Number(n)) => n.as_u64().map(|i| vec![i as u32]).unwrap_or_default(),
+        Some(Json::Array(a)) => a
+            .iter()
+            .filter_map(|x| x.as_u64().map(|i| i as u32))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// A special-token field: either `"<s>"` or `{"content": "<s>", ...}`.
+fn token_text(v: Option<&Json>) -> Option<&str> {
+    match v? {
+        Json::String(s) => Some(s),
+        Json::Object(o) => o.get("content")?.as_str(),
+        _ => None,
+    }
+}
+
+impl Tokenizer {
+    /// Loads `tokenizer.json` from a model directory, with `tokenizer_config.json`,
+    /// `generation_config.json` and `config.json` for special ids and the chat template.
+    pub fn from_dir(dir: &Path) -> Result<Self> {
+        let path = dir.join("tokenizer.json");
+        let inner = tokenizers::Tokenizer::from_file(&path)
+            .map_err(|e| anyhow!("{}: cannot load tokenizer: {e}", path.display()))?;
+        let tok_cfg = read_json(&dir.join("tokenizer_config.json"))?.unwrap_or(Json::Null);
+        let gen_cfg = read_json(&dir.join("generation_config.json"))?.unwrap_or(Json::Null);
+        let cfg = read_json(&dir.join("config.json"))?.unwrap_or(Json::Null);
+
+        let mut eos_ids = ids_of(gen_cfg.get("eos_token_id"));
+        eos_ids.extend(ids_of(cfg.get("eos_token_id")));
+        if let Some(id) = token_text(tok_cfg.get("eos_token")).and_then(|t| inner.token_to_id(t)) {
+            eos_ids.push(id);
+        }
+        let mut bos_id = ids_of(cfg.get("bos_token_id")).first().copied();
+        if let Some(id) = token_text(tok_cfg.get("bos_token")).and_then(|t| inner.token_to_id(t)) {
+            bos_id = Some(id);
+        }
+        let chat_template = tok_cfg
+            .get("chat_template")
+            .and_then(Json::as_str)
+            .map(str::to_owned);
+        Ok(Self::new(inner, eos_ids, bos_id, chat_template))
+    }
+
+    /// Uses `tokenizer.json` next to a GGUF file when present, else the GGUF's own metadata.
+    pub fn from_gguf(g: &GgufFile) -> Result<Self> {
+        let dir = g.path.parent().unwrap_or(Path::new("."));
+        let id = |k: &str| g.get(k).and_then(Value::as_u64).map(|v| v as u32);
+        let mut eos_ids: Vec<u32> = ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"]
+            .iter()
+            .filter_map(|k| id(k))
+            .collect();
+        let bos_id = id("tokenizer.ggml.bos_token_id");
+        let template = g
+            .get("tokenizer.chat_template")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        if dir.join("tokenizer.json").exists() {
+            let mut t = Self::from_dir(dir)?;
+            eos_ids.extend(t.eos_ids);
+            t.eos_ids = eos_ids;
+            t.eos_ids.sort_unstable();
+            t.eos_ids.dedup();
+            t.bos_id = t.bos_id.or(bos_id);
+            t.chat_template = t.chat_template.or(template);
+            return Ok(t);
+        }
+        let doc = gguf::tokenizer_json(g)
+            .with_context(|| format!("{}: building tokenizer", g.path.display()))?;
+        let inner: tokenizers::Tokenizer = serde_json::from_value::<tokenizers::Tokenizer>(doc)
+            .map_err(|e| anyhow!("{}: tokenizer from GGUF metadata: {e}", g.path.display()))?;
+        Ok(Self::new(inner, eos_ids, bos_id, template))
+    }
+
+    fn new(
+        inner: tokenizers::Tokenizer,
+        mut eos_ids: Vec<u32>,
+        bos_id: Option<u32>,
+        chat_template: Option<String>,
+    ) -> Self {
+        eos_ids.sort_unstable();
+        eos_ids.dedup();
+        let adds_bos = bos_id.is_some_and(|b| {
+            inner
+                .encode("", true)
+                .map(|e| e.get_ids().first() == Some(&b))
+                .unwrap_or(false)
+        });
+        Tokenizer {
+            inner,
+            eos_ids,
+            bos_id,
+            adds_bos,
+            chat_template,
+        }
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// Token ids of `text`, with the model's special tokens (BOS) added.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self
+            .inner
+            .encode(text, true)
+            .map_err(|e| anyhow!("tokenizing: {e}"))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
+        self.inner
+            .decode(ids, skip_special_tokens)
+            .map_err(|e| anyhow!("detokenizing: {e}"))
+    }
+
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+}
