@@ -29,6 +29,7 @@ impl PagedKv<'_> {
 
 /// `out = softmax(q·Kᵀ · scale) · V` over positions `0..=last_pos` of kv head `kv_head`.
 /// `scores` is scratch space, grown as needed.
+#[allow(clippy::too_many_arguments)]
 pub fn attend(
     q: &[f32],
     kv: PagedKv<'_>,
@@ -106,9 +107,9 @@ mod tests {
         let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
         let z: f64 = e.iter().sum();
         let mut want = vec![0f64; hd];
-        for p in 0..=last {
+        for (p, ep) in e.iter().enumerate() {
             for (w, vv) in want.iter_mut().zip(at(&v, p)) {
-                *w += e[p] / z * vv as f64;
+                *w += ep / z * vv as f64;
             }
         }
         let want: Vec<f32> = want.into_iter().map(|x| x as f32).collect();

@@ -163,13 +163,13 @@ impl ModelConfig {
             "head counts must be positive"
         );
         ensure!(
-            self.num_heads % self.num_kv_heads == 0,
+            self.num_heads.is_multiple_of(self.num_kv_heads),
             "{} attention heads is not a multiple of {} KV heads",
             self.num_heads,
             self.num_kv_heads
         );
         ensure!(
-            self.head_dim % 2 == 0,
+            self.head_dim.is_multiple_of(2),
             "head_dim {} must be even for RoPE",
             self.head_dim
         );

@@ -161,7 +161,7 @@ impl GgufFile {
             let elems: usize = shape.iter().product();
             let (per_block, block_bytes) = dtype.block();
             ensure!(
-                elems % per_block == 0,
+                elems.is_multiple_of(per_block),
                 "tensor {name}: {elems} elements, not whole blocks of {per_block}"
             );
             let len_bytes = elems / per_block * block_bytes;
@@ -424,7 +424,7 @@ pub(crate) mod tests {
         assert_eq!(g.dequantize(info), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
 
         let bytes = std::fs::read(&path).unwrap();
-        std::fs::write(&path, &bytes[..bytes.len() - 8]).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() - 16]).unwrap();
         let err = format!("{:#}", GgufFile::open(&path).err().unwrap());
         assert!(err.contains("truncated"), "{err}");
         std::fs::write(&path, b"GGUX0000").unwrap();

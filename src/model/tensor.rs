@@ -28,7 +28,7 @@ impl Tensor {
 
     /// Borrows `len` f32 values at `offset` of the map, if they are aligned for f32 reads.
     pub fn mapped(shape: Vec<usize>, map: Arc<Mmap>, offset: usize, len: usize) -> Option<Self> {
-        let aligned = (map.as_ptr() as usize + offset) % std::mem::align_of::<f32>() == 0;
+        let aligned = (map.as_ptr() as usize + offset).is_multiple_of(std::mem::align_of::<f32>());
         (aligned && cfg!(target_endian = "little")).then_some(Tensor {
             shape,
             data: Data::Mapped { map, offset, len },

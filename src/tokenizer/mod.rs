@@ -104,11 +104,21 @@ impl Tokenizer {
             t.chat_template = t.chat_template.or(template);
             return Ok(t);
         }
+        Self::from_gguf_metadata(g, eos_ids, bos_id, template)
+    }
+
+    /// The tokenizer described by the GGUF's `tokenizer.ggml.*` metadata alone.
+    pub fn from_gguf_metadata(
+        g: &GgufFile,
+        eos_ids: Vec<u32>,
+        bos_id: Option<u32>,
+        chat_template: Option<String>,
+    ) -> Result<Self> {
         let doc = gguf::tokenizer_json(g)
             .with_context(|| format!("{}: building tokenizer", g.path.display()))?;
         let inner: tokenizers::Tokenizer = serde_json::from_value::<tokenizers::Tokenizer>(doc)
             .map_err(|e| anyhow!("{}: tokenizer from GGUF metadata: {e}", g.path.display()))?;
-        Ok(Self::new(inner, eos_ids, bos_id, template))
+        Ok(Self::new(inner, eos_ids, bos_id, chat_template))
     }
 
     fn new(

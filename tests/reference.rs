@@ -1,0 +1,235 @@
+//! The engine against the reference outputs of real models (`../shared/models`).
+
+mod common;
+
+use common::{model, reference, shared_models, VARIANTS};
+use weft::generate::{blocks_needed, generate_lockstep, GenRequest};
+use weft::kv::{BlockAllocator, BlockTable, KvCache};
+use weft::model::{SeqStep, StepInput, Workspace};
+use weft::sampling::{argmax, SamplingParams};
+use weft::tokenizer::{Detokenizer, Tokenizer};
+
+/// Steps whose top-1/top-2 reference margin is below this may legitimately differ.
+const MARGIN: f32 = 1e-3;
+
+fn greedy(prompt: &[u32], max_tokens: usize) -> GenRequest {
+    GenRequest {
+        prompt: prompt.to_vec(),
+        max_tokens,
+        sampling: SamplingParams::default(),
+        stop_ids: Vec::new(),
+    }
+}
+
+fn kv_for(m: &weft::model::Llama, reqs: &[GenRequest]) -> KvCache {
+    let c = &m.config;
+    KvCache::new(
+        c.num_layers,
+        blocks_needed(reqs, 16),
+        16,
+        c.num_kv_heads,
+        c.head_dim,
+    )
+}
+
+#[test]
+fn prompt_token_ids_match_reference() {
+    if shared_models().is_none() {
+        return;
+    }
+    for (path, refdir) in VARIANTS {
+        let m = model(path);
+        for case in reference(refdir) {
+            assert_eq!(
+                m.tokenizer.encode(&case.prompt).unwrap(),
+                case.prompt_ids,
+                "{path} {}",
+                case.id
+            );
+        }
+    }
+}
+
+/// Teacher-forced: feed the reference tokens one decode step at a time and check every
+/// step's argmax, plus the top-5 logits after the prompt.
+#[test]
+fn logits_and_greedy_steps_match_reference() {
+    if shared_models().is_none() {
+        return;
+    }
+    for (path, refdir) in VARIANTS {
+        let m = model(path);
+        let llama = &m.model;
+        let vocab = llama.config.vocab_size;
+        for case in reference(refdir) {
+            let n = case.prompt_ids.len() + case.generated_ids.len();
+            let mut kv = KvCache::new(
+                llama.config.num_layers,
+                n.div_ceil(16),
+                16,
+                llama.config.num_kv_heads,
+                llama.config.head_dim,
+            );
+            let mut alloc = BlockAllocator::new(kv.num_blocks());
+            let mut table = BlockTable::default();
+            table.reserve(&mut alloc, n, 16).unwrap();
+            let mut ws = Workspace::default();
+            let mut ctx = 0;
+            let mut feed = case.prompt_ids.clone();
+            for (step, &want) in case.generated_ids.iter().enumerate() {
+                let seq = [SeqStep {
+                    context_len: ctx,
+                    num_tokens: feed.len(),
+                    block_table: table.blocks(),
+                    sample: true,
+                }];
+                let logits = llama
+                    .forward(
+                        &StepInput {
+                            tokens: &feed,
+                            seqs: &seq,
+                        },
+                        &mut kv,
+                        &mut ws,
+                    )
+                    .to_vec();
+                assert_eq!(logits.len(), vocab);
+                if step == 0 {
+                    for &(id, want_logit) in &case.top5 {
+                        let got = logits[id as usize];
+                        assert!(
+                            (got - want_logit).abs() < 5e-3,
+                            "{path} {}: logit[{id}] {got} vs {want_logit}",
+                            case.id
+                        );
+                    }
+                }
+                if case.margins[step] > MARGIN {
+                    assert_eq!(argmax(&logits), want, "{path} {} step {step}", case.id);
+                }
+                ctx += feed.len();
+                feed = vec![want];
+            }
+        }
+    }
+}
+
+/// Free-running greedy generation reproduces the reference ids up to the first step whose
+/// margin is too small to call.
+#[test]
+fn free_running_greedy_matches_reference() {
+    if shared_models().is_none() {
+        return;
+    }
+    for (path, refdir) in VARIANTS {
+        let m = model(path);
+        for case in reference(refdir) {
+            let reqs = [greedy(&case.prompt_ids, case.generated_ids.len())];
+            let mut kv = kv_for(&m.model, &reqs);
+            let (outs, _) = generate_lockstep(&m.model, &mut kv, &reqs, |_, _| {}).unwrap();
+            let stop = case
+                .margins
+                .iter()
+                .position(|&g| g <= MARGIN)
+                .unwrap_or(case.margins.len());
+            assert_eq!(
+                outs[0].tokens[..stop],
+                case.generated_ids[..stop],
+                "{path} {}",
+                case.id
+            );
+        }
+    }
+}
+
+/// All reference prompts in one ragged batch (different lengths, sequences leaving at
+/// different steps) give exactly the ids each gives alone.
+#[test]
+fn batching_changes_nothing() {
+    if shared_models().is_none() {
+        return;
+    }
+    for (path, refdir) in VARIANTS {
+        let m = model(path);
+        let cases = reference(refdir);
+        let reqs: Vec<GenRequest> = cases
+            .iter()
+            .enumerate()
+            .map(|(i, c)| greedy(&c.prompt_ids, 24 + 2 * i))
+            .collect();
+        let mut kv = kv_for(&m.model, &reqs);
+        let (together, _) = generate_lockstep(&m.model, &mut kv, &reqs, |_, _| {}).unwrap();
+        for (i, r) in reqs.iter().enumerate() {
+            let one = std::slice::from_ref(r);
+            let mut kv = kv_for(&m.model, one);
+            let (alone, _) = generate_lockstep(&m.model, &mut kv, one, |_, _| {}).unwrap();
+            assert_eq!(
+                together[i].tokens, alone[0].tokens,
+                "{path} {}",
+                cases[i].id
+            );
+        }
+    }
+}
+
+/// Streaming deltas concatenate to the reference's streamed text, UTF-8 and spaces intact.
+#[test]
+fn streamed_text_matches_reference() {
+    if shared_models().is_none() {
+        return;
+    }
+    for (path, refdir) in VARIANTS {
+        let m = model(path);
+        for case in reference(refdir) {
+            let mut d = Detokenizer::new(&case.prompt_ids, false);
+            let mut text = String::new();
+            for &id in &case.generated_ids {
+                text += &d.push(&m.tokenizer, id).unwrap();
+            }
+            text += &d.flush(&m.tokenizer).unwrap();
+            assert_eq!(text, case.generated_text_delta, "{path} {}", case.id);
+        }
+    }
+}
+
+/// A tokenizer built from GGUF metadata alone agrees with the model's tokenizer.json.
+#[test]
+fn gguf_metadata_tokenizer_matches_tokenizer_json() {
+    let Some(dir) = shared_models() else { return };
+    let samples = [
+        "",
+        "Hello world",
+        "  leading and   multiple spaces ",
+        "tabs\tand\nnewlines\n\n",
+        "digits 1234567890 and 3.14159",
+        "accents: café naïve façade",
+        "CJK 你好世界 and emoji 🦀🚀",
+        "<|im_start|>user\nHi<|im_end|>",
+        "def f(x):\n    return x ** 2  # comment",
+    ];
+    for (gguf, folder) in [
+        ("stories260k/stories260k.gguf", "stories260k"),
+        (
+            "smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf",
+            "smollm2-135m-instruct",
+        ),
+    ] {
+        let g = weft::model::gguf::GgufFile::open(&dir.join(gguf)).unwrap();
+        let meta = Tokenizer::from_gguf_metadata(&g, vec![], None, None).unwrap();
+        let json = Tokenizer::from_dir(&dir.join(folder)).unwrap();
+        let cases = reference(folder);
+        for text in samples
+            .iter()
+            .copied()
+            .chain(cases.iter().map(|c| c.prompt.as_str()))
+        {
+            let a = meta.encode(text).unwrap();
+            assert_eq!(a, json.encode(text).unwrap(), "{gguf}: {text:?}");
+            assert_eq!(
+                meta.decode(&a, false).unwrap(),
+                json.decode(&a, false).unwrap(),
+                "{gguf}: {text:?}"
+            );
+        }
+    }
+}
