@@ -1,5 +1,6 @@
 //! The `weft` command line.
 
+pub mod bench;
 pub mod generate;
 pub mod model_cache;
 
@@ -20,12 +21,15 @@ pub struct Cli {
 pub enum Command {
     /// Generate a continuation of one prompt, streamed to stdout.
     Generate(generate::GenerateArgs),
+    /// Measure prompt and decode throughput at several batch sizes.
+    Bench(bench::BenchArgs),
 }
 
 /// Runs the command line; returns the process exit code.
 pub fn run() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Generate(args) => generate::run(args),
+        Command::Bench(args) => bench::run(args),
     }
 }
 

@@ -1,41 +1,95 @@
-//! `Y = X · Wᵀ` for row-major `X [m, k]` and `W [n, k]`: every linear layer of the model.
+//! `Y = X · Wᵀ` for row-major `X [m, k]` and a weight `W [n, k]`: every linear layer.
 //!
 //! Written by hand for two reasons:
-//! - **Batch invariance.** Each output element is one dot product computed in a fixed order
-//!   (8-lane FMA accumulation over `k`, a fixed horizontal sum, then the scalar tail), whatever
-//!   `m` is and however rows are tiled. A sequence's logits are therefore bit-identical alone
-//!   or inside any batch, which a tiling BLAS does not promise.
-//! - **Speed at decode batch sizes.** `shared/research/cpu-kernels.md` measured a kernel of
-//!   this shape 1.2–2× faster than the best crate for m = 4..16 and level at m = 1.
+//! - **Batch invariance.** Every output element is one sequential fused multiply-add chain
+//!   over `k = 0..K`. Row tiling and K-blocking only decide where partial sums wait in
+//!   registers or in `Y` (stored exactly as f32), so a sequence's logits are bit-identical
+//!   alone or inside any batch — which a general BLAS does not promise.
+//! - **Speed at decode batch sizes.** Weights are packed once at load into 16-column panels
+//!   stored k-major ([`PackedMatrix`]), so the kernel streams them sequentially (bandwidth
+//!   bound at m = 1) and a 6×16 register tile keeps both FMA units busy for m ≥ 6.
 //!
-//! Work is split over output columns (rows of `W`), so at m = 1 both cores stream disjoint
-//! halves of the weights. Call it from inside the engine's rayon pool: dispatch from outside
-//! a pool costs ~10 µs per call.
+//! Work is split over panels of output columns, so at m = 1 both cores stream disjoint
+//! parts of the weights. Call it from inside the engine's rayon pool: dispatch from outside
+//! a pool costs ~10 µs per call (`shared/research/cpu-kernels.md`).
 
 use rayon::prelude::*;
 
-/// Rows of `X` handled together by one register tile.
-const MR: usize = 2;
-/// Rows of `W` handled together by one register tile.
-const NR: usize = 4;
-/// Rows of `X` kept hot in L2 while the weights stream past (prefill).
-const M_BLOCK: usize = 64;
+/// Output columns per panel (two AVX2 registers).
+const NP: usize = 16;
+/// Rows of `X` per register tile.
+const MR: usize = 6;
+/// Depth of a K-block: one panel block (`KC × NP` floats, 16 KiB) stays in L1.
+const KC: usize = 256;
+/// Rows of `X` per M-block, kept in L2 while a K-block of weights streams past.
+const MB: usize = 96;
 /// Below this many multiply-adds a call runs on the calling thread.
 const PARALLEL_MIN_WORK: usize = 1 << 16;
 
-/// `y[i, j] = dot(x[i, :], w[j, :])` for `i < m`, `j < n`; `y` is `[m, n]` row-major.
-pub fn matmul(x: &[f32], w: &[f32], y: &mut [f32], m: usize, k: usize, n: usize) {
+/// A weight matrix `[n, k]` repacked for [`matmul`]: K-blocks of `KC` rows, each holding
+/// every panel of `NP` output columns as `[kc][NP]` (the last panel zero-padded).
+pub struct PackedMatrix {
+    n: usize,
+    k: usize,
+    data: Vec<f32>,
+}
+
+impl PackedMatrix {
+    /// Packs a row-major `[n, k]` matrix.
+    pub fn pack(w: &[f32], n: usize, k: usize) -> Self {
+        assert_eq!(
+            w.len(),
+            n * k,
+            "pack: {} elements for a [{n}, {k}] matrix",
+            w.len()
+        );
+        let panels = n.div_ceil(NP);
+        let mut data = vec![0f32; panels * NP * k];
+        for (row, src) in w.chunks_exact(k).enumerate() {
+            for (col, &v) in src.iter().enumerate() {
+                data[Self::offset(panels, k, row, col)] = v;
+            }
+        }
+        PackedMatrix { n, k, data }
+    }
+
+    #[inline]
+    fn offset(panels: usize, k: usize, row: usize, col: usize) -> usize {
+        let k0 = col / KC * KC;
+        let kcb = KC.min(k - k0);
+        k0 * panels * NP + (row / NP) * kcb * NP + (col - k0) * NP + row % NP
+    }
+
+    pub fn rows(&self) -> usize {
+        self.n
+    }
+
+    pub fn cols(&self) -> usize {
+        self.k
+    }
+
+    /// Bytes of weights one pass over the matrix reads.
+    pub fn bytes(&self) -> usize {
+        self.data.len() * std::mem::size_of::<f32>()
+    }
+
+    /// Copies row `r` (for example an embedding, when the LM head is tied to it).
+    pub fn row_into(&self, r: usize, out: &mut [f32]) {
+        let panels = self.n.div_ceil(NP);
+        for (c, o) in out[..self.k].iter_mut().enumerate() {
+            *o = self.data[Self::offset(panels, self.k, r, c)];
+        }
+    }
+}
+
+/// `y[i, j] = Σ_k x[i, k] · w[j, k]` for `i < m`; `y` is `[m, n]` row-major.
+pub fn matmul(x: &[f32], w: &PackedMatrix, y: &mut [f32], m: usize) {
+    let (n, k) = (w.n, w.k);
     assert!(
         x.len() >= m * k,
         "matmul: x has {} elements, need {}",
         x.len(),
         m * k
-    );
-    assert!(
-        w.len() >= n * k,
-        "matmul: w has {} elements, need {}",
-        w.len(),
-        n * k
     );
     assert!(
         y.len() >= m * n,
@@ -47,21 +101,68 @@ pub fn matmul(x: &[f32], w: &[f32], y: &mut [f32], m: usize, k: usize, n: usize)
         return;
     }
     let out = SharedOut(y.as_mut_ptr());
-    let threads = rayon::current_num_threads();
-    if threads == 1 || m * n * k < PARALLEL_MIN_WORK {
-        // SAFETY: the single task covers all columns of a buffer checked above.
-        unsafe { columns(x, w, out, m, k, n, 0, n) };
-        return;
-    }
-    // Several tasks per thread so uneven progress (the other core busy) balances out.
-    let tasks = (threads * 4).min(n.div_ceil(NR));
-    let chunk = n.div_ceil(tasks).next_multiple_of(NR);
-    (0..n.div_ceil(chunk)).into_par_iter().for_each(|t| {
-        let n0 = t * chunk;
-        let n1 = (n0 + chunk).min(n);
-        // SAFETY: tasks write disjoint column ranges of a buffer checked above.
-        unsafe { columns(x, w, out, m, k, n, n0, n1) };
+    let panels = n.div_ceil(NP);
+    PACKED_X.with_borrow_mut(|xp| {
+        let tiles = pack_rows(&x[..m * k], m, k, xp);
+        let (xp, tiles) = (&xp[..], &tiles[..]);
+        let threads = rayon::current_num_threads();
+        if threads == 1 || m * n * k < PARALLEL_MIN_WORK {
+            // SAFETY: one task covers all panels of a buffer checked above.
+            unsafe { panel_range(xp, tiles, w, out, 0, panels) };
+            return;
+        }
+        // Several tasks per thread so uneven progress (the other core busy) balances out.
+        let tasks = (threads * 4).min(panels);
+        let chunk = panels.div_ceil(tasks);
+        (0..panels.div_ceil(chunk)).into_par_iter().for_each(|t| {
+            let p1 = ((t + 1) * chunk).min(panels);
+            // SAFETY: tasks write disjoint column ranges of a buffer checked above.
+            unsafe { panel_range(xp, tiles, w, out, t * chunk, p1) };
+        });
     });
+}
+
+thread_local! {
+    /// The calling thread's packed copy of `X`, reused so steps do not allocate.
+    static PACKED_X: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A register tile: rows `start..start + rows` of `X`.
+#[derive(Clone, Copy)]
+struct RowTile {
+    start: usize,
+    rows: usize,
+}
+
+/// Splits the rows into M-blocks of at most `MB` rows, each cut into near-equal tiles of at
+/// most `MR` rows (32 rows → 6+6+5+5+5+5 rather than a slow tile of 2), and packs each
+/// tile as `[k][MR]` into `xp` so its values for one `k` sit together.
+fn pack_rows(x: &[f32], m: usize, k: usize, xp: &mut Vec<f32>) -> Vec<RowTile> {
+    let mut tiles = Vec::with_capacity(m.div_ceil(MR) + m.div_ceil(MB));
+    for m0 in (0..m).step_by(MB) {
+        let rows = MB.min(m - m0);
+        let count = rows.div_ceil(MR);
+        let mut start = m0;
+        for t in 0..count {
+            let r = rows / count + usize::from(t < rows % count);
+            tiles.push(RowTile { start, rows: r });
+            start += r;
+        }
+    }
+    xp.clear();
+    xp.resize(tiles.len() * MR * k, 0.0);
+    for (t, tile) in tiles.iter().enumerate() {
+        let dst = &mut xp[t * MR * k..(t + 1) * MR * k];
+        for r in 0..tile.rows {
+            for (kk, &v) in x[(tile.start + r) * k..(tile.start + r + 1) * k]
+                .iter()
+                .enumerate()
+            {
+                dst[kk * MR + r] = v;
+            }
+        }
+    }
+    tiles
 }
 
 /// Output pointer shared by tasks that write disjoint columns.
@@ -71,68 +172,111 @@ struct SharedOut(*mut f32);
 unsafe impl Send for SharedOut {}
 unsafe impl Sync for SharedOut {}
 
-/// Computes columns `n0..n1` of `y` for all rows.
+/// Computes the columns of panels `p0..p1` for all rows; `xp` holds `tiles` packed by
+/// `pack_rows`.
 ///
 /// # Safety
-/// `y` must point to `m * n` writable floats, and no other thread may write these columns.
-#[allow(clippy::too_many_arguments)]
-unsafe fn columns(
-    x: &[f32],
-    w: &[f32],
+/// `y` must point to `m * n` writable floats that no other thread writes in these columns.
+unsafe fn panel_range(
+    xp: &[f32],
+    tiles: &[RowTile],
+    w: &PackedMatrix,
     y: SharedOut,
-    m: usize,
-    k: usize,
-    n: usize,
-    n0: usize,
-    n1: usize,
+    p0: usize,
+    p1: usize,
 ) {
+    let (n, k) = (w.n, w.k);
+    let panels = n.div_ceil(NP);
+    for k0 in (0..k).step_by(KC) {
+        let kcb = KC.min(k - k0);
+        let block = &w.data[k0 * panels * NP..];
+        // Tiles of one M-block share a panel of weights while it is in L1.
+        for (b0, block_tiles) in m_blocks(tiles) {
+            for p in p0..p1 {
+                let wp = &block[p * kcb * NP..(p + 1) * kcb * NP];
+                let cols = NP.min(n - p * NP);
+                for (t, tile) in block_tiles.iter().enumerate() {
+                    let xs = &xp[(b0 + t) * MR * k + k0 * MR..];
+                    let yp = y.0.add(tile.start * n + p * NP);
+                    if cols == NP {
+                        tile_kernel(tile.rows, xs, wp, kcb, yp, n, k0 == 0);
+                    } else {
+                        // Edge panel: run the full-width tile on a scratch copy.
+                        let mut tmp = [0f32; MR * NP];
+                        for r in 0..tile.rows {
+                            for c in 0..cols {
+                                tmp[r * NP + c] = *yp.add(r * n + c);
+                            }
+                        }
+                        tile_kernel(tile.rows, xs, wp, kcb, tmp.as_mut_ptr(), NP, k0 == 0);
+                        for r in 0..tile.rows {
+                            for c in 0..cols {
+                                *yp.add(r * n + c) = tmp[r * NP + c];
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Groups consecutive tiles by M-block: (index of the block's first tile, its tiles).
+fn m_blocks(tiles: &[RowTile]) -> impl Iterator<Item = (usize, &[RowTile])> {
+    let mut first = 0;
+    std::iter::from_fn(move || {
+        let rest = tiles.get(first..).filter(|r| !r.is_empty())?;
+        let block = rest[0].start / MB;
+        let len = rest.iter().take_while(|t| t.start / MB == block).count();
+        let out = (first, &rest[..len]);
+        first += len;
+        Some(out)
+    })
+}
+
+/// `rows × NP` outputs at `y` (row stride `ldy`) over one K-block; `x` is the tile's packed
+/// `[kcb][MR]` values; `first` starts the sums from zero, otherwise they continue from `y`.
+///
+/// # Safety
+/// `y` must be valid for `rows` rows of `NP` floats at stride `ldy`.
+#[inline]
+unsafe fn tile_kernel(
+    rows: usize,
+    x: &[f32],
+    wp: &[f32],
+    kcb: usize,
+    y: *mut f32,
+    ldy: usize,
+    first: bool,
+) {
+    debug_assert!(x.len() >= kcb * MR && wp.len() >= kcb * NP);
     #[cfg(target_arch = "x86_64")]
     if avx2::available() {
-        avx2::columns(x.as_ptr(), w.as_ptr(), y.0, m, k, n, n0, n1);
+        let (x, wp) = (x.as_ptr(), wp.as_ptr());
+        match rows {
+            6 => avx2::tile::<6>(x, wp, kcb, y, ldy, first),
+            5 => avx2::tile::<5>(x, wp, kcb, y, ldy, first),
+            4 => avx2::tile::<4>(x, wp, kcb, y, ldy, first),
+            3 => avx2::tile::<3>(x, wp, kcb, y, ldy, first),
+            2 => avx2::tile::<2>(x, wp, kcb, y, ldy, first),
+            _ => avx2::tile::<1>(x, wp, kcb, y, ldy, first),
+        }
         return;
     }
-    portable_columns(x, w, y.0, m, k, n, n0, n1);
-}
-
-/// The same dot product as the AVX2 path (8 lanes, then a tail), for other CPUs.
-#[allow(clippy::too_many_arguments)]
-unsafe fn portable_columns(
-    x: &[f32],
-    w: &[f32],
-    y: *mut f32,
-    m: usize,
-    k: usize,
-    n: usize,
-    n0: usize,
-    n1: usize,
-) {
-    for i in 0..m {
-        let xr = &x[i * k..(i + 1) * k];
-        for j in n0..n1 {
-            *y.add(i * n + j) = portable_dot(xr, &w[j * k..(j + 1) * k]);
+    for r in 0..rows {
+        for c in 0..NP {
+            let mut acc = if first { 0.0 } else { *y.add(r * ldy + c) };
+            for kk in 0..kcb {
+                acc = x[kk * MR + r].mul_add(wp[kk * NP + c], acc);
+            }
+            *y.add(r * ldy + c) = acc;
         }
     }
-}
-
-/// Dot product with 8 partial sums, the portable twin of the AVX2 kernel's order.
-pub(crate) fn portable_dot(a: &[f32], b: &[f32]) -> f32 {
-    let k8 = a.len() / 8 * 8;
-    let mut acc = [0f32; 8];
-    for (ca, cb) in a[..k8].chunks_exact(8).zip(b[..k8].chunks_exact(8)) {
-        for l in 0..8 {
-            acc[l] += ca[l] * cb[l];
-        }
-    }
-    let mut s = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
-    for (p, q) in a[k8..].iter().zip(&b[k8..]) {
-        s += p * q;
-    }
-    s
 }
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
-    use super::{MR, M_BLOCK, NR};
+    use super::{MR, NP};
     use std::arch::x86_64::*;
     use std::sync::OnceLock;
 
@@ -143,127 +287,44 @@ pub(crate) mod avx2 {
     }
 
     /// # Safety
-    /// AVX2 and FMA must be available; pointers must cover `[m, k]`, `[n, k]` and `[m, n]`.
+    /// AVX2 and FMA must be available; `x` covers `kcb × MR`, `wp` covers `kcb × NP`, and
+    /// `y` covers `R` rows of `NP` at stride `ldy`.
     #[target_feature(enable = "avx2,fma")]
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn columns(
+    pub unsafe fn tile<const R: usize>(
         x: *const f32,
-        w: *const f32,
+        wp: *const f32,
+        kcb: usize,
         y: *mut f32,
-        m: usize,
-        k: usize,
-        n: usize,
-        n0: usize,
-        n1: usize,
-    ) {
-        let mut mb = 0;
-        while mb < m {
-            let me = (mb + M_BLOCK).min(m);
-            let mut j = n0;
-            while j + NR <= n1 {
-                rows::<NR>(x, w, y, k, n, mb, me, j);
-                j += NR;
-            }
-            while j < n1 {
-                rows::<1>(x, w, y, k, n, mb, me, j);
-                j += 1;
-            }
-            mb = me;
-        }
-    }
-
-    /// Rows `m0..m1` of `Y` for the `C` columns starting at `j`.
-    #[target_feature(enable = "avx2,fma")]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn rows<const C: usize>(
-        x: *const f32,
-        w: *const f32,
-        y: *mut f32,
-        k: usize,
-        n: usize,
-        m0: usize,
-        m1: usize,
-        j: usize,
-    ) {
-        let mut i = m0;
-        while i + MR <= m1 {
-            tile::<MR, C>(x.add(i * k), w.add(j * k), y.add(i * n + j), k, n);
-            i += MR;
-        }
-        while i < m1 {
-            tile::<1, C>(x.add(i * k), w.add(j * k), y.add(i * n + j), k, n);
-            i += 1;
-        }
-    }
-
-    /// An `R × C` block of dot products; every element follows the same summation order.
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    unsafe fn tile<const R: usize, const C: usize>(
-        x: *const f32,
-        w: *const f32,
-        y: *mut f32,
-        k: usize,
         ldy: usize,
+        first: bool,
     ) {
-        let mut acc = [[_mm256_setzero_ps(); C]; R];
-        let k8 = k / 8 * 8;
-        let mut p = 0;
-        while p < k8 {
-            let mut wv = [_mm256_setzero_ps(); C];
-            for (c, v) in wv.iter_mut().enumerate() {
-                *v = _mm256_loadu_ps(w.add(c * k + p));
-            }
-            for (r, row) in acc.iter_mut().enumerate() {
-                let xv = _mm256_loadu_ps(x.add(r * k + p));
-                for (a, wc) in row.iter_mut().zip(&wv) {
-                    *a = _mm256_fmadd_ps(xv, *wc, *a);
+        const V: usize = NP / 8;
+        let mut acc = [[_mm256_setzero_ps(); V]; R];
+        if !first {
+            for (r, a) in acc.iter_mut().enumerate() {
+                for (v, av) in a.iter_mut().enumerate() {
+                    *av = _mm256_loadu_ps(y.add(r * ldy + 8 * v));
                 }
             }
-            p += 8;
         }
-        for (r, row) in acc.iter().enumerate() {
-            for (c, a) in row.iter().enumerate() {
-                let mut s = hsum(*a);
-                for q in k8..k {
-                    s = (*x.add(r * k + q)).mul_add(*w.add(c * k + q), s);
+        for kk in 0..kcb {
+            let mut wv = [_mm256_setzero_ps(); V];
+            for (v, w) in wv.iter_mut().enumerate() {
+                *w = _mm256_loadu_ps(wp.add(kk * NP + 8 * v));
+            }
+            for (r, a) in acc.iter_mut().enumerate() {
+                let xb = _mm256_broadcast_ss(&*x.add(kk * MR + r));
+                for (av, w) in a.iter_mut().zip(&wv) {
+                    *av = _mm256_fmadd_ps(xb, *w, *av);
                 }
-                *y.add(r * ldy + c) = s;
+            }
+        }
+        for (r, a) in acc.iter().enumerate() {
+            for (v, av) in a.iter().enumerate() {
+                _mm256_storeu_ps(y.add(r * ldy + 8 * v), *av);
             }
         }
     }
-
-    /// Horizontal sum in a fixed order: ((0+4)+(2+6)) + ((1+5)+(3+7)).
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    pub unsafe fn hsum(v: __m256) -> f32 {
-        let lo = _mm256_castps256_ps128(v);
-        let hi = _mm256_extractf128_ps::<1>(v);
-        let s4 = _mm_add_ps(lo, hi);
-        let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-        let s1 = _mm_add_ss(s2, _mm_shuffle_ps::<0b01>(s2, s2));
-        _mm_cvtss_f32(s1)
-    }
-
-    /// Dot product in the same order as one element of `tile`.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
-        let k = a.len().min(b.len());
-        let mut out = 0f32;
-        tile::<1, 1>(a.as_ptr(), b.as_ptr(), &mut out, k, 1);
-        out
-    }
-}
-
-/// Dot product of two equal-length slices, in the kernel's fixed order.
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    debug_assert_eq!(a.len(), b.len());
-    #[cfg(target_arch = "x86_64")]
-    if avx2::available() {
-        // SAFETY: the CPU supports AVX2 and FMA; slices bound the reads.
-        return unsafe { avx2::dot(a, b) };
-    }
-    portable_dot(a, b)
 }
 
 #[cfg(test)]
@@ -290,17 +351,17 @@ mod tests {
             (1, 1, 1),
             (1, 7, 3),
             (3, 9, 5),
-            (2, 64, 4),
+            (2, 64, 16),
             (5, 172, 64),
             (7, 33, 131),
-            (65, 40, 9),
-            (130, 24, 17),
+            (13, 300, 40),
+            (100, 520, 17),
             (1, 576, 1536),
         ] {
             let x = random_vec(m * k, 1 + m as u64);
             let w = random_vec(n * k, 2 + n as u64);
             let mut y = vec![f32::NAN; m * n];
-            matmul(&x, &w, &mut y, m, k, n);
+            matmul(&x, &PackedMatrix::pack(&w, n, k), &mut y, m);
             assert_close(
                 &y,
                 &naive(&x, &w, m, k, n),
@@ -316,35 +377,39 @@ mod tests {
             .num_threads(3)
             .build()
             .unwrap();
-        let (m, k, n) = (9, 100, 301);
+        let (m, k, n) = (9, 300, 301);
         let x = random_vec(m * k, 11);
         let w = random_vec(n * k, 12);
         let mut y = vec![f32::NAN; m * n];
-        pool.install(|| matmul(&x, &w, &mut y, m, k, n));
+        pool.install(|| matmul(&x, &PackedMatrix::pack(&w, n, k), &mut y, m));
         assert_close(&y, &naive(&x, &w, m, k, n), 1e-4, "3 threads");
     }
 
     /// A row's result must not depend on how many other rows share the call.
     #[test]
     fn rows_are_bit_identical_whatever_the_batch() {
-        let (k, n) = (203, 37);
-        let w = random_vec(n * k, 5);
-        let xs = random_vec(70 * k, 6);
-        let mut all = vec![0f32; 70 * n];
-        matmul(&xs, &w, &mut all, 70, k, n);
-        for i in [0, 1, 2, 33, 64, 69] {
+        let (k, n) = (603, 37);
+        let w = PackedMatrix::pack(&random_vec(n * k, 5), n, k);
+        let xs = random_vec(200 * k, 6);
+        let mut all = vec![0f32; 200 * n];
+        matmul(&xs, &w, &mut all, 200);
+        for i in [0, 1, 5, 6, 33, 95, 96, 199] {
             let mut one = vec![0f32; n];
-            matmul(&xs[i * k..(i + 1) * k], &w, &mut one, 1, k, n);
+            matmul(&xs[i * k..(i + 1) * k], &w, &mut one, 1);
             assert_eq!(one, all[i * n..(i + 1) * n], "row {i}");
-            assert_eq!(one[3], dot(&xs[i * k..(i + 1) * k], &w[3 * k..4 * k]));
         }
     }
 
     #[test]
-    fn portable_dot_matches_naive() {
-        let a = random_vec(45, 1);
-        let b = random_vec(45, 2);
-        let want: f64 = a.iter().zip(&b).map(|(p, q)| *p as f64 * *q as f64).sum();
-        assert!((portable_dot(&a, &b) as f64 - want).abs() < 1e-5);
+    fn packed_rows_read_back() {
+        let (n, k) = (21, 300);
+        let w = random_vec(n * k, 3);
+        let p = PackedMatrix::pack(&w, n, k);
+        let mut row = vec![0f32; k];
+        for r in [0, 15, 16, 20] {
+            p.row_into(r, &mut row);
+            assert_eq!(row, w[r * k..(r + 1) * k]);
+        }
+        assert_eq!((p.rows(), p.cols()), (n, k));
     }
 }

@@ -1,11 +1,13 @@
 //! Numeric kernels over plain `f32` slices. Each has a test against a naive version.
 
 pub mod attention;
+mod dot;
 pub mod matmul;
 pub mod norm;
 pub mod rope;
 
-pub use matmul::{dot, matmul};
+pub use dot::dot;
+pub use matmul::{matmul, PackedMatrix};
 pub use norm::{rmsnorm, silu_mul};
 
 #[cfg(test)]

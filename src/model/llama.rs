@@ -8,7 +8,7 @@ use super::loader::WeightSource;
 use super::tensor::Tensor;
 use crate::kernels::attention::attend;
 use crate::kernels::rope::Rope;
-use crate::kernels::{matmul, rmsnorm, silu_mul};
+use crate::kernels::{matmul, rmsnorm, silu_mul, PackedMatrix};
 use crate::kv::KvCache;
 use anyhow::Result;
 use rayon::prelude::*;
@@ -16,20 +16,21 @@ use rayon::prelude::*;
 struct Layer {
     attn_norm: Tensor,
     /// q, k and v projections stacked: `[q_dim + 2 kv_dim, hidden]`.
-    wqkv: Vec<f32>,
-    wo: Tensor,
+    wqkv: PackedMatrix,
+    wo: PackedMatrix,
     ffn_norm: Tensor,
     /// gate and up projections stacked: `[2 intermediate, hidden]`.
-    w_gate_up: Vec<f32>,
-    w_down: Tensor,
+    w_gate_up: PackedMatrix,
+    w_down: PackedMatrix,
 }
 
 pub struct Llama {
     pub config: ModelConfig,
-    embed: Tensor,
+    /// Row-major embeddings; `None` when tied, then rows come from the packed LM head.
+    embed: Option<Tensor>,
     layers: Vec<Layer>,
     norm: Tensor,
-    lm_head: Option<Tensor>,
+    lm_head: PackedMatrix,
     rope: Rope,
 }
 
@@ -69,12 +70,18 @@ fn resize(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
     &mut v[..n]
 }
 
-fn stack(a: Tensor, rest: &[Tensor]) -> Vec<f32> {
-    let mut v = a.into_vec();
-    for t in rest {
+/// Packs weights `[n_i, k]` stacked along the output dimension.
+fn pack(parts: &[Tensor]) -> PackedMatrix {
+    let k = parts[0].shape[1];
+    let rows: usize = parts.iter().map(|t| t.shape[0]).sum();
+    if let [one] = parts {
+        return PackedMatrix::pack(one.data(), rows, k);
+    }
+    let mut v = Vec::with_capacity(rows * k);
+    for t in parts {
         v.extend_from_slice(t.data());
     }
-    v
+    PackedMatrix::pack(&v, rows, k)
 }
 
 impl Llama {
@@ -92,18 +99,21 @@ impl Llama {
             let up = src.load(&name("mlp.up_proj"), &[f, d])?;
             layers.push(Layer {
                 attn_norm: src.load(&name("input_layernorm"), &[d])?,
-                wqkv: stack(q, &[k, v]),
-                wo: src.load(&name("self_attn.o_proj"), &[d, c.q_dim()])?,
+                wqkv: pack(&[q, k, v]),
+                wo: pack(&[src.load(&name("self_attn.o_proj"), &[d, c.q_dim()])?]),
                 ffn_norm: src.load(&name("post_attention_layernorm"), &[d])?,
-                w_gate_up: stack(gate, &[up]),
-                w_down: src.load(&name("mlp.down_proj"), &[d, f])?,
+                w_gate_up: pack(&[gate, up]),
+                w_down: pack(&[src.load(&name("mlp.down_proj"), &[d, f])?]),
             });
         }
         let norm = src.load("model.norm.weight", &[d])?;
-        let lm_head = if c.tie_word_embeddings && !src.contains("lm_head.weight") {
-            None
+        let (embed, lm_head) = if c.tie_word_embeddings && !src.contains("lm_head.weight") {
+            (None, pack(&[embed]))
         } else {
-            Some(src.load("lm_head.weight", &[c.vocab_size, d])?)
+            (
+                Some(embed),
+                pack(&[src.load("lm_head.weight", &[c.vocab_size, d])?]),
+            )
         };
         let rope = Rope::new(c.head_dim, c.rope_theta, c.max_position_embeddings);
         Ok(Llama {
@@ -118,20 +128,15 @@ impl Llama {
 
     /// Bytes of weights read by one step (the decode bandwidth bound).
     pub fn weight_bytes(&self) -> usize {
+        let norms = |l: &Layer| 4 * (l.attn_norm.data().len() + l.ffn_norm.data().len());
         let layer: usize = self
             .layers
             .iter()
             .map(|l| {
-                l.attn_norm.data().len()
-                    + l.wqkv.len()
-                    + l.wo.data().len()
-                    + l.ffn_norm.data().len()
-                    + l.w_gate_up.len()
-                    + l.w_down.data().len()
+                norms(l) + l.wqkv.bytes() + l.wo.bytes() + l.w_gate_up.bytes() + l.w_down.bytes()
             })
             .sum();
-        let head = self.lm_head.as_ref().unwrap_or(&self.embed).data().len();
-        4 * (layer + self.norm.data().len() + head)
+        layer + 4 * self.norm.data().len() + self.lm_head.bytes()
     }
 
     /// Runs one step and returns the logits `[sampling sequences, vocab]`, in `seqs` order.
@@ -170,7 +175,10 @@ impl Llama {
         for (row, &tok) in h.chunks_exact_mut(d).zip(input.tokens) {
             let tok = tok as usize;
             assert!(tok < c.vocab_size, "token id {tok} outside the vocabulary");
-            row.copy_from_slice(&self.embed.data()[tok * d..(tok + 1) * d]);
+            match &self.embed {
+                Some(e) => row.copy_from_slice(&e.data()[tok * d..(tok + 1) * d]),
+                None => self.lm_head.row_into(tok, row),
+            }
         }
         let xn = resize(&mut ws.xn, t * d);
         let qkv = resize(&mut ws.qkv, t * (qd + 2 * kvd));
@@ -183,7 +191,7 @@ impl Llama {
 
         for (li, layer) in self.layers.iter().enumerate() {
             rmsnorm(h, layer.attn_norm.data(), c.rms_norm_eps, xn);
-            matmul(xn, &layer.wqkv, qkv, t, d, qd + 2 * kvd);
+            matmul(xn, &layer.wqkv, qkv, t);
             for (row, &(si, pos)) in qkv.chunks_exact_mut(qd + 2 * kvd).zip(&rows) {
                 let (q, kvpart) = row.split_at_mut(qd);
                 let (k, v) = kvpart.split_at_mut(kvd);
@@ -213,13 +221,13 @@ impl Llama {
                         );
                     }
                 });
-            matmul(attn, layer.wo.data(), tmp, t, qd, d);
+            matmul(attn, &layer.wo, tmp, t);
             h.iter_mut().zip(tmp.iter()).for_each(|(a, b)| *a += b);
 
             rmsnorm(h, layer.ffn_norm.data(), c.rms_norm_eps, xn);
-            matmul(xn, &layer.w_gate_up, gate_up, t, d, 2 * f);
+            matmul(xn, &layer.w_gate_up, gate_up, t);
             silu_mul(gate_up, f, act);
-            matmul(act, layer.w_down.data(), tmp, t, f, d);
+            matmul(act, &layer.w_down, tmp, t);
             h.iter_mut().zip(tmp.iter()).for_each(|(a, b)| *a += b);
         }
 
@@ -241,9 +249,8 @@ impl Llama {
                 dst,
             );
         }
-        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
         let logits = resize(&mut ws.logits, sampled.len() * c.vocab_size);
-        matmul(last, head.data(), logits, sampled.len(), d, c.vocab_size);
+        matmul(last, &self.lm_head, logits, sampled.len());
         logits
     }
 }
