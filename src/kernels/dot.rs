@@ -1,12 +1,42 @@
-//! Dot product with 8 partial sums and a fixed final order, for attention scores.
+//! Vector helpers for attention: a dot product (8 partial sums, fixed final order) and
+//! `y += a·x`.
 
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    debug_assert_eq!(a.len(), b.len());
     #[cfg(target_arch = "x86_64")]
     if crate::kernels::matmul::avx2::available() {
-        // SAFETY: the CPU supports AVX2 and FMA; the slices bound the reads.
+        // SAFETY: the CPU supports AVX2 and FMA.
         return unsafe { dot_avx2(a, b) };
     }
+    dot_lanes(a, b)
+}
+
+/// `y += a · x`.
+pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::matmul::avx2::available() {
+        // SAFETY: the CPU supports AVX2 and FMA.
+        return unsafe { axpy_avx2(y, a, x) };
+    }
+    axpy_lanes(y, a, x)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
+    dot_lanes(a, b)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn axpy_avx2(y: &mut [f32], a: f32, x: &[f32]) {
+    axpy_lanes(y, a, x)
+}
+
+/// Portable code shaped for 8-lane vectors: the compiler turns it into AVX2 wherever it is
+/// inlined into a function compiled with AVX2 + FMA, with the same result either way.
+#[inline(always)]
+pub(crate) fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
     let k8 = a.len() / 8 * 8;
     let mut acc = [0f32; 8];
     for (ca, cb) in a[..k8].chunks_exact(8).zip(b[..k8].chunks_exact(8)) {
@@ -21,30 +51,12 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
-    use std::arch::x86_64::*;
-    let n = a.len().min(b.len());
-    let k8 = n / 8 * 8;
-    let mut acc = _mm256_setzero_ps();
-    let mut p = 0;
-    while p < k8 {
-        acc = _mm256_fmadd_ps(
-            _mm256_loadu_ps(a.as_ptr().add(p)),
-            _mm256_loadu_ps(b.as_ptr().add(p)),
-            acc,
-        );
-        p += 8;
+#[inline(always)]
+pub(crate) fn axpy_lanes(y: &mut [f32], a: f32, x: &[f32]) {
+    debug_assert_eq!(y.len(), x.len());
+    for (yv, xv) in y.iter_mut().zip(x) {
+        *yv = a.mul_add(*xv, *yv);
     }
-    // ((0+4)+(2+6)) + ((1+5)+(3+7)), as in the portable path.
-    let s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
-    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-    let mut s = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps::<0b01>(s2, s2)));
-    for q in k8..n {
-        s = a[q].mul_add(b[q], s);
-    }
-    s
 }
 
 #[cfg(test)]
@@ -59,6 +71,17 @@ mod tests {
             let b = random_vec(len, 2);
             let want: f64 = a.iter().zip(&b).map(|(p, q)| *p as f64 * *q as f64).sum();
             assert!((dot(&a, &b) as f64 - want).abs() < 1e-5, "len {len}");
+        }
+    }
+
+    #[test]
+    fn axpy_matches_naive() {
+        let x = random_vec(19, 3);
+        let mut y = random_vec(19, 4);
+        let want: Vec<f32> = y.iter().zip(&x).map(|(yv, xv)| yv + 0.5 * xv).collect();
+        axpy(&mut y, 0.5, &x);
+        for (g, w) in y.iter().zip(&want) {
+            assert!((g - w).abs() < 1e-6);
         }
     }
 }

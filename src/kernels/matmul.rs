@@ -277,6 +277,9 @@ unsafe fn tile_kernel(
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
     use super::{MR, NP};
+
+    /// How many `k` steps (64-byte lines of a panel) ahead to prefetch weights.
+    const PREFETCH_AHEAD: usize = 24;
     use std::arch::x86_64::*;
     use std::sync::OnceLock;
 
@@ -308,6 +311,11 @@ pub(crate) mod avx2 {
             }
         }
         for kk in 0..kcb {
+            // With several rows the tile is compute-bound, so ask for the weights early; a
+            // single row is bandwidth-bound and the hardware prefetcher does better alone.
+            if R > 1 {
+                _mm_prefetch::<_MM_HINT_T0>(wp.add((kk + PREFETCH_AHEAD) * NP) as *const i8);
+            }
             let mut wv = [_mm256_setzero_ps(); V];
             for (v, w) in wv.iter_mut().enumerate() {
                 *w = _mm256_loadu_ps(wp.add(kk * NP + 8 * v));

@@ -6,7 +6,7 @@
 use super::config::ModelConfig;
 use super::loader::WeightSource;
 use super::tensor::Tensor;
-use crate::kernels::attention::attend;
+use crate::kernels::attention::{attend, KvSpan};
 use crate::kernels::rope::Rope;
 use crate::kernels::{matmul, rmsnorm, silu_mul, PackedMatrix};
 use crate::kv::KvCache;
@@ -206,19 +206,19 @@ impl Llama {
                 .for_each_init(Vec::new, |scores, (r, out)| {
                     let (si, pos) = rows[r];
                     let q = &qkv_ro[r * (qd + 2 * kvd)..r * (qd + 2 * kvd) + qd];
-                    for head in 0..c.num_heads {
-                        let o = head * hd;
-                        let table = input.seqs[si].block_table;
-                        attend(
-                            &q[o..o + hd],
-                            view,
-                            table,
-                            head / group,
-                            pos,
-                            scale,
-                            scores,
-                            &mut out[o..o + hd],
-                        );
+                    let block_table = input.seqs[si].block_table;
+                    let width = group * hd;
+                    for (g, (qg, og)) in q
+                        .chunks_exact(width)
+                        .zip(out.chunks_exact_mut(width))
+                        .enumerate()
+                    {
+                        let span = KvSpan {
+                            block_table,
+                            kv_head: g,
+                            last_pos: pos,
+                        };
+                        attend(qg, view, span, scale, scores, og);
                     }
                 });
             matmul(attn, &layer.wo, tmp, t);
