@@ -2,13 +2,14 @@
 //!
 //! Layers, from the bottom: [`kernels`] (numeric kernels), [`kv`] (paged KV cache),
 //! [`model`] (weights and the ragged-batch forward pass), [`tokenizer`], [`sampling`],
-//! [`generate`] (running sequences to completion) and [`cli`].
+//! [`scheduler`] (who runs each step), [`engine`] (the serving loop) and [`cli`].
 
 pub mod cli;
-pub mod generate;
+pub mod engine;
 pub mod kernels;
 pub mod kv;
 pub mod loaded;
 pub mod model;
 pub mod sampling;
+pub mod scheduler;
 pub mod tokenizer;

@@ -2,35 +2,15 @@
 
 mod common;
 
-use common::{model, reference, shared_models, VARIANTS};
-use weft::generate::{blocks_needed, generate_lockstep, GenRequest};
+use common::{collect, engine, greedy, model, reference, shared_models, VARIANTS};
+use weft::engine::EngineConfig;
 use weft::kv::{BlockAllocator, BlockTable, KvCache};
 use weft::model::{SeqStep, StepInput, Workspace};
-use weft::sampling::{argmax, SamplingParams};
+use weft::sampling::argmax;
 use weft::tokenizer::{Detokenizer, Tokenizer};
 
 /// Steps whose top-1/top-2 reference margin is below this may legitimately differ.
 const MARGIN: f32 = 1e-3;
-
-fn greedy(prompt: &[u32], max_tokens: usize) -> GenRequest {
-    GenRequest {
-        prompt: prompt.to_vec(),
-        max_tokens,
-        sampling: SamplingParams::default(),
-        stop_ids: Vec::new(),
-    }
-}
-
-fn kv_for(m: &weft::model::Llama, reqs: &[GenRequest]) -> KvCache {
-    let c = &m.config;
-    KvCache::new(
-        c.num_layers,
-        blocks_needed(reqs, 16),
-        16,
-        c.num_kv_heads,
-        c.head_dim,
-    )
-}
 
 #[test]
 fn prompt_token_ids_match_reference() {
@@ -114,26 +94,27 @@ fn logits_and_greedy_steps_match_reference() {
     }
 }
 
-/// Free-running greedy generation reproduces the reference ids up to the first step whose
-/// margin is too small to call.
+/// Free-running greedy generation through the engine reproduces the reference ids up to
+/// the first step whose margin is too small to call.
 #[test]
 fn free_running_greedy_matches_reference() {
     if shared_models().is_none() {
         return;
     }
     for (path, refdir) in VARIANTS {
-        let m = model(path);
+        let e = engine(path, EngineConfig::default());
         for case in reference(refdir) {
-            let reqs = [greedy(&case.prompt_ids, case.generated_ids.len())];
-            let mut kv = kv_for(&m.model, &reqs);
-            let (outs, _) = generate_lockstep(&m.model, &mut kv, &reqs, |_, _| {}).unwrap();
+            let out = collect(
+                e.submit(greedy(&case.prompt_ids, case.generated_ids.len()))
+                    .unwrap(),
+            );
             let stop = case
                 .margins
                 .iter()
                 .position(|&g| g <= MARGIN)
                 .unwrap_or(case.margins.len());
             assert_eq!(
-                outs[0].tokens[..stop],
+                out[0].tokens[..stop],
                 case.generated_ids[..stop],
                 "{path} {}",
                 case.id
@@ -150,24 +131,24 @@ fn batching_changes_nothing() {
         return;
     }
     for (path, refdir) in VARIANTS {
-        let m = model(path);
         let cases = reference(refdir);
-        let reqs: Vec<GenRequest> = cases
+        let e = engine(path, EngineConfig::default());
+        let streams: Vec<_> = cases
             .iter()
             .enumerate()
-            .map(|(i, c)| greedy(&c.prompt_ids, 24 + 2 * i))
+            .map(|(i, c)| e.submit(greedy(&c.prompt_ids, 24 + 2 * i)).unwrap())
             .collect();
-        let mut kv = kv_for(&m.model, &reqs);
-        let (together, _) = generate_lockstep(&m.model, &mut kv, &reqs, |_, _| {}).unwrap();
-        for (i, r) in reqs.iter().enumerate() {
-            let one = std::slice::from_ref(r);
-            let mut kv = kv_for(&m.model, one);
-            let (alone, _) = generate_lockstep(&m.model, &mut kv, one, |_, _| {}).unwrap();
-            assert_eq!(
-                together[i].tokens, alone[0].tokens,
-                "{path} {}",
-                cases[i].id
-            );
+        let together: Vec<_> = streams.into_iter().map(collect).collect();
+        let alone = engine(
+            path,
+            EngineConfig {
+                max_num_seqs: 1,
+                ..EngineConfig::default()
+            },
+        );
+        for (i, c) in cases.iter().enumerate() {
+            let one = collect(alone.submit(greedy(&c.prompt_ids, 24 + 2 * i)).unwrap());
+            assert_eq!(together[i][0].tokens, one[0].tokens, "{path} {}", c.id);
         }
     }
 }

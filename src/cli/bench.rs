@@ -1,96 +1,323 @@
-//! `weft bench`: a batched-bench table like llama.cpp's `llama-batched-bench`. For each
-//! batch size B, B prompts of PP tokens are prefilled in one step, then decode TG tokens
-//! each in lockstep.
+//! `weft bench`: throughput of the engine, measured in one run.
+//! - A batched table like llama.cpp's `llama-batched-bench`: for each batch size B, B
+//!   prompts of PP tokens enter at once, then each decodes TG tokens.
+//! - A serving run on a mixed workload (seeded prompt and output lengths, Poisson arrivals
+//!   or all at once): continuous batching against one request at a time through the same
+//!   engine, with throughput, TTFT and inter-token latency percentiles and the speedup.
 
-use crate::generate::{blocks_needed, generate_lockstep, GenRequest};
-use crate::kv::KvCache;
-use crate::loaded::LoadedModel;
-use crate::sampling::SamplingParams;
-use anyhow::{ensure, Result};
+use super::EngineArgs;
+use crate::engine::{EngineConfig, EngineHandle, Event, Request};
+use anyhow::{ensure, Context, Result};
 use clap::Args;
+use serde_json::{json, Value};
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 #[derive(Args)]
 pub struct BenchArgs {
-    /// A Hugging Face model directory or a .gguf file [default: SmolLM2-135M-Instruct, cached].
-    #[arg(long)]
-    pub model: Option<PathBuf>,
-    /// Batch sizes to measure.
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Batch sizes for the batched table (empty: skip it).
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32,64")]
     pub batch_sizes: Vec<usize>,
-    /// Prompt tokens per sequence.
+    /// Prompt tokens per sequence in the batched table.
     #[arg(long, default_value_t = 128)]
     pub prompt_tokens: usize,
-    /// Generated tokens per sequence.
+    /// Generated tokens per sequence in the batched table.
     #[arg(long, default_value_t = 128)]
     pub gen_tokens: usize,
-    /// Worker threads (0: one per core).
+    /// Requests in the serving run (0: skip it).
+    #[arg(long, default_value_t = 64)]
+    pub requests: usize,
+    /// Prompt length range of the serving run, MIN:MAX tokens.
+    #[arg(long, default_value = "16:192", value_parser = parse_range)]
+    pub prompt_len: (usize, usize),
+    /// Output length range of the serving run, MIN:MAX tokens.
+    #[arg(long, default_value = "16:128", value_parser = parse_range)]
+    pub output_len: (usize, usize),
+    /// Poisson arrival rate in requests/s (0: all at once).
+    #[arg(long, default_value_t = 0.0)]
+    pub request_rate: f64,
+    /// Seed for the workload.
     #[arg(long, default_value_t = 0)]
-    pub threads: usize,
+    pub seed: u64,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write an SVG plot here (default: next to --json, with .svg).
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+}
+
+fn parse_range(s: &str) -> Result<(usize, usize), String> {
+    let (a, b) = s
+        .split_once(':')
+        .ok_or_else(|| format!("expected MIN:MAX, got {s:?}"))?;
+    let (a, b) = (
+        a.parse().map_err(|_| format!("bad MIN in {s:?}"))?,
+        b.parse().map_err(|_| format!("bad MAX in {s:?}"))?,
+    );
+    if a == 0 || a > b {
+        return Err(format!("need 0 < MIN <= MAX, got {s:?}"));
+    }
+    Ok((a, b))
+}
+
+/// A small deterministic generator for the workload (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn range(&mut self, lo: usize, hi: usize) -> usize {
+        lo + (self.next() % (hi - lo + 1) as u64) as usize
+    }
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// What one request saw: when it was sent, when each token arrived.
+struct Timing {
+    sent: Instant,
+    tokens: Vec<Instant>,
+}
+
+fn random_prompt(rng: &mut Rng, len: usize, vocab: usize) -> Vec<u32> {
+    // Skip the lowest ids, where models keep their special tokens.
+    (0..len)
+        .map(|_| (300 + rng.next() % (vocab as u64 - 300)) as u32)
+        .collect()
+}
+
+/// Sends `reqs` at their offsets from now and waits for every token of every request.
+fn drive(engine: &EngineHandle, reqs: Vec<(Duration, Request)>) -> Result<Vec<Timing>> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()?;
+    rt.block_on(async {
+        let start = Instant::now();
+        let mut tasks = Vec::new();
+        for (at, req) in reqs {
+            tokio::time::sleep_until((start + at).into()).await;
+            let sent = Instant::now();
+            let mut stream = engine.submit(req)?;
+            tasks.push(tokio::spawn(async move {
+                let mut tokens = Vec::new();
+                while let Some(ev) = stream.recv().await {
+                    if let Event::Token { .. } = ev {
+                        tokens.push(Instant::now());
+                    }
+                }
+                Timing { sent, tokens }
+            }));
+        }
+        let mut out = Vec::new();
+        for t in tasks {
+            out.push(t.await?);
+        }
+        Ok(out)
+    })
+}
+
+fn percentile(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * p).round() as usize]
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
-    ensure!(
-        args.prompt_tokens > 0 && args.gen_tokens > 1,
-        "need --prompt-tokens > 0 and --gen-tokens > 1"
-    );
-    let pool = super::thread_pool(args.threads)?;
-    let path = match args.model {
-        Some(p) => p,
-        None => super::model_cache::default_model()?,
-    };
-    let loaded = LoadedModel::open(&path)?;
-    let m = &loaded.model;
-    let c = &m.config;
+    let engine = args.engine.start()?;
+    let model: Arc<crate::loaded::LoadedModel> = engine.model_arc();
+    drop(engine);
+    let vocab = model.model.config.vocab_size;
+    let base = args.engine.config();
+    let threads = crate::engine::thread_pool(base.threads)?.current_num_threads();
     println!(
-        "model {} ({} MB f32 weights), {} threads; PP {} TG {}",
-        loaded.name,
-        m.weight_bytes() / 1_000_000,
-        pool.current_num_threads(),
-        args.prompt_tokens,
-        args.gen_tokens
+        "model {} ({} MB f32 weights), {threads} threads",
+        model.name,
+        model.model.weight_bytes() / 1_000_000
     );
-    println!(
-        "{:>4} {:>6} {:>6} {:>10} {:>12} {:>10} {:>12}",
-        "B", "PP", "TG", "PP s", "PP tok/s", "TG s", "TG tok/s"
-    );
-    // Fixed pseudo-random prompts: the same in every run.
-    let mut state = 0x2545_F491_4F6C_DD1Du64;
-    let mut next = || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        (state % (c.vocab_size as u64 - 300) + 300) as u32
-    };
-    for &b in &args.batch_sizes {
-        let reqs: Vec<GenRequest> = (0..b)
-            .map(|_| GenRequest {
-                prompt: (0..args.prompt_tokens).map(|_| next()).collect(),
-                max_tokens: args.gen_tokens,
-                sampling: SamplingParams::default(),
-                stop_ids: Vec::new(),
-            })
-            .collect();
-        let mut kv = KvCache::new(
-            c.num_layers,
-            blocks_needed(&reqs, 16),
-            16,
-            c.num_kv_heads,
-            c.head_dim,
+    let mut rng = Rng(args.seed ^ 0x9E37_79B9_7F4A_7C15);
+    let mut report = json!({"model": model.name, "threads": threads});
+
+    if !args.batch_sizes.is_empty() {
+        ensure!(
+            args.prompt_tokens > 0 && args.gen_tokens > 1,
+            "need --prompt-tokens > 0 and --gen-tokens > 1"
         );
-        let (_, t) = pool.install(|| generate_lockstep(m, &mut kv, &reqs, |_, _| {}))?;
-        let pp = t.prefill.as_secs_f64();
-        let tg = t.decode.as_secs_f64();
+        println!("\nbatched: B prompts of PP tokens enter together, then each decodes TG tokens");
         println!(
-            "{:>4} {:>6} {:>6} {:>10.3} {:>12.1} {:>10.3} {:>12.1}",
-            b,
-            args.prompt_tokens,
-            args.gen_tokens,
-            pp,
-            (b * args.prompt_tokens) as f64 / pp,
-            tg,
-            (b * t.decode_steps) as f64 / tg
+            "{:>4} {:>5} {:>5} {:>9} {:>10} {:>9} {:>10} {:>10} {:>9}",
+            "B", "PP", "TG", "PP s", "PP tok/s", "TG s", "TG tok/s", "total t/s", "overhead"
         );
+        let mut rows = Vec::new();
+        for &b in &args.batch_sizes {
+            let cfg = EngineConfig {
+                max_num_seqs: b,
+                max_num_batched_tokens: base.max_num_batched_tokens.max(b * args.prompt_tokens),
+                ..base
+            };
+            let engine = EngineHandle::start(model.clone(), cfg)?;
+            let reqs = (0..b)
+                .map(|_| {
+                    let mut r = Request::new(
+                        random_prompt(&mut rng, args.prompt_tokens, vocab),
+                        args.gen_tokens,
+                    );
+                    r.stop.ignore_eos = true;
+                    (Duration::ZERO, r)
+                })
+                .collect();
+            let t = drive(&engine, reqs)?;
+            let start = t.iter().map(|x| x.sent).min().context("no requests")?;
+            let pp_end = t
+                .iter()
+                .filter_map(|x| x.tokens.first())
+                .max()
+                .context("no tokens")?;
+            let end = t
+                .iter()
+                .filter_map(|x| x.tokens.last())
+                .max()
+                .context("no tokens")?;
+            let (pp, tg) = (
+                (*pp_end - start).as_secs_f64(),
+                (*end - *pp_end).as_secs_f64(),
+            );
+            let decoded: usize = t.iter().map(|x| x.tokens.len() - 1).sum();
+            let st = engine.stats();
+            let overhead =
+                st.overhead_time.as_secs_f64() / (st.overhead_time + st.forward_time).as_secs_f64();
+            let row = json!({"batch": b, "pp": args.prompt_tokens, "tg": args.gen_tokens, "pp_s": pp, "pp_tok_s": (b * args.prompt_tokens) as f64 / pp,
+                "tg_s": tg, "tg_tok_s": decoded as f64 / tg, "total_tok_s": (b * (args.prompt_tokens + args.gen_tokens)) as f64 / (pp + tg),
+                "overhead_fraction": overhead});
+            println!(
+                "{:>4} {:>5} {:>5} {:>9.3} {:>10.1} {:>9.3} {:>10.1} {:>10.1} {:>8.2}%",
+                b,
+                args.prompt_tokens,
+                args.gen_tokens,
+                pp,
+                row["pp_tok_s"].as_f64().unwrap(),
+                tg,
+                row["tg_tok_s"].as_f64().unwrap(),
+                row["total_tok_s"].as_f64().unwrap(),
+                overhead * 100.0
+            );
+            rows.push(row);
+        }
+        let first = rows
+            .first()
+            .and_then(|r| r["tg_tok_s"].as_f64())
+            .unwrap_or(0.0);
+        for r in &rows {
+            let b = r["batch"].as_u64().unwrap_or(0);
+            println!(
+                "  decode at B={b}: {:.2}x B={}",
+                r["tg_tok_s"].as_f64().unwrap_or(0.0) / first,
+                args.batch_sizes[0]
+            );
+        }
+        report["batched"] = Value::Array(rows);
+    }
+
+    if args.requests > 0 {
+        let mut reqs = Vec::new();
+        let mut at = 0.0;
+        for _ in 0..args.requests {
+            let p = args.prompt_len;
+            let o = args.output_len;
+            let (plen, olen) = (rng.range(p.0, p.1), rng.range(o.0, o.1));
+            let mut r = Request::new(random_prompt(&mut rng, plen, vocab), olen);
+            r.stop.ignore_eos = true;
+            reqs.push((Duration::from_secs_f64(at), r));
+            if args.request_rate > 0.0 {
+                at += -(1.0 - rng.unit()).ln() / args.request_rate;
+            }
+        }
+        let rate = if args.request_rate > 0.0 {
+            format!("Poisson {} req/s", args.request_rate)
+        } else {
+            "all at once".into()
+        };
+        println!(
+            "\nserving: {} requests, prompt {}..{} tokens, output {}..{} tokens, {rate}",
+            args.requests,
+            args.prompt_len.0,
+            args.prompt_len.1,
+            args.output_len.0,
+            args.output_len.1
+        );
+        println!(
+            "{:>12} {:>9} {:>10} {:>8} {:>10} {:>10} {:>9} {:>9}",
+            "mode", "total s", "out tok/s", "req/s", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99"
+        );
+        let mut modes = Vec::new();
+        for (name, seqs) in [("continuous", base.max_num_seqs), ("sequential", 1)] {
+            let engine = EngineHandle::start(
+                model.clone(),
+                EngineConfig {
+                    max_num_seqs: seqs,
+                    max_waiting_requests: base.max_waiting_requests.max(args.requests),
+                    ..base
+                },
+            )?;
+            let t0 = Instant::now();
+            let t = drive(&engine, reqs.clone())?;
+            let total = t0.elapsed().as_secs_f64();
+            let out: usize = t.iter().map(|x| x.tokens.len()).sum();
+            let mut ttft: Vec<f64> = t
+                .iter()
+                .filter_map(|x| x.tokens.first().map(|f| (*f - x.sent).as_secs_f64()))
+                .collect();
+            let mut itl: Vec<f64> = t
+                .iter()
+                .flat_map(|x| x.tokens.windows(2).map(|w| (w[1] - w[0]).as_secs_f64()))
+                .collect();
+            let m = json!({"mode": name, "max_num_seqs": seqs, "total_s": total, "output_tok_s": out as f64 / total,
+                "requests_s": args.requests as f64 / total,
+                "ttft_p50_s": percentile(&mut ttft, 0.5), "ttft_p99_s": percentile(&mut ttft, 0.99),
+                "itl_p50_s": percentile(&mut itl, 0.5), "itl_p99_s": percentile(&mut itl, 0.99)});
+            println!(
+                "{:>12} {:>9.2} {:>10.1} {:>8.2} {:>9.0}ms {:>9.0}ms {:>7.1}ms {:>7.1}ms",
+                name,
+                total,
+                m["output_tok_s"].as_f64().unwrap(),
+                m["requests_s"].as_f64().unwrap(),
+                m["ttft_p50_s"].as_f64().unwrap() * 1e3,
+                m["ttft_p99_s"].as_f64().unwrap() * 1e3,
+                m["itl_p50_s"].as_f64().unwrap() * 1e3,
+                m["itl_p99_s"].as_f64().unwrap() * 1e3
+            );
+            modes.push(m);
+        }
+        let speedup = modes[0]["output_tok_s"].as_f64().unwrap_or(0.0)
+            / modes[1]["output_tok_s"].as_f64().unwrap_or(1.0);
+        println!("continuous batching: {speedup:.2}x the throughput of one request at a time");
+        report["serving"] = json!({"requests": args.requests, "prompt_len": [args.prompt_len.0, args.prompt_len.1],
+            "output_len": [args.output_len.0, args.output_len.1], "request_rate": args.request_rate, "modes": modes, "speedup": speedup});
+    }
+
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        println!("\nwrote {}", path.display());
+    }
+    let plot = args
+        .plot
+        .clone()
+        .or_else(|| args.json.as_ref().map(|j| j.with_extension("svg")));
+    if let Some(path) = plot {
+        std::fs::write(&path, super::plot::svg(&report))
+            .with_context(|| format!("writing {}", path.display()))?;
+        println!("wrote {}", path.display());
     }
     Ok(())
 }

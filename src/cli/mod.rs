@@ -3,8 +3,13 @@
 pub mod bench;
 pub mod generate;
 pub mod model_cache;
+mod plot;
 
-use clap::{Parser, Subcommand};
+use crate::engine::{EngineConfig, EngineHandle};
+use crate::loaded::LoadedModel;
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+use std::sync::Arc;
 
 #[derive(Parser)]
 #[command(
@@ -21,11 +26,11 @@ pub struct Cli {
 pub enum Command {
     /// Generate a continuation of one prompt, streamed to stdout.
     Generate(generate::GenerateArgs),
-    /// Measure prompt and decode throughput at several batch sizes.
+    /// Measure throughput: a batched table and a serving-style run.
     Bench(bench::BenchArgs),
 }
 
-/// Runs the command line; returns the process exit code.
+/// Runs the command line.
 pub fn run() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Generate(args) => generate::run(args),
@@ -33,11 +38,91 @@ pub fn run() -> anyhow::Result<()> {
     }
 }
 
-/// A rayon pool of `threads` workers (0: one per core) that all model work runs inside.
-pub fn thread_pool(threads: usize) -> anyhow::Result<rayon::ThreadPool> {
-    let mut b = rayon::ThreadPoolBuilder::new().thread_name(|i| format!("weft-worker-{i}"));
-    if threads > 0 {
-        b = b.num_threads(threads);
+/// The model and engine options every command that runs the engine takes.
+#[derive(Args, Debug, Clone)]
+pub struct EngineArgs {
+    /// A Hugging Face model directory or a .gguf file [default: SmolLM2-135M-Instruct, cached].
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Worker threads (0: one per core).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// Sequences per step at most (1: strictly one request at a time).
+    #[arg(long, default_value_t = EngineConfig::default().max_num_seqs)]
+    pub max_num_seqs: usize,
+    /// Tokens per step at most; longer prompts are prefilled in chunks.
+    #[arg(long, default_value_t = EngineConfig::default().max_num_batched_tokens)]
+    pub max_num_batched_tokens: usize,
+    /// KV cache size, in bytes or with a unit (512M, 2G).
+    #[arg(long, default_value = "1G", value_parser = parse_bytes)]
+    pub kv_cache_memory: usize,
+    /// Tokens per KV cache block.
+    #[arg(long, default_value_t = EngineConfig::default().block_size)]
+    pub block_size: usize,
+    /// Requests allowed to wait for the batch before new ones are refused.
+    #[arg(long, default_value_t = EngineConfig::default().max_waiting_requests)]
+    pub max_waiting_requests: usize,
+}
+
+impl EngineArgs {
+    pub fn config(&self) -> EngineConfig {
+        EngineConfig {
+            threads: self.threads,
+            max_num_seqs: self.max_num_seqs,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            kv_cache_memory: self.kv_cache_memory,
+            block_size: self.block_size,
+            max_waiting_requests: self.max_waiting_requests,
+        }
     }
-    Ok(b.build()?)
+
+    /// Loads the model (the cached default when `--model` is absent) and starts the engine.
+    pub fn start(&self) -> anyhow::Result<EngineHandle> {
+        let path = match &self.model {
+            Some(p) => p.clone(),
+            None => model_cache::default_model()?,
+        };
+        let t0 = std::time::Instant::now();
+        let loaded = LoadedModel::open(&path)?;
+        eprintln!(
+            "weft: loaded {} in {:.2} s ({} MB of f32 weights)",
+            loaded.name,
+            t0.elapsed().as_secs_f64(),
+            loaded.model.weight_bytes() / 1_000_000
+        );
+        EngineHandle::start(Arc::new(loaded), self.config())
+    }
+}
+
+/// `1234`, `512K`, `64M`, `2G` (binary units) to bytes.
+pub fn parse_bytes(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 1 << 10),
+        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("not a size: {s:?} (try 512M or 2G)"))?;
+    if !(v.is_finite() && v > 0.0) {
+        return Err(format!("size must be positive: {s:?}"));
+    }
+    Ok((v * mult as f64) as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn parses_sizes() {
+        assert_eq!(parse_bytes("2G"), Ok(2 << 30));
+        assert_eq!(parse_bytes("512M"), Ok(512 << 20));
+        assert_eq!(parse_bytes("1.5k"), Ok(1536));
+        assert_eq!(parse_bytes("100"), Ok(100));
+        assert!(parse_bytes("lots").is_err());
+        assert!(parse_bytes("-1G").is_err());
+    }
 }

@@ -8,6 +8,11 @@ pub struct BlockTable {
 }
 
 impl BlockTable {
+    /// A table over blocks the caller already holds a reference to.
+    pub fn from_blocks(blocks: Vec<u32>) -> Self {
+        BlockTable { blocks }
+    }
+
     pub fn blocks(&self) -> &[u32] {
         &self.blocks
     }

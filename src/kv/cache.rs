@@ -61,6 +61,16 @@ impl KvCache {
         }
     }
 
+    /// Copies block `src` into block `dst` in every layer (copy-on-write for forks).
+    pub fn copy_block(&mut self, src: u32, dst: u32) {
+        let n = self.block_size * self.kv_heads * self.head_dim;
+        let (s, d) = (src as usize * n, dst as usize * n);
+        for (k, v) in &mut self.layers {
+            k.copy_within(s..s + n, d);
+            v.copy_within(s..s + n, d);
+        }
+    }
+
     /// Stores all kv heads of one position: `k` and `v` are `[kv_heads * head_dim]`.
     pub fn write(&mut self, layer: usize, block_table: &[u32], pos: usize, k: &[f32], v: &[f32]) {
         let width = self.kv_heads * self.head_dim;

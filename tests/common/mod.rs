@@ -91,3 +91,60 @@ pub const VARIANTS: &[(&str, &str)] = &[
         "smollm2-135m-instruct",
     ),
 ];
+
+use weft::engine::{EngineConfig, EngineHandle, Event, FinishReason, Request, RequestStream};
+
+/// An engine over a shared model.
+pub fn engine(rel: &str, cfg: EngineConfig) -> EngineHandle {
+    EngineHandle::start(model(rel), cfg).unwrap()
+}
+
+/// What one sample of a request produced.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Output {
+    pub tokens: Vec<u32>,
+    pub text: String,
+    pub finish: Option<FinishReason>,
+}
+
+/// Reads a stream to its end: one [`Output`] per sample index.
+pub fn collect(mut stream: RequestStream) -> Vec<Output> {
+    let mut outs: Vec<Output> = Vec::new();
+    while let Some(ev) = stream.blocking_recv() {
+        let (index, text) = match &ev {
+            Event::Token { index, text, .. } | Event::Finished { index, text, .. } => {
+                (*index, text.clone())
+            }
+            Event::Error { message } => panic!("engine error: {message}"),
+        };
+        if outs.len() <= index {
+            outs.resize(index + 1, Output::default());
+        }
+        let o = &mut outs[index];
+        o.text += &text;
+        match ev {
+            Event::Token { id, .. } => o.tokens.push(id),
+            Event::Finished { reason, .. } => o.finish = Some(reason),
+            Event::Error { .. } => unreachable!(),
+        }
+    }
+    outs
+}
+
+pub fn greedy(prompt: &[u32], max_tokens: usize) -> Request {
+    let mut r = Request::new(prompt.to_vec(), max_tokens);
+    r.stop.ignore_eos = true;
+    r
+}
+
+/// Waits until the engine has nothing running and checks every KV block is free.
+pub fn assert_all_blocks_free(e: &EngineHandle) {
+    for _ in 0..500 {
+        let st = e.stats();
+        if st.running == 0 && st.waiting == 0 && st.kv_blocks_used == 0 {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    panic!("engine did not release its blocks: {:?}", e.stats());
+}

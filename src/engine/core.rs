@@ -1,0 +1,416 @@
+//! The engine loop: commands in, steps run, events out.
+
+use super::handle::Shared;
+use super::{Event, FinishReason, Request, StopStrings, Usage};
+use crate::kv::KvCache;
+use crate::model::{SeqStep, StepInput, Workspace};
+use crate::sampling::{Sampled, Sampler};
+use crate::scheduler::{Scheduled, Scheduler, SchedulerConfig, SeqId, Sequence};
+use crate::tokenizer::Detokenizer;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{mpsc, Arc};
+use std::time::Instant;
+use tokio::sync::mpsc::UnboundedSender;
+
+pub(super) enum Command {
+    Submit {
+        id: u64,
+        request: Request,
+        events: UnboundedSender<Event>,
+    },
+    Abort(u64),
+}
+
+struct RequestState {
+    request: Request,
+    events: UnboundedSender<Event>,
+    /// Sequences not yet finished.
+    seqs: Vec<SeqId>,
+    /// Still counted as waiting (not yet admitted).
+    waiting: bool,
+    /// Samples 1..n have been forked from sample 0.
+    forked: bool,
+}
+
+struct SeqState {
+    request: u64,
+    index: usize,
+    sampler: Sampler,
+    detok: Detokenizer,
+    stop: StopStrings,
+    stop_ids: Vec<u32>,
+    generated: usize,
+}
+
+pub(super) struct EngineLoop {
+    shared: Arc<Shared>,
+    rx: mpsc::Receiver<Command>,
+    sched: Scheduler,
+    kv: KvCache,
+    ws: Workspace,
+    requests: HashMap<u64, RequestState>,
+    seqs: HashMap<SeqId, SeqState>,
+    next_seq: SeqId,
+    /// Set once every handle is gone: finish what runs, then stop.
+    closing: bool,
+}
+
+impl EngineLoop {
+    pub fn new(shared: Arc<Shared>, num_blocks: usize, rx: mpsc::Receiver<Command>) -> Self {
+        let c = shared.model.model.config.clone();
+        let cfg = shared.config;
+        let sched = Scheduler::new(SchedulerConfig {
+            max_num_seqs: cfg.max_num_seqs,
+            max_num_batched_tokens: cfg.max_num_batched_tokens,
+            block_size: cfg.block_size,
+            num_blocks,
+        });
+        let kv = KvCache::new(
+            c.num_layers,
+            num_blocks,
+            cfg.block_size,
+            c.num_kv_heads,
+            c.head_dim,
+        );
+        EngineLoop {
+            shared,
+            rx,
+            sched,
+            kv,
+            ws: Workspace::default(),
+            requests: HashMap::new(),
+            seqs: HashMap::new(),
+            next_seq: 0,
+            closing: false,
+        }
+    }
+
+    pub fn run(mut self) {
+        loop {
+            if !self.take_commands() {
+                return;
+            }
+            self.drop_abandoned();
+            if self.sched.is_idle() {
+                continue;
+            }
+            self.step();
+        }
+    }
+
+    /// Takes pending commands, blocking while there is nothing to run. False: time to stop.
+    fn take_commands(&mut self) -> bool {
+        if self.sched.is_idle() {
+            if self.closing {
+                return false;
+            }
+            match self.rx.recv() {
+                Ok(cmd) => self.command(cmd),
+                Err(_) => return false,
+            }
+        }
+        loop {
+            match self.rx.try_recv() {
+                Ok(cmd) => self.command(cmd),
+                Err(mpsc::TryRecvError::Empty) => return true,
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    self.closing = true;
+                    return true;
+                }
+            }
+        }
+    }
+
+    fn command(&mut self, cmd: Command) {
+        match cmd {
+            Command::Submit {
+                id,
+                request,
+                events,
+            } => {
+                let prompt = request.prompt.clone();
+                let seq = self.new_seq(id, 0, &request);
+                self.sched
+                    .add(Sequence::new(seq, prompt, request.priority, id));
+                self.requests.insert(
+                    id,
+                    RequestState {
+                        request,
+                        events,
+                        seqs: vec![seq],
+                        waiting: true,
+                        forked: false,
+                    },
+                );
+            }
+            Command::Abort(id) => self.abort(id),
+        }
+    }
+
+    fn new_seq(&mut self, request: u64, index: usize, r: &Request) -> SeqId {
+        let id = self.next_seq;
+        self.next_seq += 1;
+        let mut sampling = r.sampling.clone();
+        sampling.seed = sampling.seed.map(|s| s.wrapping_add(index as u64));
+        let tok = &self.shared.model.tokenizer;
+        let mut stop_ids = r.stop.stop_token_ids.clone();
+        if !r.stop.ignore_eos {
+            stop_ids.extend(&tok.eos_ids);
+        }
+        self.seqs.insert(
+            id,
+            SeqState {
+                request,
+                index,
+                sampler: Sampler::new(sampling, &r.prompt),
+                detok: Detokenizer::new(&r.prompt, r.skip_special_tokens),
+                stop: StopStrings::new(r.stop.stop_strings.clone()),
+                stop_ids,
+                generated: 0,
+            },
+        );
+        id
+    }
+
+    /// Aborts requests whose client went away (the stream was dropped).
+    fn drop_abandoned(&mut self) {
+        let gone: Vec<u64> = self
+            .requests
+            .iter()
+            .filter(|(_, r)| r.events.is_closed())
+            .map(|(&id, _)| id)
+            .collect();
+        for id in gone {
+            self.abort(id);
+        }
+    }
+
+    fn abort(&mut self, id: u64) {
+        let Some(req) = self.requests.remove(&id) else {
+            return;
+        };
+        if req.waiting {
+            self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
+        }
+        for seq in req.seqs {
+            self.sched.remove(seq);
+            if let Some(s) = self.seqs.remove(&seq) {
+                let usage = Usage {
+                    prompt_tokens: req.request.prompt.len(),
+                    completion_tokens: s.generated,
+                };
+                let _ = req.events.send(Event::Finished {
+                    index: s.index,
+                    reason: FinishReason::Abort,
+                    text: String::new(),
+                    usage,
+                });
+            }
+        }
+    }
+
+    fn step(&mut self) {
+        let t0 = Instant::now();
+        let plan = self.sched.schedule();
+        if plan.is_empty() {
+            // Nothing fits right now; wait for a command instead of spinning.
+            if let Ok(cmd) = self.rx.recv_timeout(std::time::Duration::from_millis(5)) {
+                self.command(cmd);
+            }
+            return;
+        }
+        self.mark_admitted(&plan);
+        let mut tokens = Vec::with_capacity(plan.iter().map(|s| s.num_tokens).sum());
+        for s in &plan {
+            let seq = self.sched.get(s.id).expect("scheduled sequence exists");
+            tokens.extend_from_slice(&seq.tokens[s.context_len..s.context_len + s.num_tokens]);
+        }
+        let steps: Vec<SeqStep> = plan
+            .iter()
+            .map(|s| SeqStep {
+                context_len: s.context_len,
+                num_tokens: s.num_tokens,
+                block_table: self
+                    .sched
+                    .get(s.id)
+                    .expect("scheduled")
+                    .block_table
+                    .blocks(),
+                sample: s.sample,
+            })
+            .collect();
+        let t1 = Instant::now();
+        let model = self.shared.model.clone();
+        let logits = model.model.forward(
+            &StepInput {
+                tokens: &tokens,
+                seqs: &steps,
+            },
+            &mut self.kv,
+            &mut self.ws,
+        );
+        let logits = logits.to_vec();
+        let t2 = Instant::now();
+        self.sched.step_done(&plan);
+        let vocab = model.model.config.vocab_size;
+        let sampled: Vec<&Scheduled> = plan.iter().filter(|s| s.sample).collect();
+        let mut generated = 0;
+        for (row, s) in sampled.iter().enumerate() {
+            generated += self.on_logits(s.id, &logits[row * vocab..(row + 1) * vocab]);
+        }
+        let t3 = Instant::now();
+        let mut st = self.shared.stats.lock().unwrap();
+        st.running = self.sched.num_running();
+        st.waiting = self.shared.waiting.load(Ordering::SeqCst);
+        st.kv_blocks_used = self.sched.blocks_used();
+        st.kv_blocks_total = self.sched.num_blocks();
+        st.preemptions = self.sched.preemptions();
+        st.steps += 1;
+        st.last_step_tokens = tokens.len();
+        st.last_step_seqs = plan.len();
+        st.generation_tokens_total += generated as u64;
+        st.forward_time += t2 - t1;
+        st.overhead_time += (t1 - t0) + (t3 - t2);
+    }
+
+    /// Requests entering the batch for the first time stop counting as waiting.
+    fn mark_admitted(&mut self, plan: &[Scheduled]) {
+        for s in plan {
+            let Some(state) = self.seqs.get(&s.id) else {
+                continue;
+            };
+            if let Some(req) = self.requests.get_mut(&state.request) {
+                if req.waiting {
+                    req.waiting = false;
+                    self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
+                    self.shared.stats.lock().unwrap().prompt_tokens_total +=
+                        req.request.prompt.len() as u64;
+                }
+            }
+        }
+    }
+
+    /// Samples the sequence's next token (and, for an `n > 1` request's first sample, its
+    /// siblings' first tokens from the same logits). Returns tokens generated.
+    fn on_logits(&mut self, seq: SeqId, logits: &[f32]) -> usize {
+        let Some(state) = self.seqs.get_mut(&seq) else {
+            return 0;
+        };
+        let req_id = state.request;
+        let sampled = state.sampler.sample(logits);
+        let mut count = 1;
+        let fork = self
+            .requests
+            .get(&req_id)
+            .is_some_and(|r| !r.forked && r.request.n > 1);
+        if fork {
+            let req = self.requests.get_mut(&req_id).expect("checked");
+            req.forked = true;
+            let request = req.request.clone();
+            for index in 1..request.n {
+                let child = self.new_seq(req_id, index, &request);
+                self.requests
+                    .get_mut(&req_id)
+                    .expect("checked")
+                    .seqs
+                    .push(child);
+                let first = self
+                    .seqs
+                    .get_mut(&child)
+                    .expect("just made")
+                    .sampler
+                    .sample(logits);
+                let kv = &mut self.kv;
+                let seq_meta =
+                    Sequence::new(child, request.prompt.clone(), request.priority, req_id);
+                self.sched.fork(seq, seq_meta, first.id, &mut |src, dst| {
+                    kv.copy_block(src, dst)
+                });
+                self.emit(child, first, false);
+                count += 1;
+            }
+        }
+        self.emit(seq, sampled, true);
+        count
+    }
+
+    /// Handles a sampled token: stop checks, text, events; finishes the sequence if done.
+    /// `append` is false when the token is already in the scheduler's sequence (a fork).
+    fn emit(&mut self, seq: SeqId, sampled: Sampled, append: bool) {
+        if append {
+            self.sched.append_token(seq, sampled.id);
+        }
+        let tok = &self.shared.model.tokenizer;
+        let Some(s) = self.seqs.get_mut(&seq) else {
+            return;
+        };
+        let Some(req) = self.requests.get(&s.request) else {
+            return;
+        };
+        s.generated += 1;
+        let index = s.index;
+        let at_limit = s.generated >= req.request.stop.max_tokens;
+        let finish = if s.stop_ids.contains(&sampled.id) {
+            let _ = req.events.send(Event::Token {
+                index,
+                id: sampled.id,
+                text: String::new(),
+                logprobs: sampled.logprobs,
+            });
+            Some((FinishReason::Stop, s.stop.flush()))
+        } else {
+            let delta = s.detok.push(tok, sampled.id).unwrap_or_default();
+            let scan = s.stop.push(&delta);
+            let _ = req.events.send(Event::Token {
+                index,
+                id: sampled.id,
+                text: scan.emit,
+                logprobs: sampled.logprobs,
+            });
+            if scan.stopped {
+                Some((FinishReason::Stop, String::new()))
+            } else if at_limit {
+                let tail = s.detok.flush(tok).unwrap_or_default();
+                let scan = s.stop.push(&tail);
+                let reason = if scan.stopped {
+                    FinishReason::Stop
+                } else {
+                    FinishReason::Length
+                };
+                Some((reason, scan.emit + &s.stop.flush()))
+            } else {
+                None
+            }
+        };
+        if let Some((reason, text)) = finish {
+            self.finish(seq, reason, text);
+        }
+    }
+
+    fn finish(&mut self, seq: SeqId, reason: FinishReason, text: String) {
+        self.sched.remove(seq);
+        let Some(s) = self.seqs.remove(&seq) else {
+            return;
+        };
+        let Some(req) = self.requests.get_mut(&s.request) else {
+            return;
+        };
+        let usage = Usage {
+            prompt_tokens: req.request.prompt.len(),
+            completion_tokens: s.generated,
+        };
+        let _ = req.events.send(Event::Finished {
+            index: s.index,
+            reason,
+            text,
+            usage,
+        });
+        req.seqs.retain(|&x| x != seq);
+        // The last sample of the request: dropping its sender closes the stream. Siblings
+        // of an n > 1 request not forked yet are still to come.
+        if req.seqs.is_empty() && (req.forked || req.request.n == 1) {
+            self.requests.remove(&s.request);
+        }
+    }
+}

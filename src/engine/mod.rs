@@ -1,0 +1,54 @@
+//! The serving engine: one loop per model on its own thread (inside the rayon pool that
+//! runs the kernels), fed through a channel by cheap, cloneable [`EngineHandle`]s. Each
+//! iteration takes new and cancelled requests, asks the scheduler for a step, runs the model
+//! over the ragged batch, samples, and sends every request its events.
+
+mod core;
+mod handle;
+mod request;
+mod stats;
+mod stop;
+
+pub use handle::{EngineHandle, RequestStream, SubmitError};
+pub use request::{Event, FinishReason, Request, Usage};
+pub use stats::EngineStats;
+pub use stop::{StopScan, StopStrings};
+
+/// Engine settings; the same flags on every command that runs the engine.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EngineConfig {
+    /// Worker threads for the kernels (0: one per core).
+    pub threads: usize,
+    /// Sequences in one step at most (1: strictly one request at a time).
+    pub max_num_seqs: usize,
+    /// Tokens in one step at most; longer prompts are prefilled in chunks.
+    pub max_num_batched_tokens: usize,
+    /// Bytes for the KV cache.
+    pub kv_cache_memory: usize,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// Requests allowed to wait for a place in the batch; beyond that `submit` refuses.
+    pub max_waiting_requests: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            threads: 0,
+            max_num_seqs: 64,
+            max_num_batched_tokens: 2048,
+            kv_cache_memory: 1 << 30,
+            block_size: 16,
+            max_waiting_requests: 1024,
+        }
+    }
+}
+
+/// A rayon pool of `threads` workers (0: one per core) that all model work runs inside.
+pub fn thread_pool(threads: usize) -> anyhow::Result<rayon::ThreadPool> {
+    let mut b = rayon::ThreadPoolBuilder::new().thread_name(|i| format!("weft-worker-{i}"));
+    if threads > 0 {
+        b = b.num_threads(threads);
+    }
+    Ok(b.build()?)
+}

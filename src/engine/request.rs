@@ -1,0 +1,83 @@
+//! What goes into the engine and what comes back out.
+
+use crate::sampling::{SamplingParams, StopCondition, TokenLogprob};
+
+/// A generation request, already tokenized.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub prompt: Vec<u32>,
+    pub sampling: SamplingParams,
+    pub stop: StopCondition,
+    /// Independent samples; they share the prompt's KV blocks.
+    pub n: usize,
+    /// Lower runs first.
+    pub priority: i32,
+    /// Leave special tokens out of the text.
+    pub skip_special_tokens: bool,
+}
+
+impl Request {
+    pub fn new(prompt: Vec<u32>, max_tokens: usize) -> Self {
+        Request {
+            prompt,
+            sampling: SamplingParams::default(),
+            stop: StopCondition {
+                max_tokens,
+                ..Default::default()
+            },
+            n: 1,
+            priority: 0,
+            skip_special_tokens: true,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// EOS, a stop token or a stop string.
+    Stop,
+    /// `max_tokens` or the context length.
+    Length,
+    /// Cancelled by the client.
+    Abort,
+    Error,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Abort => "abort",
+            FinishReason::Error => "error",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+}
+
+/// One step of a request's progress. `index` tells the samples of an `n > 1` request apart.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    Token {
+        index: usize,
+        id: u32,
+        /// Text this token completes (may be empty: a partial character or held-back stop text).
+        text: String,
+        logprobs: Option<(TokenLogprob, Vec<TokenLogprob>)>,
+    },
+    /// A sample ended; `text` is output held back until now (for example before a stop
+    /// string that did not complete). After the last sample's event the stream closes.
+    Finished {
+        index: usize,
+        reason: FinishReason,
+        text: String,
+        usage: Usage,
+    },
+    /// The request failed as a whole; the stream closes.
+    Error { message: String },
+}

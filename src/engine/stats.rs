@@ -1,0 +1,24 @@
+//! Counters the engine publishes after every step, for metrics and benchmarks.
+
+use std::time::Duration;
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EngineStats {
+    pub running: usize,
+    /// Submitted requests not yet admitted to the batch.
+    pub waiting: usize,
+    pub kv_blocks_used: usize,
+    pub kv_blocks_total: usize,
+    pub preemptions: u64,
+    pub steps: u64,
+    /// Rows (tokens) in the last step.
+    pub last_step_tokens: usize,
+    /// Sequences in the last step.
+    pub last_step_seqs: usize,
+    pub prompt_tokens_total: u64,
+    pub generation_tokens_total: u64,
+    /// Time in the model's forward pass, summed over steps.
+    pub forward_time: Duration,
+    /// Time in scheduling, sampling, detokenization and sending events, summed over steps.
+    pub overhead_time: Duration,
+}

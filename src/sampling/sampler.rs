@@ -1,0 +1,346 @@
+//! Logits processors and the sampler, applied in vLLM's order: logit bias, penalties, then
+//! (unless greedy) temperature, top-k, top-p, min-p and a draw from the sequence's RNG.
+
+use super::SamplingParams;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::collections::HashMap;
+
+/// A token with its log-probability under the model's (unprocessed) distribution.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TokenLogprob {
+    pub id: u32,
+    pub logprob: f32,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sampled {
+    pub id: u32,
+    /// The chosen token's log-probability and the top alternatives, when asked for.
+    pub logprobs: Option<(TokenLogprob, Vec<TokenLogprob>)>,
+}
+
+pub struct Sampler {
+    params: SamplingParams,
+    rng: StdRng,
+    /// Occurrences of each token in the output so far (frequency/presence penalties).
+    output_counts: HashMap<u32, u32>,
+    /// Tokens of prompt and output (repetition penalty).
+    seen: HashMap<u32, ()>,
+    scratch: Vec<f32>,
+    order: Vec<u32>,
+}
+
+impl Sampler {
+    /// `prompt` seeds the repetition penalty's set of seen tokens.
+    pub fn new(params: SamplingParams, prompt: &[u32]) -> Self {
+        let rng = match params.seed {
+            Some(s) => StdRng::seed_from_u64(s),
+            None => StdRng::from_os_rng(),
+        };
+        let seen = if params.repetition_penalty != 1.0 {
+            prompt.iter().map(|&t| (t, ())).collect()
+        } else {
+            HashMap::new()
+        };
+        Sampler {
+            params,
+            rng,
+            output_counts: HashMap::new(),
+            seen,
+            scratch: Vec::new(),
+            order: Vec::new(),
+        }
+    }
+
+    /// Records a token the sequence produced, for the penalties.
+    pub fn observe(&mut self, id: u32) {
+        *self.output_counts.entry(id).or_default() += 1;
+        if self.params.repetition_penalty != 1.0 {
+            self.seen.insert(id, ());
+        }
+    }
+
+    /// Picks the next token from a row of raw logits and records it.
+    pub fn sample(&mut self, logits: &[f32]) -> Sampled {
+        let logprobs = self.params.logprobs.map(|_| ());
+        let x = &mut self.scratch;
+        x.clear();
+        x.extend_from_slice(logits);
+        self.apply_processors();
+        let id = if self.params.is_greedy() {
+            argmax(&self.scratch)
+        } else {
+            self.draw()
+        };
+        let logprobs = logprobs.map(|_| log_probs(logits, id, self.params.logprobs.unwrap_or(0)));
+        self.observe(id);
+        Sampled { id, logprobs }
+    }
+
+    fn apply_processors(&mut self) {
+        let p = &self.params;
+        let x = &mut self.scratch;
+        for (&id, &b) in &p.logit_bias {
+            x[id as usize] += b;
+        }
+        if p.repetition_penalty != 1.0 {
+            for &id in self.seen.keys() {
+                let v = &mut x[id as usize];
+                *v = if *v > 0.0 {
+                    *v / p.repetition_penalty
+                } else {
+                    *v * p.repetition_penalty
+                };
+            }
+        }
+        if p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
+            for (&id, &n) in &self.output_counts {
+                x[id as usize] -= p.frequency_penalty * n as f32 + p.presence_penalty;
+            }
+        }
+    }
+
+    /// Temperature, top-k, top-p, min-p, then a draw. Works on the candidates only, so
+    /// that the common settings do not sort the whole vocabulary.
+    fn draw(&mut self) -> u32 {
+        let p = &self.params;
+        let x = &self.scratch;
+        let inv_t = 1.0 / p.temperature;
+        let max = x.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        // Candidates in descending order of logit: top-k first, widened until they cover top-p.
+        let order = &mut self.order;
+        let want_sorted = p.top_k > 0 || p.top_p < 1.0;
+        let mut probs: Vec<f32>;
+        if want_sorted {
+            let vocab = x.len();
+            let mut k = if p.top_k > 0 {
+                p.top_k.min(vocab)
+            } else {
+                64.min(vocab)
+            };
+            let total: f32 = x.iter().map(|l| ((l - max) * inv_t).exp()).sum();
+            loop {
+                order.clear();
+                order.extend(0..vocab as u32);
+                if k < vocab {
+                    order.select_nth_unstable_by(k - 1, |a, b| {
+                        x[*b as usize].total_cmp(&x[*a as usize])
+                    });
+                    order.truncate(k);
+                }
+                order.sort_unstable_by(|a, b| {
+                    x[*b as usize].total_cmp(&x[*a as usize]).then(a.cmp(b))
+                });
+                let mass: f32 = order
+                    .iter()
+                    .map(|&i| ((x[i as usize] - max) * inv_t).exp())
+                    .sum::<f32>()
+                    / total;
+                if p.top_k > 0 || mass >= p.top_p || k == vocab {
+                    break;
+                }
+                k = (k * 4).min(vocab);
+            }
+            probs = order
+                .iter()
+                .map(|&i| ((x[i as usize] - max) * inv_t).exp())
+                .collect();
+            if p.top_p < 1.0 {
+                let total: f32 = probs.iter().sum();
+                let mut cum = 0.0;
+                let keep = probs
+                    .iter()
+                    .position(|q| {
+                        cum += q / total;
+                        cum >= p.top_p
+                    })
+                    .map_or(probs.len(), |i| i + 1);
+                probs.truncate(keep);
+                order.truncate(keep);
+            }
+        } else {
+            order.clear();
+            order.extend(0..x.len() as u32);
+            probs = x.iter().map(|l| ((l - max) * inv_t).exp()).collect();
+        }
+        if p.min_p > 0.0 {
+            let top = probs.iter().cloned().fold(0.0, f32::max);
+            for q in probs.iter_mut() {
+                if *q < p.min_p * top {
+                    *q = 0.0;
+                }
+            }
+        }
+        let total: f32 = probs.iter().sum();
+        let mut r = self.rng.random::<f32>() * total;
+        for (q, &id) in probs.iter().zip(order.iter()) {
+            r -= q;
+            if r < 0.0 && *q > 0.0 {
+                return id;
+            }
+        }
+        // Rounding left a sliver: take the last candidate with mass.
+        probs
+            .iter()
+            .zip(order.iter())
+            .rev()
+            .find(|(q, _)| **q > 0.0)
+            .map_or(order[0], |(_, &id)| id)
+    }
+}
+
+/// Log-probability of `id` and the `top` most likely tokens under `log_softmax(logits)`.
+fn log_probs(logits: &[f32], id: u32, top: usize) -> (TokenLogprob, Vec<TokenLogprob>) {
+    let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    let lse = max + logits.iter().map(|l| (l - max).exp()).sum::<f32>().ln();
+    let lp = |i: u32| TokenLogprob {
+        id: i,
+        logprob: logits[i as usize] - lse,
+    };
+    let mut best: Vec<u32> = Vec::with_capacity(top + 1);
+    if top > 0 {
+        let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+        let k = top.min(idx.len());
+        idx.select_nth_unstable_by(k - 1, |a, b| {
+            logits[*b as usize].total_cmp(&logits[*a as usize])
+        });
+        idx.truncate(k);
+        idx.sort_unstable_by(|a, b| {
+            logits[*b as usize]
+                .total_cmp(&logits[*a as usize])
+                .then(a.cmp(b))
+        });
+        best = idx;
+    }
+    (lp(id), best.into_iter().map(lp).collect())
+}
+
+/// Index of the largest logit (the first one on ties).
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &l) in logits.iter().enumerate() {
+        if l > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn logits() -> Vec<f32> {
+        (0..50).map(|i| (i as f32 * 0.37).sin() * 3.0).collect()
+    }
+
+    fn params(f: impl FnOnce(&mut SamplingParams)) -> SamplingParams {
+        let mut p = SamplingParams {
+            temperature: 1.0,
+            seed: Some(7),
+            ..Default::default()
+        };
+        f(&mut p);
+        p
+    }
+
+    fn draws(p: SamplingParams, n: usize) -> Vec<u32> {
+        let mut s = Sampler::new(p, &[]);
+        let l = logits();
+        (0..n).map(|_| s.sample(&l).id).collect()
+    }
+
+    #[test]
+    fn greedy_takes_the_first_maximum() {
+        assert_eq!(argmax(&[0.1, 3.0, -1.0, 3.0]), 1);
+        let mut s = Sampler::new(SamplingParams::default(), &[]);
+        assert_eq!(s.sample(&[0.0, 0.5, 0.2]).id, 1);
+    }
+
+    #[test]
+    fn same_seed_same_draws() {
+        let a = draws(params(|_| {}), 30);
+        assert_eq!(a, draws(params(|_| {}), 30));
+        assert!(a.iter().any(|&t| t != a[0]), "temperature 1 should vary");
+        assert_ne!(a, draws(params(|p| p.seed = Some(8)), 30));
+    }
+
+    #[test]
+    fn top_k_top_p_min_p_restrict_the_candidates() {
+        let l = logits();
+        let mut order: Vec<u32> = (0..50).collect();
+        order.sort_by(|a, b| l[*b as usize].total_cmp(&l[*a as usize]));
+        let top3: Vec<u32> = order[..3].to_vec();
+        assert!(draws(params(|p| p.top_k = 3), 200)
+            .iter()
+            .all(|t| top3.contains(t)));
+        // A tiny top_p keeps only the most likely token.
+        assert!(draws(params(|p| p.top_p = 1e-6), 50)
+            .iter()
+            .all(|&t| t == order[0]));
+        // min_p = 1 keeps only tokens as likely as the best.
+        assert!(draws(params(|p| p.min_p = 1.0), 50)
+            .iter()
+            .all(|&t| t == order[0]));
+    }
+
+    #[test]
+    fn penalties_and_bias_change_the_greedy_choice() {
+        let l = vec![1.0, 0.9, 0.0];
+        let mut s = Sampler::new(
+            SamplingParams {
+                logit_bias: [(2, 5.0)].into(),
+                ..Default::default()
+            },
+            &[],
+        );
+        assert_eq!(s.sample(&l).id, 2);
+        let mut s = Sampler::new(
+            SamplingParams {
+                repetition_penalty: 2.0,
+                ..Default::default()
+            },
+            &[0],
+        );
+        assert_eq!(s.sample(&l).id, 1, "0.5 < 0.9 after the penalty");
+        let mut s = Sampler::new(
+            SamplingParams {
+                presence_penalty: 0.5,
+                ..Default::default()
+            },
+            &[],
+        );
+        assert_eq!(s.sample(&l).id, 0);
+        assert_eq!(s.sample(&l).id, 1, "token 0 now pays the presence penalty");
+        let mut s = Sampler::new(
+            SamplingParams {
+                frequency_penalty: 0.06,
+                ..Default::default()
+            },
+            &[],
+        );
+        assert_eq!(s.sample(&l).id, 0);
+        assert_eq!(s.sample(&l).id, 0, "1.0 - 0.06 > 0.9");
+        assert_eq!(s.sample(&l).id, 1, "1.0 - 0.12 < 0.9");
+    }
+
+    #[test]
+    fn logprobs_are_log_softmax_of_raw_logits() {
+        let l = vec![2.0, 1.0, 0.0];
+        let mut s = Sampler::new(
+            SamplingParams {
+                logprobs: Some(2),
+                ..Default::default()
+            },
+            &[],
+        );
+        let out = s.sample(&l);
+        let (chosen, top) = out.logprobs.unwrap();
+        let z = (2f32.exp() + 1f32.exp() + 1.0).ln();
+        assert_eq!(chosen.id, 0);
+        assert!((chosen.logprob - (2.0 - z)).abs() < 1e-6);
+        assert_eq!(top.iter().map(|t| t.id).collect::<Vec<_>>(), vec![0, 1]);
+        assert!((top[1].logprob - (1.0 - z)).abs() < 1e-6);
+    }
+}
