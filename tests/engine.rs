@@ -1,0 +1,272 @@
+//! The continuous-batching engine on a real model (stories260k from `../shared/models`):
+//! batching changes nothing, seeded sampling is reproducible, a storm of requests with
+//! cancels and forced preemption frees every block, stop strings, n > 1.
+
+mod common;
+
+use common::{assert_all_blocks_free, collect, engine, greedy, reference, shared_models};
+use weft::engine::{EngineConfig, FinishReason, Request, SubmitError};
+use weft::sampling::SamplingParams;
+
+const STORIES: &str = "stories260k";
+
+/// A deterministic stream of numbers for building mixed workloads.
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n
+    }
+}
+
+fn random_request(rng: &mut Lcg) -> Request {
+    let len = 1 + rng.next(40) as usize;
+    let mut prompt: Vec<u32> = (0..len).map(|_| 3 + rng.next(500) as u32).collect();
+    prompt[0] = 1;
+    let mut r = Request::new(prompt, 1 + rng.next(60) as usize);
+    r.stop.ignore_eos = rng.next(2) == 0;
+    r.sampling = SamplingParams {
+        temperature: [0.0, 0.7, 1.0, 1.3][rng.next(4) as usize],
+        top_k: [0, 5, 40][rng.next(3) as usize],
+        top_p: [1.0, 0.9, 0.5][rng.next(3) as usize],
+        min_p: [0.0, 0.05][rng.next(2) as usize],
+        repetition_penalty: [1.0, 1.2][rng.next(2) as usize],
+        frequency_penalty: [0.0, 0.5][rng.next(2) as usize],
+        presence_penalty: [0.0, -0.3][rng.next(2) as usize],
+        seed: Some(rng.next(1000)),
+        ..Default::default()
+    };
+    r
+}
+
+/// The reference prompts give the reference ids alone and among 31 other requests with
+/// random lengths and sampling settings (greedy ids exact: nothing about a row depends on
+/// the rest of the batch).
+#[test]
+fn greedy_ids_are_the_same_alone_or_among_31_others() {
+    if shared_models().is_none() {
+        return;
+    }
+    let cases = reference(STORIES);
+    let busy = engine(
+        STORIES,
+        EngineConfig {
+            max_num_batched_tokens: 64,
+            ..EngineConfig::default()
+        },
+    );
+    let mut rng = Lcg(7);
+    for case in &cases {
+        let others: Vec<_> = (0..31)
+            .map(|_| busy.submit(random_request(&mut rng)).unwrap())
+            .collect();
+        let mine = busy
+            .submit(greedy(&case.prompt_ids, case.generated_ids.len()))
+            .unwrap();
+        let got = collect(mine);
+        assert_eq!(
+            got[0].tokens, case.generated_ids,
+            "{} among 31 others",
+            case.id
+        );
+        for o in others {
+            collect(o);
+        }
+    }
+    assert_all_blocks_free(&busy);
+}
+
+/// The same seed gives the same tokens whatever else is in the batch.
+#[test]
+fn seeded_sampling_is_reproducible_across_batch_compositions() {
+    if shared_models().is_none() {
+        return;
+    }
+    let mut rng = Lcg(99);
+    let reqs: Vec<Request> = (0..12).map(|_| random_request(&mut rng)).collect();
+    let alone = engine(
+        STORIES,
+        EngineConfig {
+            max_num_seqs: 1,
+            ..EngineConfig::default()
+        },
+    );
+    let want: Vec<_> = reqs
+        .iter()
+        .map(|r| collect(alone.submit(r.clone()).unwrap()))
+        .collect();
+    let busy = engine(
+        STORIES,
+        EngineConfig {
+            max_num_batched_tokens: 48,
+            ..EngineConfig::default()
+        },
+    );
+    let mut noise = Lcg(3);
+    let streams: Vec<_> = reqs
+        .iter()
+        .map(|r| {
+            let extra = (0..3)
+                .map(|_| busy.submit(random_request(&mut noise)).unwrap())
+                .collect::<Vec<_>>();
+            (busy.submit(r.clone()).unwrap(), extra)
+        })
+        .collect();
+    for ((s, extra), w) in streams.into_iter().zip(&want) {
+        assert_eq!(&collect(s), w);
+        extra.into_iter().for_each(|e| drop(collect(e)));
+    }
+}
+
+/// 200 requests, random cancels (dropped streams and explicit aborts), a KV pool small
+/// enough to force preemption: every request ends with the right reason and every block
+/// is free afterwards.
+#[test]
+fn storm_with_cancels_and_preemption_frees_every_block() {
+    if shared_models().is_none() {
+        return;
+    }
+    let c = common::model(STORIES).model.config.clone();
+    let per_block = weft::kv::KvCache::bytes_per_block(c.num_layers, 4, c.num_kv_heads, c.head_dim);
+    let cfg = EngineConfig {
+        block_size: 4,
+        kv_cache_memory: per_block * 40,
+        max_num_seqs: 24,
+        ..EngineConfig::default()
+    };
+    let e = engine(STORIES, cfg);
+    let mut rng = Lcg(2024);
+    let mut kept = Vec::new();
+    for i in 0..200 {
+        let mut r = random_request(&mut rng);
+        r.prompt.truncate(60);
+        r.stop.max_tokens = r.stop.max_tokens.min(100);
+        let max_tokens = r.stop.max_tokens;
+        let s = e.submit(r).unwrap();
+        match rng.next(10) {
+            0 => drop(s),
+            1 => {
+                e.abort(s.id);
+                kept.push((s, max_tokens, true));
+            }
+            _ => kept.push((s, max_tokens, false)),
+        }
+        if i % 50 == 49 {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+    for (s, max_tokens, aborted) in kept {
+        let out = collect(s);
+        let o = &out[0];
+        match o.finish.unwrap() {
+            FinishReason::Length => assert_eq!(o.tokens.len(), max_tokens),
+            FinishReason::Stop => assert!(o.tokens.len() <= max_tokens),
+            FinishReason::Abort => assert!(aborted, "only aborted requests end with abort"),
+            FinishReason::Error => panic!("no request should fail"),
+        }
+    }
+    assert_all_blocks_free(&e);
+    assert!(
+        e.stats().preemptions > 0,
+        "the pool was small enough to force preemption"
+    );
+}
+
+/// A stop string ends the text before it, also when it spans several tokens.
+#[test]
+fn stop_strings_end_the_text() {
+    if shared_models().is_none() {
+        return;
+    }
+    let case = &reference(STORIES)[1];
+    let e = engine(STORIES, EngineConfig::default());
+    let full = collect(e.submit(greedy(&case.prompt_ids, 32)).unwrap()).remove(0);
+    assert!(full.text.contains("named Lily"), "{}", full.text);
+    for stop in ["named Lily", "ly. She", "e"] {
+        let mut r = greedy(&case.prompt_ids, 32);
+        r.stop.stop_strings = vec![stop.to_string(), "zzz-never".into()];
+        let out = collect(e.submit(r).unwrap()).remove(0);
+        assert_eq!(out.finish, Some(FinishReason::Stop));
+        assert_eq!(
+            out.text,
+            full.text[..full.text.find(stop).unwrap()],
+            "stop {stop:?}"
+        );
+    }
+    let mut r = greedy(&case.prompt_ids, 32);
+    r.stop.stop_token_ids = vec![full.tokens[3]];
+    let out = collect(e.submit(r).unwrap()).remove(0);
+    assert_eq!(
+        (out.tokens.len(), out.finish),
+        (4, Some(FinishReason::Stop))
+    );
+    assert_all_blocks_free(&e);
+}
+
+/// n > 1 samples share the prompt's blocks and equal n separate requests with seeds
+/// seed, seed+1, ...
+#[test]
+fn n_samples_match_separately_seeded_requests() {
+    if shared_models().is_none() {
+        return;
+    }
+    let e = engine(STORIES, EngineConfig::default());
+    let prompt = reference(STORIES)[5].prompt_ids.clone();
+    let mut r = Request::new(prompt, 20);
+    r.stop.ignore_eos = true;
+    r.sampling = SamplingParams {
+        temperature: 1.0,
+        seed: Some(41),
+        ..Default::default()
+    };
+    r.n = 3;
+    let together = collect(e.submit(r.clone()).unwrap());
+    assert_eq!(together.len(), 3);
+    for (i, o) in together.iter().enumerate() {
+        let mut single = r.clone();
+        single.n = 1;
+        single.sampling.seed = Some(41 + i as u64);
+        assert_eq!(o, &collect(e.submit(single).unwrap())[0], "sample {i}");
+    }
+    assert_all_blocks_free(&e);
+}
+
+#[test]
+fn bad_requests_and_overload_get_clear_errors() {
+    if shared_models().is_none() {
+        return;
+    }
+    let e = engine(
+        STORIES,
+        EngineConfig {
+            max_waiting_requests: 2,
+            max_num_seqs: 1,
+            ..EngineConfig::default()
+        },
+    );
+    let err = |r: Request| match e.submit(r) {
+        Err(SubmitError::Invalid(m)) => m,
+        other => panic!("expected invalid, got {:?}", other.map(|s| s.id)),
+    };
+    assert!(err(Request::new(vec![], 5)).contains("empty"));
+    assert!(err(Request::new(vec![1, 9999], 5)).contains("vocabulary"));
+    assert!(err(Request::new(vec![1], 0)).contains("max_tokens"));
+    assert!(err(Request::new(vec![1; 500], 100)).contains("context length of 512"));
+    let mut r = Request::new(vec![1], 5);
+    r.sampling.top_p = 2.0;
+    assert!(err(r).contains("top_p"));
+    // One request runs at a time and two may wait: of five long ones, some are refused.
+    let long = || greedy(&[1], 400);
+    let results: Vec<_> = (0..5).map(|_| e.submit(long())).collect();
+    let refused = results
+        .iter()
+        .filter(|r| matches!(r, Err(SubmitError::Overloaded(2))))
+        .count();
+    assert!(
+        refused >= 2,
+        "queue bound of 2 not enforced: {refused} refused"
+    );
+}
