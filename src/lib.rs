@@ -4,6 +4,7 @@
 //! [`model`] (weights and the ragged-batch forward pass), [`tokenizer`], [`sampling`],
 //! [`scheduler`] (who runs each step), [`engine`] (the serving loop) and [`cli`].
 
+pub mod api;
 pub mod cli;
 pub mod engine;
 pub mod kernels;

@@ -17,17 +17,11 @@ pub struct LoadedModel {
 
 impl LoadedModel {
     pub fn open(path: &Path) -> Result<Self> {
-        let name = path
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
         let (model, tokenizer) = if path.is_dir() {
             let cfg_path = path.join("config.json");
             if !cfg_path.exists() {
-                bail!(
-                    "{}: no config.json (expected a Hugging Face model directory or a .gguf file)",
-                    path.display()
-                );
+                bail!("{}: no config.json (expected a Hugging Face model directory or a .gguf file)", path.display());
             }
             let config = ModelConfig::from_hf_json(&cfg_path)?;
             let weights = SafetensorsWeights::open_dir(path)?;
@@ -44,16 +38,8 @@ impl LoadedModel {
         };
         let vocab = model.config.vocab_size;
         if tokenizer.vocab_size() > vocab {
-            bail!(
-                "{}: tokenizer has {} tokens but the model only {vocab}",
-                path.display(),
-                tokenizer.vocab_size()
-            );
+            bail!("{}: tokenizer has {} tokens but the model only {vocab}", path.display(), tokenizer.vocab_size());
         }
-        Ok(LoadedModel {
-            model,
-            tokenizer,
-            name,
-        })
+        Ok(LoadedModel { model, tokenizer, name })
     }
 }

@@ -14,10 +14,7 @@ const STORIES: &str = "stories260k";
 struct Lcg(u64);
 impl Lcg {
     fn next(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         (self.0 >> 33) % n
     }
 }
@@ -51,27 +48,13 @@ fn greedy_ids_are_the_same_alone_or_among_31_others() {
         return;
     }
     let cases = reference(STORIES);
-    let busy = engine(
-        STORIES,
-        EngineConfig {
-            max_num_batched_tokens: 64,
-            ..EngineConfig::default()
-        },
-    );
+    let busy = engine(STORIES, EngineConfig { max_num_batched_tokens: 64, ..EngineConfig::default() });
     let mut rng = Lcg(7);
     for case in &cases {
-        let others: Vec<_> = (0..31)
-            .map(|_| busy.submit(random_request(&mut rng)).unwrap())
-            .collect();
-        let mine = busy
-            .submit(greedy(&case.prompt_ids, case.generated_ids.len()))
-            .unwrap();
+        let others: Vec<_> = (0..31).map(|_| busy.submit(random_request(&mut rng)).unwrap()).collect();
+        let mine = busy.submit(greedy(&case.prompt_ids, case.generated_ids.len())).unwrap();
         let got = collect(mine);
-        assert_eq!(
-            got[0].tokens, case.generated_ids,
-            "{} among 31 others",
-            case.id
-        );
+        assert_eq!(got[0].tokens, case.generated_ids, "{} among 31 others", case.id);
         for o in others {
             collect(o);
         }
@@ -87,31 +70,14 @@ fn seeded_sampling_is_reproducible_across_batch_compositions() {
     }
     let mut rng = Lcg(99);
     let reqs: Vec<Request> = (0..12).map(|_| random_request(&mut rng)).collect();
-    let alone = engine(
-        STORIES,
-        EngineConfig {
-            max_num_seqs: 1,
-            ..EngineConfig::default()
-        },
-    );
-    let want: Vec<_> = reqs
-        .iter()
-        .map(|r| collect(alone.submit(r.clone()).unwrap()))
-        .collect();
-    let busy = engine(
-        STORIES,
-        EngineConfig {
-            max_num_batched_tokens: 48,
-            ..EngineConfig::default()
-        },
-    );
+    let alone = engine(STORIES, EngineConfig { max_num_seqs: 1, ..EngineConfig::default() });
+    let want: Vec<_> = reqs.iter().map(|r| collect(alone.submit(r.clone()).unwrap())).collect();
+    let busy = engine(STORIES, EngineConfig { max_num_batched_tokens: 48, ..EngineConfig::default() });
     let mut noise = Lcg(3);
     let streams: Vec<_> = reqs
         .iter()
         .map(|r| {
-            let extra = (0..3)
-                .map(|_| busy.submit(random_request(&mut noise)).unwrap())
-                .collect::<Vec<_>>();
+            let extra = (0..3).map(|_| busy.submit(random_request(&mut noise)).unwrap()).collect::<Vec<_>>();
             (busy.submit(r.clone()).unwrap(), extra)
         })
         .collect();
@@ -131,12 +97,8 @@ fn storm_with_cancels_and_preemption_frees_every_block() {
     }
     let c = common::model(STORIES).model.config.clone();
     let per_block = weft::kv::KvCache::bytes_per_block(c.num_layers, 4, c.num_kv_heads, c.head_dim);
-    let cfg = EngineConfig {
-        block_size: 4,
-        kv_cache_memory: per_block * 40,
-        max_num_seqs: 24,
-        ..EngineConfig::default()
-    };
+    let cfg =
+        EngineConfig { block_size: 4, kv_cache_memory: per_block * 40, max_num_seqs: 24, ..EngineConfig::default() };
     let e = engine(STORIES, cfg);
     let mut rng = Lcg(2024);
     let mut kept = Vec::new();
@@ -169,10 +131,7 @@ fn storm_with_cancels_and_preemption_frees_every_block() {
         }
     }
     assert_all_blocks_free(&e);
-    assert!(
-        e.stats().preemptions > 0,
-        "the pool was small enough to force preemption"
-    );
+    assert!(e.stats().preemptions > 0, "the pool was small enough to force preemption");
 }
 
 /// A stop string ends the text before it, also when it spans several tokens.
@@ -190,19 +149,12 @@ fn stop_strings_end_the_text() {
         r.stop.stop_strings = vec![stop.to_string(), "zzz-never".into()];
         let out = collect(e.submit(r).unwrap()).remove(0);
         assert_eq!(out.finish, Some(FinishReason::Stop));
-        assert_eq!(
-            out.text,
-            full.text[..full.text.find(stop).unwrap()],
-            "stop {stop:?}"
-        );
+        assert_eq!(out.text, full.text[..full.text.find(stop).unwrap()], "stop {stop:?}");
     }
     let mut r = greedy(&case.prompt_ids, 32);
     r.stop.stop_token_ids = vec![full.tokens[3]];
     let out = collect(e.submit(r).unwrap()).remove(0);
-    assert_eq!(
-        (out.tokens.len(), out.finish),
-        (4, Some(FinishReason::Stop))
-    );
+    assert_eq!((out.tokens.len(), out.finish), (4, Some(FinishReason::Stop)));
     assert_all_blocks_free(&e);
 }
 
@@ -217,11 +169,7 @@ fn n_samples_match_separately_seeded_requests() {
     let prompt = reference(STORIES)[5].prompt_ids.clone();
     let mut r = Request::new(prompt, 20);
     r.stop.ignore_eos = true;
-    r.sampling = SamplingParams {
-        temperature: 1.0,
-        seed: Some(41),
-        ..Default::default()
-    };
+    r.sampling = SamplingParams { temperature: 1.0, seed: Some(41), ..Default::default() };
     r.n = 3;
     let together = collect(e.submit(r.clone()).unwrap());
     assert_eq!(together.len(), 3);
@@ -239,14 +187,7 @@ fn bad_requests_and_overload_get_clear_errors() {
     if shared_models().is_none() {
         return;
     }
-    let e = engine(
-        STORIES,
-        EngineConfig {
-            max_waiting_requests: 2,
-            max_num_seqs: 1,
-            ..EngineConfig::default()
-        },
-    );
+    let e = engine(STORIES, EngineConfig { max_waiting_requests: 2, max_num_seqs: 1, ..EngineConfig::default() });
     let err = |r: Request| match e.submit(r) {
         Err(SubmitError::Invalid(m)) => m,
         other => panic!("expected invalid, got {:?}", other.map(|s| s.id)),
@@ -261,12 +202,6 @@ fn bad_requests_and_overload_get_clear_errors() {
     // One request runs at a time and two may wait: of five long ones, some are refused.
     let long = || greedy(&[1], 400);
     let results: Vec<_> = (0..5).map(|_| e.submit(long())).collect();
-    let refused = results
-        .iter()
-        .filter(|r| matches!(r, Err(SubmitError::Overloaded(2))))
-        .count();
-    assert!(
-        refused >= 2,
-        "queue bound of 2 not enforced: {refused} refused"
-    );
+    let refused = results.iter().filter(|r| matches!(r, Err(SubmitError::Overloaded(2)))).count();
+    assert!(refused >= 2, "queue bound of 2 not enforced: {refused} refused");
 }

@@ -20,12 +20,7 @@ fn prompt_token_ids_match_reference() {
     for (path, refdir) in VARIANTS {
         let m = model(path);
         for case in reference(refdir) {
-            assert_eq!(
-                m.tokenizer.encode(&case.prompt).unwrap(),
-                case.prompt_ids,
-                "{path} {}",
-                case.id
-            );
+            assert_eq!(m.tokenizer.encode(&case.prompt).unwrap(), case.prompt_ids, "{path} {}", case.id);
         }
     }
 }
@@ -57,22 +52,9 @@ fn logits_and_greedy_steps_match_reference() {
             let mut ctx = 0;
             let mut feed = case.prompt_ids.clone();
             for (step, &want) in case.generated_ids.iter().enumerate() {
-                let seq = [SeqStep {
-                    context_len: ctx,
-                    num_tokens: feed.len(),
-                    block_table: table.blocks(),
-                    sample: true,
-                }];
-                let logits = llama
-                    .forward(
-                        &StepInput {
-                            tokens: &feed,
-                            seqs: &seq,
-                        },
-                        &mut kv,
-                        &mut ws,
-                    )
-                    .to_vec();
+                let seq =
+                    [SeqStep { context_len: ctx, num_tokens: feed.len(), block_table: table.blocks(), sample: true }];
+                let logits = llama.forward(&StepInput { tokens: &feed, seqs: &seq }, &mut kv, &mut ws).to_vec();
                 assert_eq!(logits.len(), vocab);
                 if step == 0 {
                     for &(id, want_logit) in &case.top5 {
@@ -104,21 +86,9 @@ fn free_running_greedy_matches_reference() {
     for (path, refdir) in VARIANTS {
         let e = engine(path, EngineConfig::default());
         for case in reference(refdir) {
-            let out = collect(
-                e.submit(greedy(&case.prompt_ids, case.generated_ids.len()))
-                    .unwrap(),
-            );
-            let stop = case
-                .margins
-                .iter()
-                .position(|&g| g <= MARGIN)
-                .unwrap_or(case.margins.len());
-            assert_eq!(
-                out[0].tokens[..stop],
-                case.generated_ids[..stop],
-                "{path} {}",
-                case.id
-            );
+            let out = collect(e.submit(greedy(&case.prompt_ids, case.generated_ids.len())).unwrap());
+            let stop = case.margins.iter().position(|&g| g <= MARGIN).unwrap_or(case.margins.len());
+            assert_eq!(out[0].tokens[..stop], case.generated_ids[..stop], "{path} {}", case.id);
         }
     }
 }
@@ -133,19 +103,10 @@ fn batching_changes_nothing() {
     for (path, refdir) in VARIANTS {
         let cases = reference(refdir);
         let e = engine(path, EngineConfig::default());
-        let streams: Vec<_> = cases
-            .iter()
-            .enumerate()
-            .map(|(i, c)| e.submit(greedy(&c.prompt_ids, 24 + 2 * i)).unwrap())
-            .collect();
+        let streams: Vec<_> =
+            cases.iter().enumerate().map(|(i, c)| e.submit(greedy(&c.prompt_ids, 24 + 2 * i)).unwrap()).collect();
         let together: Vec<_> = streams.into_iter().map(collect).collect();
-        let alone = engine(
-            path,
-            EngineConfig {
-                max_num_seqs: 1,
-                ..EngineConfig::default()
-            },
-        );
+        let alone = engine(path, EngineConfig { max_num_seqs: 1, ..EngineConfig::default() });
         for (i, c) in cases.iter().enumerate() {
             let one = collect(alone.submit(greedy(&c.prompt_ids, 24 + 2 * i)).unwrap());
             assert_eq!(together[i][0].tokens, one[0].tokens, "{path} {}", c.id);
@@ -190,27 +151,16 @@ fn gguf_metadata_tokenizer_matches_tokenizer_json() {
     ];
     for (gguf, folder) in [
         ("stories260k/stories260k.gguf", "stories260k"),
-        (
-            "smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf",
-            "smollm2-135m-instruct",
-        ),
+        ("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m-instruct"),
     ] {
         let g = weft::model::gguf::GgufFile::open(&dir.join(gguf)).unwrap();
         let meta = Tokenizer::from_gguf_metadata(&g, vec![], None, None).unwrap();
         let json = Tokenizer::from_dir(&dir.join(folder)).unwrap();
         let cases = reference(folder);
-        for text in samples
-            .iter()
-            .copied()
-            .chain(cases.iter().map(|c| c.prompt.as_str()))
-        {
+        for text in samples.iter().copied().chain(cases.iter().map(|c| c.prompt.as_str())) {
             let a = meta.encode(text).unwrap();
             assert_eq!(a, json.encode(text).unwrap(), "{gguf}: {text:?}");
-            assert_eq!(
-                meta.decode(&a, false).unwrap(),
-                json.decode(&a, false).unwrap(),
-                "{gguf}: {text:?}"
-            );
+            assert_eq!(meta.decode(&a, false).unwrap(), json.decode(&a, false).unwrap(), "{gguf}: {text:?}");
         }
     }
 }

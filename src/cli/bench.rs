@@ -51,13 +51,9 @@ pub struct BenchArgs {
 }
 
 fn parse_range(s: &str) -> Result<(usize, usize), String> {
-    let (a, b) = s
-        .split_once(':')
-        .ok_or_else(|| format!("expected MIN:MAX, got {s:?}"))?;
-    let (a, b) = (
-        a.parse().map_err(|_| format!("bad MIN in {s:?}"))?,
-        b.parse().map_err(|_| format!("bad MAX in {s:?}"))?,
-    );
+    let (a, b) = s.split_once(':').ok_or_else(|| format!("expected MIN:MAX, got {s:?}"))?;
+    let (a, b) =
+        (a.parse().map_err(|_| format!("bad MIN in {s:?}"))?, b.parse().map_err(|_| format!("bad MAX in {s:?}"))?);
     if a == 0 || a > b {
         return Err(format!("need 0 < MIN <= MAX, got {s:?}"));
     }
@@ -90,16 +86,12 @@ struct Timing {
 
 fn random_prompt(rng: &mut Rng, len: usize, vocab: usize) -> Vec<u32> {
     // Skip the lowest ids, where models keep their special tokens.
-    (0..len)
-        .map(|_| (300 + rng.next() % (vocab as u64 - 300)) as u32)
-        .collect()
+    (0..len).map(|_| (300 + rng.next() % (vocab as u64 - 300)) as u32).collect()
 }
 
 /// Sends `reqs` at their offsets from now and waits for every token of every request.
 fn drive(engine: &EngineHandle, reqs: Vec<(Duration, Request)>) -> Result<Vec<Timing>> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build()?;
     rt.block_on(async {
         let start = Instant::now();
         let mut tasks = Vec::new();
@@ -140,19 +132,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let vocab = model.model.config.vocab_size;
     let base = args.engine.config();
     let threads = crate::engine::thread_pool(base.threads)?.current_num_threads();
-    println!(
-        "model {} ({} MB f32 weights), {threads} threads",
-        model.name,
-        model.model.weight_bytes() / 1_000_000
-    );
+    println!("model {} ({} MB f32 weights), {threads} threads", model.name, model.model.weight_bytes() / 1_000_000);
     let mut rng = Rng(args.seed ^ 0x9E37_79B9_7F4A_7C15);
     let mut report = json!({"model": model.name, "threads": threads});
 
     if !args.batch_sizes.is_empty() {
-        ensure!(
-            args.prompt_tokens > 0 && args.gen_tokens > 1,
-            "need --prompt-tokens > 0 and --gen-tokens > 1"
-        );
+        ensure!(args.prompt_tokens > 0 && args.gen_tokens > 1, "need --prompt-tokens > 0 and --gen-tokens > 1");
         println!("\nbatched: B prompts of PP tokens enter together, then each decodes TG tokens");
         println!(
             "{:>4} {:>5} {:>5} {:>9} {:>10} {:>9} {:>10} {:>10} {:>9}",
@@ -168,34 +153,19 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let engine = EngineHandle::start(model.clone(), cfg)?;
             let reqs = (0..b)
                 .map(|_| {
-                    let mut r = Request::new(
-                        random_prompt(&mut rng, args.prompt_tokens, vocab),
-                        args.gen_tokens,
-                    );
+                    let mut r = Request::new(random_prompt(&mut rng, args.prompt_tokens, vocab), args.gen_tokens);
                     r.stop.ignore_eos = true;
                     (Duration::ZERO, r)
                 })
                 .collect();
             let t = drive(&engine, reqs)?;
             let start = t.iter().map(|x| x.sent).min().context("no requests")?;
-            let pp_end = t
-                .iter()
-                .filter_map(|x| x.tokens.first())
-                .max()
-                .context("no tokens")?;
-            let end = t
-                .iter()
-                .filter_map(|x| x.tokens.last())
-                .max()
-                .context("no tokens")?;
-            let (pp, tg) = (
-                (*pp_end - start).as_secs_f64(),
-                (*end - *pp_end).as_secs_f64(),
-            );
+            let pp_end = t.iter().filter_map(|x| x.tokens.first()).max().context("no tokens")?;
+            let end = t.iter().filter_map(|x| x.tokens.last()).max().context("no tokens")?;
+            let (pp, tg) = ((*pp_end - start).as_secs_f64(), (*end - *pp_end).as_secs_f64());
             let decoded: usize = t.iter().map(|x| x.tokens.len() - 1).sum();
             let st = engine.stats();
-            let overhead =
-                st.overhead_time.as_secs_f64() / (st.overhead_time + st.forward_time).as_secs_f64();
+            let overhead = st.overhead_time.as_secs_f64() / (st.overhead_time + st.forward_time).as_secs_f64();
             let row = json!({"batch": b, "pp": args.prompt_tokens, "tg": args.gen_tokens, "pp_s": pp, "pp_tok_s": (b * args.prompt_tokens) as f64 / pp,
                 "tg_s": tg, "tg_tok_s": decoded as f64 / tg, "total_tok_s": (b * (args.prompt_tokens + args.gen_tokens)) as f64 / (pp + tg),
                 "overhead_fraction": overhead});
@@ -213,10 +183,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             );
             rows.push(row);
         }
-        let first = rows
-            .first()
-            .and_then(|r| r["tg_tok_s"].as_f64())
-            .unwrap_or(0.0);
+        let first = rows.first().and_then(|r| r["tg_tok_s"].as_f64()).unwrap_or(0.0);
         for r in &rows {
             let b = r["batch"].as_u64().unwrap_or(0);
             println!(
@@ -242,18 +209,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 at += -(1.0 - rng.unit()).ln() / args.request_rate;
             }
         }
-        let rate = if args.request_rate > 0.0 {
-            format!("Poisson {} req/s", args.request_rate)
-        } else {
-            "all at once".into()
-        };
+        let rate =
+            if args.request_rate > 0.0 { format!("Poisson {} req/s", args.request_rate) } else { "all at once".into() };
         println!(
             "\nserving: {} requests, prompt {}..{} tokens, output {}..{} tokens, {rate}",
-            args.requests,
-            args.prompt_len.0,
-            args.prompt_len.1,
-            args.output_len.0,
-            args.output_len.1
+            args.requests, args.prompt_len.0, args.prompt_len.1, args.output_len.0, args.output_len.1
         );
         println!(
             "{:>12} {:>9} {:>10} {:>8} {:>10} {:>10} {:>9} {:>9}",
@@ -273,14 +233,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let t = drive(&engine, reqs.clone())?;
             let total = t0.elapsed().as_secs_f64();
             let out: usize = t.iter().map(|x| x.tokens.len()).sum();
-            let mut ttft: Vec<f64> = t
-                .iter()
-                .filter_map(|x| x.tokens.first().map(|f| (*f - x.sent).as_secs_f64()))
-                .collect();
-            let mut itl: Vec<f64> = t
-                .iter()
-                .flat_map(|x| x.tokens.windows(2).map(|w| (w[1] - w[0]).as_secs_f64()))
-                .collect();
+            let mut ttft: Vec<f64> =
+                t.iter().filter_map(|x| x.tokens.first().map(|f| (*f - x.sent).as_secs_f64())).collect();
+            let mut itl: Vec<f64> =
+                t.iter().flat_map(|x| x.tokens.windows(2).map(|w| (w[1] - w[0]).as_secs_f64())).collect();
             let m = json!({"mode": name, "max_num_seqs": seqs, "total_s": total, "output_tok_s": out as f64 / total,
                 "requests_s": args.requests as f64 / total,
                 "ttft_p50_s": percentile(&mut ttft, 0.5), "ttft_p99_s": percentile(&mut ttft, 0.99),
@@ -298,8 +254,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
             );
             modes.push(m);
         }
-        let speedup = modes[0]["output_tok_s"].as_f64().unwrap_or(0.0)
-            / modes[1]["output_tok_s"].as_f64().unwrap_or(1.0);
+        let speedup =
+            modes[0]["output_tok_s"].as_f64().unwrap_or(0.0) / modes[1]["output_tok_s"].as_f64().unwrap_or(1.0);
         println!("continuous batching: {speedup:.2}x the throughput of one request at a time");
         report["serving"] = json!({"requests": args.requests, "prompt_len": [args.prompt_len.0, args.prompt_len.1],
             "output_len": [args.output_len.0, args.output_len.1], "request_rate": args.request_rate, "modes": modes, "speedup": speedup});
@@ -310,13 +266,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
         println!("\nwrote {}", path.display());
     }
-    let plot = args
-        .plot
-        .clone()
-        .or_else(|| args.json.as_ref().map(|j| j.with_extension("svg")));
+    let plot = args.plot.clone().or_else(|| args.json.as_ref().map(|j| j.with_extension("svg")));
     if let Some(path) = plot {
-        std::fs::write(&path, super::plot::svg(&report))
-            .with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(&path, super::plot::svg(&report)).with_context(|| format!("writing {}", path.display()))?;
         println!("wrote {}", path.display());
     }
     Ok(())

@@ -1,5 +1,6 @@
 //! The `weft` command line.
 
+pub mod batch;
 pub mod bench;
 pub mod generate;
 pub mod model_cache;
@@ -12,11 +13,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 #[derive(Parser)]
-#[command(
-    name = "weft",
-    version,
-    about = "A continuous-batching LLM inference engine"
-)]
+#[command(name = "weft", version, about = "A continuous-batching LLM inference engine")]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -26,6 +23,8 @@ pub struct Cli {
 pub enum Command {
     /// Generate a continuation of one prompt, streamed to stdout.
     Generate(generate::GenerateArgs),
+    /// Run an offline JSONL batch job (OpenAI batch format) through the engine.
+    Batch(batch::BatchArgs),
     /// Measure throughput: a batched table and a serving-style run.
     Bench(bench::BenchArgs),
 }
@@ -34,6 +33,7 @@ pub enum Command {
 pub fn run() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Generate(args) => generate::run(args),
+        Command::Batch(args) => batch::run(args),
         Command::Bench(args) => bench::run(args),
     }
 }
@@ -103,9 +103,7 @@ pub fn parse_bytes(s: &str) -> Result<usize, String> {
         Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
         _ => (s, 1),
     };
-    let v: f64 = num
-        .parse()
-        .map_err(|_| format!("not a size: {s:?} (try 512M or 2G)"))?;
+    let v: f64 = num.parse().map_err(|_| format!("not a size: {s:?} (try 512M or 2G)"))?;
     if !(v.is_finite() && v > 0.0) {
         return Err(format!("size must be positive: {s:?}"));
     }

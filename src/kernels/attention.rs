@@ -23,26 +23,17 @@ impl PagedKv<'_> {
     #[inline]
     pub fn offset(&self, block_table: &[u32], pos: usize, kv_head: usize) -> usize {
         let block = block_table[pos / self.block_size] as usize;
-        ((block * self.block_size + pos % self.block_size) * self.kv_heads + kv_head)
-            * self.head_dim
+        ((block * self.block_size + pos % self.block_size) * self.kv_heads + kv_head) * self.head_dim
     }
 
     /// Offsets of kv head `kv_head` for positions `0..n`, in order, block by block.
-    fn offsets<'t>(
-        &self,
-        block_table: &'t [u32],
-        n: usize,
-        kv_head: usize,
-    ) -> impl Iterator<Item = usize> + 't {
+    fn offsets<'t>(&self, block_table: &'t [u32], n: usize, kv_head: usize) -> impl Iterator<Item = usize> + 't {
         let (bs, stride) = (self.block_size, self.kv_heads * self.head_dim);
         let head = kv_head * self.head_dim;
-        block_table[..n.div_ceil(bs)]
-            .iter()
-            .enumerate()
-            .flat_map(move |(i, &b)| {
-                let base = b as usize * bs * stride + head;
-                (0..bs.min(n - i * bs)).map(move |s| base + s * stride)
-            })
+        block_table[..n.div_ceil(bs)].iter().enumerate().flat_map(move |(i, &b)| {
+            let base = b as usize * bs * stride + head;
+            (0..bs.min(n - i * bs)).map(move |s| base + s * stride)
+        })
     }
 }
 
@@ -56,14 +47,7 @@ pub struct KvSpan<'a> {
 
 /// For each query head `h` of the group (`q` and `out` are `[group, head_dim]`):
 /// `out[h] = softmax(q[h]·Kᵀ · scale) · V`. `scores` is scratch space, grown as needed.
-pub fn attend(
-    q: &[f32],
-    kv: PagedKv<'_>,
-    span: KvSpan<'_>,
-    scale: f32,
-    scores: &mut Vec<f32>,
-    out: &mut [f32],
-) {
+pub fn attend(q: &[f32], kv: PagedKv<'_>, span: KvSpan<'_>, scale: f32, scores: &mut Vec<f32>, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if crate::kernels::matmul::avx2::available() {
         // SAFETY: the CPU supports AVX2 and FMA.
@@ -87,14 +71,7 @@ unsafe fn attend_avx2(
 }
 
 #[inline(always)]
-fn attend_body(
-    q: &[f32],
-    kv: PagedKv<'_>,
-    span: KvSpan<'_>,
-    scale: f32,
-    scores: &mut Vec<f32>,
-    out: &mut [f32],
-) {
+fn attend_body(q: &[f32], kv: PagedKv<'_>, span: KvSpan<'_>, scale: f32, scores: &mut Vec<f32>, out: &mut [f32]) {
     let hd = kv.head_dim;
     let group = q.len() / hd;
     let n = span.last_pos + 1;
@@ -135,23 +112,13 @@ mod tests {
         let (bs, kvh, hd, blocks, group) = (4, 2, 6, 8, 3);
         let k = random_vec(blocks * bs * kvh * hd, 1);
         let v = random_vec(blocks * bs * kvh * hd, 2);
-        let kv = PagedKv {
-            k: &k,
-            v: &v,
-            block_size: bs,
-            kv_heads: kvh,
-            head_dim: hd,
-        };
+        let kv = PagedKv { k: &k, v: &v, block_size: bs, kv_heads: kvh, head_dim: hd };
         let table = [5u32, 0, 7, 2];
         let q = random_vec(group * hd, 3);
         let (g, scale) = (1, 0.4f32);
         for last in [0, 3, 13, 15] {
             let mut out = vec![0f32; group * hd];
-            let span = KvSpan {
-                block_table: &table,
-                kv_head: g,
-                last_pos: last,
-            };
+            let span = KvSpan { block_table: &table, kv_head: g, last_pos: last };
             attend(&q, kv, span, scale, &mut Vec::new(), &mut out);
 
             let at = |pool: &[f32], p: usize| {
@@ -161,14 +128,7 @@ mod tests {
             for h in 0..group {
                 let qh = &q[h * hd..(h + 1) * hd];
                 let s: Vec<f64> = (0..=last)
-                    .map(|p| {
-                        at(&k, p)
-                            .iter()
-                            .zip(qh)
-                            .map(|(a, b)| (*a * *b) as f64)
-                            .sum::<f64>()
-                            * scale as f64
-                    })
+                    .map(|p| at(&k, p).iter().zip(qh).map(|(a, b)| (*a * *b) as f64).sum::<f64>() * scale as f64)
                     .collect();
                 let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
@@ -180,25 +140,14 @@ mod tests {
                     }
                 }
                 let want: Vec<f32> = want.into_iter().map(|x| x as f32).collect();
-                assert_close(
-                    &out[h * hd..(h + 1) * hd],
-                    &want,
-                    1e-5,
-                    &format!("last {last} head {h}"),
-                );
+                assert_close(&out[h * hd..(h + 1) * hd], &want, 1e-5, &format!("last {last} head {h}"));
             }
         }
     }
 
     #[test]
     fn offsets_walk_blocks_in_position_order() {
-        let kv = PagedKv {
-            k: &[],
-            v: &[],
-            block_size: 2,
-            kv_heads: 3,
-            head_dim: 4,
-        };
+        let kv = PagedKv { k: &[], v: &[], block_size: 2, kv_heads: 3, head_dim: 4 };
         let table = [4u32, 1];
         let got: Vec<usize> = kv.offsets(&table, 3, 2).collect();
         let want: Vec<usize> = (0..3).map(|p| kv.offset(&table, p, 2)).collect();

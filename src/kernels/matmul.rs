@@ -37,12 +37,7 @@ pub struct PackedMatrix {
 impl PackedMatrix {
     /// Packs a row-major `[n, k]` matrix.
     pub fn pack(w: &[f32], n: usize, k: usize) -> Self {
-        assert_eq!(
-            w.len(),
-            n * k,
-            "pack: {} elements for a [{n}, {k}] matrix",
-            w.len()
-        );
+        assert_eq!(w.len(), n * k, "pack: {} elements for a [{n}, {k}] matrix", w.len());
         let panels = n.div_ceil(NP);
         let mut data = vec![0f32; panels * NP * k];
         for (row, src) in w.chunks_exact(k).enumerate() {
@@ -85,18 +80,8 @@ impl PackedMatrix {
 /// `y[i, j] = Σ_k x[i, k] · w[j, k]` for `i < m`; `y` is `[m, n]` row-major.
 pub fn matmul(x: &[f32], w: &PackedMatrix, y: &mut [f32], m: usize) {
     let (n, k) = (w.n, w.k);
-    assert!(
-        x.len() >= m * k,
-        "matmul: x has {} elements, need {}",
-        x.len(),
-        m * k
-    );
-    assert!(
-        y.len() >= m * n,
-        "matmul: y has {} elements, need {}",
-        y.len(),
-        m * n
-    );
+    assert!(x.len() >= m * k, "matmul: x has {} elements, need {}", x.len(), m * k);
+    assert!(y.len() >= m * n, "matmul: y has {} elements, need {}", y.len(), m * n);
     if m == 0 || n == 0 {
         return;
     }
@@ -154,10 +139,7 @@ fn pack_rows(x: &[f32], m: usize, k: usize, xp: &mut Vec<f32>) -> Vec<RowTile> {
     for (t, tile) in tiles.iter().enumerate() {
         let dst = &mut xp[t * MR * k..(t + 1) * MR * k];
         for r in 0..tile.rows {
-            for (kk, &v) in x[(tile.start + r) * k..(tile.start + r + 1) * k]
-                .iter()
-                .enumerate()
-            {
+            for (kk, &v) in x[(tile.start + r) * k..(tile.start + r + 1) * k].iter().enumerate() {
                 dst[kk * MR + r] = v;
             }
         }
@@ -177,14 +159,7 @@ unsafe impl Sync for SharedOut {}
 ///
 /// # Safety
 /// `y` must point to `m * n` writable floats that no other thread writes in these columns.
-unsafe fn panel_range(
-    xp: &[f32],
-    tiles: &[RowTile],
-    w: &PackedMatrix,
-    y: SharedOut,
-    p0: usize,
-    p1: usize,
-) {
+unsafe fn panel_range(xp: &[f32], tiles: &[RowTile], w: &PackedMatrix, y: SharedOut, p0: usize, p1: usize) {
     let (n, k) = (w.n, w.k);
     let panels = n.div_ceil(NP);
     for k0 in (0..k).step_by(KC) {
@@ -240,15 +215,7 @@ fn m_blocks(tiles: &[RowTile]) -> impl Iterator<Item = (usize, &[RowTile])> {
 /// # Safety
 /// `y` must be valid for `rows` rows of `NP` floats at stride `ldy`.
 #[inline]
-unsafe fn tile_kernel(
-    rows: usize,
-    x: &[f32],
-    wp: &[f32],
-    kcb: usize,
-    y: *mut f32,
-    ldy: usize,
-    first: bool,
-) {
+unsafe fn tile_kernel(rows: usize, x: &[f32], wp: &[f32], kcb: usize, y: *mut f32, ldy: usize, first: bool) {
     debug_assert!(x.len() >= kcb * MR && wp.len() >= kcb * NP);
     #[cfg(target_arch = "x86_64")]
     if avx2::available() {
@@ -285,8 +252,7 @@ pub(crate) mod avx2 {
 
     pub fn available() -> bool {
         static AVAILABLE: OnceLock<bool> = OnceLock::new();
-        *AVAILABLE
-            .get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))
+        *AVAILABLE.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))
     }
 
     /// # Safety
@@ -344,9 +310,7 @@ mod tests {
         let mut y = vec![0f32; m * n];
         for i in 0..m {
             for j in 0..n {
-                let s: f64 = (0..k)
-                    .map(|p| x[i * k + p] as f64 * w[j * k + p] as f64)
-                    .sum();
+                let s: f64 = (0..k).map(|p| x[i * k + p] as f64 * w[j * k + p] as f64).sum();
                 y[i * n + j] = s as f32;
             }
         }
@@ -370,21 +334,13 @@ mod tests {
             let w = random_vec(n * k, 2 + n as u64);
             let mut y = vec![f32::NAN; m * n];
             matmul(&x, &PackedMatrix::pack(&w, n, k), &mut y, m);
-            assert_close(
-                &y,
-                &naive(&x, &w, m, k, n),
-                1e-4,
-                &format!("m={m} k={k} n={n}"),
-            );
+            assert_close(&y, &naive(&x, &w, m, k, n), 1e-4, &format!("m={m} k={k} n={n}"));
         }
     }
 
     #[test]
     fn parallel_split_matches_naive() {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(3)
-            .build()
-            .unwrap();
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
         let (m, k, n) = (9, 300, 301);
         let x = random_vec(m * k, 11);
         let w = random_vec(n * k, 12);

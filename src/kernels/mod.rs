@@ -28,10 +28,7 @@ pub(crate) mod testing {
     pub fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str) {
         assert_eq!(got.len(), want.len(), "{what}: length");
         for (i, (g, w)) in got.iter().zip(want).enumerate() {
-            assert!(
-                (g - w).abs() <= tol * (1.0 + w.abs()),
-                "{what}: [{i}] got {g}, want {w}"
-            );
+            assert!((g - w).abs() <= tol * (1.0 + w.abs()), "{what}: [{i}] got {g}, want {w}");
         }
     }
 }

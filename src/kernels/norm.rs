@@ -37,11 +37,8 @@ mod tests {
         for r in 0..rows {
             let row = &x[r * d..(r + 1) * d];
             let ms: f64 = row.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / d as f64;
-            let want: Vec<f32> = row
-                .iter()
-                .zip(&w)
-                .map(|(v, g)| (*v as f64 / (ms + 1e-5).sqrt() * *g as f64) as f32)
-                .collect();
+            let want: Vec<f32> =
+                row.iter().zip(&w).map(|(v, g)| (*v as f64 / (ms + 1e-5).sqrt() * *g as f64) as f32).collect();
             assert_close(&out[r * d..(r + 1) * d], &want, 1e-5, "rmsnorm");
         }
     }

@@ -13,10 +13,7 @@ impl BlockAllocator {
     pub fn new(num_blocks: usize) -> Self {
         let num_blocks = u32::try_from(num_blocks).expect("block count fits in u32");
         // Reversed so that blocks are handed out in ascending order.
-        BlockAllocator {
-            ref_counts: vec![0; num_blocks as usize],
-            free: (0..num_blocks).rev().collect(),
-        }
+        BlockAllocator { ref_counts: vec![0; num_blocks as usize], free: (0..num_blocks).rev().collect() }
     }
 
     pub fn num_blocks(&self) -> usize {
@@ -34,10 +31,7 @@ impl BlockAllocator {
     /// Takes `n` free blocks, each with ref count 1, or none at all.
     pub fn allocate(&mut self, n: usize) -> Result<Vec<u32>, OutOfBlocks> {
         if n > self.free.len() {
-            return Err(OutOfBlocks {
-                needed: n,
-                free: self.free.len(),
-            });
+            return Err(OutOfBlocks { needed: n, free: self.free.len() });
         }
         let blocks = self.free.split_off(self.free.len() - n);
         let blocks: Vec<u32> = blocks.into_iter().rev().collect();

@@ -19,18 +19,11 @@ impl BlockTable {
 
     /// Blocks still to allocate before the sequence can hold `tokens` positions.
     pub fn blocks_missing(&self, tokens: usize, block_size: usize) -> usize {
-        tokens
-            .div_ceil(block_size)
-            .saturating_sub(self.blocks.len())
+        tokens.div_ceil(block_size).saturating_sub(self.blocks.len())
     }
 
     /// Grows the table so it holds `tokens` positions; on failure nothing is taken.
-    pub fn reserve(
-        &mut self,
-        alloc: &mut BlockAllocator,
-        tokens: usize,
-        block_size: usize,
-    ) -> Result<(), OutOfBlocks> {
+    pub fn reserve(&mut self, alloc: &mut BlockAllocator, tokens: usize, block_size: usize) -> Result<(), OutOfBlocks> {
         let missing = self.blocks_missing(tokens, block_size);
         if missing > 0 {
             self.blocks.extend(alloc.allocate(missing)?);

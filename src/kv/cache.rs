@@ -12,33 +12,14 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    pub fn new(
-        num_layers: usize,
-        num_blocks: usize,
-        block_size: usize,
-        kv_heads: usize,
-        head_dim: usize,
-    ) -> Self {
+    pub fn new(num_layers: usize, num_blocks: usize, block_size: usize, kv_heads: usize, head_dim: usize) -> Self {
         let len = num_blocks * block_size * kv_heads * head_dim;
-        let layers = (0..num_layers)
-            .map(|_| (vec![0f32; len], vec![0f32; len]))
-            .collect();
-        KvCache {
-            layers,
-            num_blocks,
-            block_size,
-            kv_heads,
-            head_dim,
-        }
+        let layers = (0..num_layers).map(|_| (vec![0f32; len], vec![0f32; len])).collect();
+        KvCache { layers, num_blocks, block_size, kv_heads, head_dim }
     }
 
     /// Bytes one block takes over all layers, K and V.
-    pub fn bytes_per_block(
-        num_layers: usize,
-        block_size: usize,
-        kv_heads: usize,
-        head_dim: usize,
-    ) -> usize {
+    pub fn bytes_per_block(num_layers: usize, block_size: usize, kv_heads: usize, head_dim: usize) -> usize {
         2 * num_layers * block_size * kv_heads * head_dim * std::mem::size_of::<f32>()
     }
 
@@ -52,13 +33,7 @@ impl KvCache {
 
     pub fn layer(&self, layer: usize) -> PagedKv<'_> {
         let (k, v) = &self.layers[layer];
-        PagedKv {
-            k,
-            v,
-            block_size: self.block_size,
-            kv_heads: self.kv_heads,
-            head_dim: self.head_dim,
-        }
+        PagedKv { k, v, block_size: self.block_size, kv_heads: self.kv_heads, head_dim: self.head_dim }
     }
 
     /// Copies block `src` into block `dst` in every layer (copy-on-write for forks).

@@ -52,10 +52,8 @@ fn default_theta() -> f32 {
 
 impl ModelConfig {
     pub fn from_hf_json(path: &Path) -> Result<Self> {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let c: HfConfig =
-            serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let c: HfConfig = serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
         let arch = c.model_type.as_deref().unwrap_or("?");
         ensure!(
             LLAMA_LIKE.contains(&arch),
@@ -64,28 +62,14 @@ impl ModelConfig {
             LLAMA_LIKE.join(", ")
         );
         if let Some(act) = c.hidden_act.as_deref() {
-            ensure!(
-                act == "silu",
-                "{}: unsupported hidden_act '{act}' (need silu)",
-                path.display()
-            );
+            ensure!(act == "silu", "{}: unsupported hidden_act '{act}' (need silu)", path.display());
         }
-        ensure!(
-            !c.attention_bias,
-            "{}: attention_bias is not supported yet",
-            path.display()
-        );
+        ensure!(!c.attention_bias, "{}: attention_bias is not supported yet", path.display());
         if let Some(scaling) = c.rope_scaling.filter(|v| !v.is_null()) {
-            bail!(
-                "{}: rope_scaling {scaling} is not supported yet",
-                path.display()
-            );
+            bail!("{}: rope_scaling {scaling} is not supported yet", path.display());
         }
         if let Some(w) = c.sliding_window.filter(|&w| w < c.max_position_embeddings) {
-            bail!(
-                "{}: sliding_window {w} is not supported yet",
-                path.display()
-            );
+            bail!("{}: sliding_window {w} is not supported yet", path.display());
         }
         let cfg = ModelConfig {
             hidden_size: c.hidden_size,
@@ -93,9 +77,7 @@ impl ModelConfig {
             num_layers: c.num_hidden_layers,
             num_heads: c.num_attention_heads,
             num_kv_heads: c.num_key_value_heads.unwrap_or(c.num_attention_heads),
-            head_dim: c
-                .head_dim
-                .unwrap_or(c.hidden_size / c.num_attention_heads.max(1)),
+            head_dim: c.head_dim.unwrap_or(c.hidden_size / c.num_attention_heads.max(1)),
             vocab_size: c.vocab_size,
             max_position_embeddings: c.max_position_embeddings,
             rms_norm_eps: c.rms_norm_eps,
@@ -107,10 +89,7 @@ impl ModelConfig {
     }
 
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
-        let arch = g
-            .get("general.architecture")
-            .and_then(Value::as_str)
-            .unwrap_or("?");
+        let arch = g.get("general.architecture").and_then(Value::as_str).unwrap_or("?");
         ensure!(
             LLAMA_LIKE.contains(&arch),
             "{}: unsupported architecture '{arch}' (supported: {})",
@@ -124,11 +103,8 @@ impl ModelConfig {
                 .map(|v| v as usize)
                 .with_context(|| format!("{}: missing metadata {full}", g.path.display()))
         };
-        let float = |key: &str, default: f64| {
-            g.get(&format!("{arch}.{key}"))
-                .and_then(Value::as_f64)
-                .unwrap_or(default) as f32
-        };
+        let float =
+            |key: &str, default: f64| g.get(&format!("{arch}.{key}")).and_then(Value::as_f64).unwrap_or(default) as f32;
         let hidden = int("embedding_length")?;
         let heads = int("attention.head_count")?;
         let vocab = match int("vocab_size") {
@@ -152,27 +128,19 @@ impl ModelConfig {
             rope_theta: float("rope.freq_base", 10000.0),
             tie_word_embeddings: !g.tensors.contains_key("output.weight"),
         };
-        cfg.validate()
-            .with_context(|| g.path.display().to_string())?;
+        cfg.validate().with_context(|| g.path.display().to_string())?;
         Ok(cfg)
     }
 
     fn validate(&self) -> Result<()> {
-        ensure!(
-            self.num_heads > 0 && self.num_kv_heads > 0,
-            "head counts must be positive"
-        );
+        ensure!(self.num_heads > 0 && self.num_kv_heads > 0, "head counts must be positive");
         ensure!(
             self.num_heads.is_multiple_of(self.num_kv_heads),
             "{} attention heads is not a multiple of {} KV heads",
             self.num_heads,
             self.num_kv_heads
         );
-        ensure!(
-            self.head_dim.is_multiple_of(2),
-            "head_dim {} must be even for RoPE",
-            self.head_dim
-        );
+        ensure!(self.head_dim.is_multiple_of(2), "head_dim {} must be even for RoPE", self.head_dim);
         ensure!(self.vocab_size > 0 && self.num_layers > 0, "empty model");
         Ok(())
     }

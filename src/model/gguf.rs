@@ -71,9 +71,7 @@ impl GgmlType {
             3 => GgmlType::Q4_1,
             8 => GgmlType::Q8_0,
             30 => GgmlType::Bf16,
-            other => bail!(
-                "unsupported GGML tensor type {other} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)"
-            ),
+            other => bail!("unsupported GGML tensor type {other} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)"),
         })
     }
 
@@ -109,11 +107,9 @@ pub struct GgufFile {
 
 impl GgufFile {
     pub fn open(path: &Path) -> Result<Self> {
-        let file =
-            std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
         // SAFETY: the file is opened read-only; weights files are not modified while served.
-        let mmap =
-            unsafe { Mmap::map(&file) }.with_context(|| format!("mapping {}", path.display()))?;
+        let mmap = unsafe { Mmap::map(&file) }.with_context(|| format!("mapping {}", path.display()))?;
         Self::parse(path, mmap).with_context(|| format!("reading GGUF file {}", path.display()))
     }
 
@@ -121,10 +117,7 @@ impl GgufFile {
         let mut r = Reader { buf: &mmap, pos: 0 };
         ensure!(r.bytes(4)? == b"GGUF", "not a GGUF file (bad magic)");
         let version = r.u32()?;
-        ensure!(
-            version == 2 || version == 3,
-            "unsupported GGUF version {version} (need 2 or 3)"
-        );
+        ensure!(version == 2 || version == 3, "unsupported GGUF version {version} (need 2 or 3)");
         let n_tensors = r.u64()? as usize;
         let n_kv = r.u64()? as usize;
         let mut metadata = HashMap::new();
@@ -139,22 +132,14 @@ impl GgufFile {
             let name = r.string()?;
             let n_dims = r.u32()? as usize;
             ensure!(n_dims <= 4, "tensor {name}: {n_dims} dimensions");
-            let mut dims = (0..n_dims)
-                .map(|_| r.u64().map(|d| d as usize))
-                .collect::<Result<Vec<_>>>()?;
+            let mut dims = (0..n_dims).map(|_| r.u64().map(|d| d as usize)).collect::<Result<Vec<_>>>()?;
             dims.reverse();
             let dtype = GgmlType::from_id(r.u32()?).with_context(|| format!("tensor {name}"))?;
             let offset = r.u64()? as usize;
             infos.push((name, dims, dtype, offset));
         }
-        let align = metadata
-            .get("general.alignment")
-            .and_then(Value::as_u64)
-            .unwrap_or(32) as usize;
-        ensure!(
-            align.is_power_of_two(),
-            "general.alignment {align} is not a power of two"
-        );
+        let align = metadata.get("general.alignment").and_then(Value::as_u64).unwrap_or(32) as usize;
+        ensure!(align.is_power_of_two(), "general.alignment {align} is not a power of two");
         let data_start = r.pos.next_multiple_of(align);
         let mut tensors = HashMap::new();
         for (name, shape, dtype, rel) in infos {
@@ -172,22 +157,9 @@ impl GgufFile {
                 offset + len_bytes,
                 mmap.len()
             );
-            tensors.insert(
-                name,
-                TensorInfo {
-                    shape,
-                    dtype,
-                    offset,
-                    len_bytes,
-                },
-            );
+            tensors.insert(name, TensorInfo { shape, dtype, offset, len_bytes });
         }
-        Ok(GgufFile {
-            path: path.to_path_buf(),
-            metadata,
-            tensors,
-            mmap,
-        })
+        Ok(GgufFile { path: path.to_path_buf(), metadata, tensors, mmap })
     }
 
     pub fn get(&self, key: &str) -> Option<&Value> {
@@ -210,15 +182,9 @@ impl GgufFile {
 pub fn dequantize(dtype: GgmlType, raw: &[u8]) -> Vec<f32> {
     let f16_at = |b: &[u8], i: usize| f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
     match dtype {
-        GgmlType::F32 => raw
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
+        GgmlType::F32 => raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
         GgmlType::F16 => raw.chunks_exact(2).map(|c| f16_at(c, 0)).collect(),
-        GgmlType::Bf16 => raw
-            .chunks_exact(2)
-            .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
+        GgmlType::Bf16 => raw.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
         GgmlType::Q8_0 => {
             let mut out = Vec::with_capacity(raw.len() / 34 * 32);
             for b in raw.chunks_exact(34) {
@@ -260,12 +226,7 @@ struct Reader<'a> {
 impl<'a> Reader<'a> {
     fn bytes(&mut self, n: usize) -> Result<&'a [u8]> {
         let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len());
-        let Some(end) = end else {
-            bail!(
-                "unexpected end of file at byte {} (truncated header?)",
-                self.pos
-            )
-        };
+        let Some(end) = end else { bail!("unexpected end of file at byte {} (truncated header?)", self.pos) };
         let s = &self.buf[self.pos..end];
         self.pos = end;
         Ok(s)
@@ -295,10 +256,7 @@ impl<'a> Reader<'a> {
             9 => {
                 let ety = self.u32()?;
                 let n = self.u64()? as usize;
-                ensure!(
-                    n <= self.buf.len(),
-                    "array of {n} elements is longer than the file"
-                );
+                ensure!(n <= self.buf.len(), "array of {n} elements is longer than the file");
                 Value::Array((0..n).map(|_| self.value(ety)).collect::<Result<_>>()?)
             }
             10 => Value::Int(self.u64()? as i64),
@@ -314,11 +272,7 @@ pub(crate) mod tests {
     use super::*;
 
     /// Writes a minimal GGUF v3 file: metadata, then tensors given as (name, dims fastest-first, type id, data).
-    pub fn write_gguf(
-        path: &Path,
-        meta: &[(&str, Value)],
-        tensors: &[(&str, Vec<u64>, u32, Vec<u8>)],
-    ) {
+    pub fn write_gguf(path: &Path, meta: &[(&str, Value)], tensors: &[(&str, Vec<u64>, u32, Vec<u8>)]) {
         fn s(out: &mut Vec<u8>, v: &str) {
             out.extend((v.len() as u64).to_le_bytes());
             out.extend(v.as_bytes());
@@ -405,16 +359,10 @@ pub(crate) mod tests {
     fn reads_metadata_and_tensors_and_rejects_truncation() {
         let dir = tempdir();
         let path = dir.join("t.gguf");
-        let data: Vec<u8> = [1f32, 2.0, 3.0, 4.0, 5.0, 6.0]
-            .iter()
-            .flat_map(|x| x.to_le_bytes())
-            .collect();
+        let data: Vec<u8> = [1f32, 2.0, 3.0, 4.0, 5.0, 6.0].iter().flat_map(|x| x.to_le_bytes()).collect();
         write_gguf(
             &path,
-            &[
-                ("general.architecture", Value::Str("llama".into())),
-                ("llama.block_count", Value::Int(2)),
-            ],
+            &[("general.architecture", Value::Str("llama".into())), ("llama.block_count", Value::Int(2))],
             &[("w", vec![3, 2], 0, data)],
         );
         let g = GgufFile::open(&path).unwrap();

@@ -110,20 +110,10 @@ impl Llama {
         let (embed, lm_head) = if c.tie_word_embeddings && !src.contains("lm_head.weight") {
             (None, pack(&[embed]))
         } else {
-            (
-                Some(embed),
-                pack(&[src.load("lm_head.weight", &[c.vocab_size, d])?]),
-            )
+            (Some(embed), pack(&[src.load("lm_head.weight", &[c.vocab_size, d])?]))
         };
         let rope = Rope::new(c.head_dim, c.rope_theta, c.max_position_embeddings);
-        Ok(Llama {
-            config,
-            embed,
-            layers,
-            norm,
-            lm_head,
-            rope,
-        })
+        Ok(Llama { config, embed, layers, norm, lm_head, rope })
     }
 
     /// Bytes of weights read by one step (the decode bandwidth bound).
@@ -132,42 +122,26 @@ impl Llama {
         let layer: usize = self
             .layers
             .iter()
-            .map(|l| {
-                norms(l) + l.wqkv.bytes() + l.wo.bytes() + l.w_gate_up.bytes() + l.w_down.bytes()
-            })
+            .map(|l| norms(l) + l.wqkv.bytes() + l.wo.bytes() + l.w_gate_up.bytes() + l.w_down.bytes())
             .sum();
         layer + 4 * self.norm.data().len() + self.lm_head.bytes()
     }
 
     /// Runs one step and returns the logits `[sampling sequences, vocab]`, in `seqs` order.
-    pub fn forward<'w>(
-        &self,
-        input: &StepInput<'_>,
-        kv: &mut KvCache,
-        ws: &'w mut Workspace,
-    ) -> &'w [f32] {
+    pub fn forward<'w>(&self, input: &StepInput<'_>, kv: &mut KvCache, ws: &'w mut Workspace) -> &'w [f32] {
         let c = &self.config;
         let (d, hd) = (c.hidden_size, c.head_dim);
         let (qd, kvd, f) = (c.q_dim(), c.kv_dim(), c.intermediate_size);
         let t = input.tokens.len();
         let total: usize = input.seqs.iter().map(|s| s.num_tokens).sum();
-        assert_eq!(
-            total, t,
-            "step has {t} tokens but its sequences cover {total}"
-        );
+        assert_eq!(total, t, "step has {t} tokens but its sequences cover {total}");
 
         // Per-row (sequence index, position), so row-wise work needs no search.
         let mut rows = Vec::with_capacity(t);
         for (si, s) in input.seqs.iter().enumerate() {
             let end = s.context_len + s.num_tokens;
-            assert!(
-                end <= self.rope.max_positions(),
-                "position {end} beyond the model's context"
-            );
-            assert!(
-                s.block_table.len() * kv.block_size() >= end,
-                "block table too short for {end} tokens"
-            );
+            assert!(end <= self.rope.max_positions(), "position {end} beyond the model's context");
+            assert!(s.block_table.len() * kv.block_size() >= end, "block table too short for {end} tokens");
             rows.extend((s.context_len..end).map(|p| (si, p)));
         }
 
@@ -201,26 +175,16 @@ impl Llama {
             }
             let view = kv.layer(li);
             let qkv_ro: &[f32] = qkv;
-            attn.par_chunks_mut(qd)
-                .enumerate()
-                .for_each_init(Vec::new, |scores, (r, out)| {
-                    let (si, pos) = rows[r];
-                    let q = &qkv_ro[r * (qd + 2 * kvd)..r * (qd + 2 * kvd) + qd];
-                    let block_table = input.seqs[si].block_table;
-                    let width = group * hd;
-                    for (g, (qg, og)) in q
-                        .chunks_exact(width)
-                        .zip(out.chunks_exact_mut(width))
-                        .enumerate()
-                    {
-                        let span = KvSpan {
-                            block_table,
-                            kv_head: g,
-                            last_pos: pos,
-                        };
-                        attend(qg, view, span, scale, scores, og);
-                    }
-                });
+            attn.par_chunks_mut(qd).enumerate().for_each_init(Vec::new, |scores, (r, out)| {
+                let (si, pos) = rows[r];
+                let q = &qkv_ro[r * (qd + 2 * kvd)..r * (qd + 2 * kvd) + qd];
+                let block_table = input.seqs[si].block_table;
+                let width = group * hd;
+                for (g, (qg, og)) in q.chunks_exact(width).zip(out.chunks_exact_mut(width)).enumerate() {
+                    let span = KvSpan { block_table, kv_head: g, last_pos: pos };
+                    attend(qg, view, span, scale, scores, og);
+                }
+            });
             matmul(attn, &layer.wo, tmp, t);
             h.iter_mut().zip(tmp.iter()).for_each(|(a, b)| *a += b);
 
@@ -242,12 +206,7 @@ impl Llama {
         }
         let last = resize(&mut ws.last, sampled.len() * d);
         for (dst, &r) in last.chunks_exact_mut(d).zip(&sampled) {
-            rmsnorm(
-                &h[r * d..(r + 1) * d],
-                self.norm.data(),
-                c.rms_norm_eps,
-                dst,
-            );
+            rmsnorm(&h[r * d..(r + 1) * d], self.norm.data(), c.rms_norm_eps, dst);
         }
         let logits = resize(&mut ws.logits, sampled.len() * c.vocab_size);
         matmul(last, &self.lm_head, logits, sampled.len());

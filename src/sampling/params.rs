@@ -55,29 +55,13 @@ impl SamplingParams {
             Ok(())
         };
         finite(self.temperature, "temperature")?;
-        ensure!(
-            self.temperature >= 0.0,
-            "temperature must be >= 0, got {}",
-            self.temperature
-        );
+        ensure!(self.temperature >= 0.0, "temperature must be >= 0, got {}", self.temperature);
         finite(self.top_p, "top_p")?;
-        ensure!(
-            self.top_p > 0.0 && self.top_p <= 1.0,
-            "top_p must be in (0, 1], got {}",
-            self.top_p
-        );
+        ensure!(self.top_p > 0.0 && self.top_p <= 1.0, "top_p must be in (0, 1], got {}", self.top_p);
         finite(self.min_p, "min_p")?;
-        ensure!(
-            (0.0..=1.0).contains(&self.min_p),
-            "min_p must be in [0, 1], got {}",
-            self.min_p
-        );
+        ensure!((0.0..=1.0).contains(&self.min_p), "min_p must be in [0, 1], got {}", self.min_p);
         finite(self.repetition_penalty, "repetition_penalty")?;
-        ensure!(
-            self.repetition_penalty > 0.0,
-            "repetition_penalty must be > 0, got {}",
-            self.repetition_penalty
-        );
+        ensure!(self.repetition_penalty > 0.0, "repetition_penalty must be > 0, got {}", self.repetition_penalty);
         finite(self.frequency_penalty, "frequency_penalty")?;
         ensure!(
             (-2.0..=2.0).contains(&self.frequency_penalty),
@@ -91,20 +75,11 @@ impl SamplingParams {
             self.presence_penalty
         );
         for (&id, &bias) in &self.logit_bias {
-            ensure!(
-                (id as usize) < vocab_size,
-                "logit_bias token id {id} is outside the vocabulary ({vocab_size})"
-            );
-            ensure!(
-                (-100.0..=100.0).contains(&bias),
-                "logit_bias for token {id} must be in [-100, 100], got {bias}"
-            );
+            ensure!((id as usize) < vocab_size, "logit_bias token id {id} is outside the vocabulary ({vocab_size})");
+            ensure!((-100.0..=100.0).contains(&bias), "logit_bias for token {id} must be in [-100, 100], got {bias}");
         }
         if let Some(n) = self.logprobs {
-            ensure!(
-                n <= MAX_LOGPROBS,
-                "logprobs must be at most {MAX_LOGPROBS}, got {n}"
-            );
+            ensure!(n <= MAX_LOGPROBS, "logprobs must be at most {MAX_LOGPROBS}, got {n}");
         }
         Ok(())
     }
@@ -132,38 +107,14 @@ mod tests {
     #[test]
     fn validation_names_the_bad_field() {
         let bad = [
-            SamplingParams {
-                temperature: -0.5,
-                ..Default::default()
-            },
-            SamplingParams {
-                top_p: 0.0,
-                ..Default::default()
-            },
-            SamplingParams {
-                min_p: 1.5,
-                ..Default::default()
-            },
-            SamplingParams {
-                repetition_penalty: 0.0,
-                ..Default::default()
-            },
-            SamplingParams {
-                frequency_penalty: 3.0,
-                ..Default::default()
-            },
-            SamplingParams {
-                presence_penalty: f32::NAN,
-                ..Default::default()
-            },
-            SamplingParams {
-                logit_bias: [(10, 1.0)].into(),
-                ..Default::default()
-            },
-            SamplingParams {
-                logprobs: Some(21),
-                ..Default::default()
-            },
+            SamplingParams { temperature: -0.5, ..Default::default() },
+            SamplingParams { top_p: 0.0, ..Default::default() },
+            SamplingParams { min_p: 1.5, ..Default::default() },
+            SamplingParams { repetition_penalty: 0.0, ..Default::default() },
+            SamplingParams { frequency_penalty: 3.0, ..Default::default() },
+            SamplingParams { presence_penalty: f32::NAN, ..Default::default() },
+            SamplingParams { logit_bias: [(10, 1.0)].into(), ..Default::default() },
+            SamplingParams { logprobs: Some(21), ..Default::default() },
         ];
         let names = [
             "temperature",

@@ -38,19 +38,9 @@ impl Sampler {
             Some(s) => StdRng::seed_from_u64(s),
             None => StdRng::from_os_rng(),
         };
-        let seen = if params.repetition_penalty != 1.0 {
-            prompt.iter().map(|&t| (t, ())).collect()
-        } else {
-            HashMap::new()
-        };
-        Sampler {
-            params,
-            rng,
-            output_counts: HashMap::new(),
-            seen,
-            scratch: Vec::new(),
-            order: Vec::new(),
-        }
+        let seen =
+            if params.repetition_penalty != 1.0 { prompt.iter().map(|&t| (t, ())).collect() } else { HashMap::new() };
+        Sampler { params, rng, output_counts: HashMap::new(), seen, scratch: Vec::new(), order: Vec::new() }
     }
 
     /// Records a token the sequence produced, for the penalties.
@@ -68,11 +58,7 @@ impl Sampler {
         x.clear();
         x.extend_from_slice(logits);
         self.apply_processors();
-        let id = if self.params.is_greedy() {
-            argmax(&self.scratch)
-        } else {
-            self.draw()
-        };
+        let id = if self.params.is_greedy() { argmax(&self.scratch) } else { self.draw() };
         let logprobs = logprobs.map(|_| log_probs(logits, id, self.params.logprobs.unwrap_or(0)));
         self.observe(id);
         Sampled { id, logprobs }
@@ -87,11 +73,7 @@ impl Sampler {
         if p.repetition_penalty != 1.0 {
             for &id in self.seen.keys() {
                 let v = &mut x[id as usize];
-                *v = if *v > 0.0 {
-                    *v / p.repetition_penalty
-                } else {
-                    *v * p.repetition_penalty
-                };
+                *v = if *v > 0.0 { *v / p.repetition_penalty } else { *v * p.repetition_penalty };
             }
         }
         if p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
@@ -114,38 +96,23 @@ impl Sampler {
         let mut probs: Vec<f32>;
         if want_sorted {
             let vocab = x.len();
-            let mut k = if p.top_k > 0 {
-                p.top_k.min(vocab)
-            } else {
-                64.min(vocab)
-            };
+            let mut k = if p.top_k > 0 { p.top_k.min(vocab) } else { 64.min(vocab) };
             let total: f32 = x.iter().map(|l| ((l - max) * inv_t).exp()).sum();
             loop {
                 order.clear();
                 order.extend(0..vocab as u32);
                 if k < vocab {
-                    order.select_nth_unstable_by(k - 1, |a, b| {
-                        x[*b as usize].total_cmp(&x[*a as usize])
-                    });
+                    order.select_nth_unstable_by(k - 1, |a, b| x[*b as usize].total_cmp(&x[*a as usize]));
                     order.truncate(k);
                 }
-                order.sort_unstable_by(|a, b| {
-                    x[*b as usize].total_cmp(&x[*a as usize]).then(a.cmp(b))
-                });
-                let mass: f32 = order
-                    .iter()
-                    .map(|&i| ((x[i as usize] - max) * inv_t).exp())
-                    .sum::<f32>()
-                    / total;
+                order.sort_unstable_by(|a, b| x[*b as usize].total_cmp(&x[*a as usize]).then(a.cmp(b)));
+                let mass: f32 = order.iter().map(|&i| ((x[i as usize] - max) * inv_t).exp()).sum::<f32>() / total;
                 if p.top_k > 0 || mass >= p.top_p || k == vocab {
                     break;
                 }
                 k = (k * 4).min(vocab);
             }
-            probs = order
-                .iter()
-                .map(|&i| ((x[i as usize] - max) * inv_t).exp())
-                .collect();
+            probs = order.iter().map(|&i| ((x[i as usize] - max) * inv_t).exp()).collect();
             if p.top_p < 1.0 {
                 let total: f32 = probs.iter().sum();
                 let mut cum = 0.0;
@@ -181,12 +148,7 @@ impl Sampler {
             }
         }
         // Rounding left a sliver: take the last candidate with mass.
-        probs
-            .iter()
-            .zip(order.iter())
-            .rev()
-            .find(|(q, _)| **q > 0.0)
-            .map_or(order[0], |(_, &id)| id)
+        probs.iter().zip(order.iter()).rev().find(|(q, _)| **q > 0.0).map_or(order[0], |(_, &id)| id)
     }
 }
 
@@ -194,23 +156,14 @@ impl Sampler {
 fn log_probs(logits: &[f32], id: u32, top: usize) -> (TokenLogprob, Vec<TokenLogprob>) {
     let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
     let lse = max + logits.iter().map(|l| (l - max).exp()).sum::<f32>().ln();
-    let lp = |i: u32| TokenLogprob {
-        id: i,
-        logprob: logits[i as usize] - lse,
-    };
+    let lp = |i: u32| TokenLogprob { id: i, logprob: logits[i as usize] - lse };
     let mut best: Vec<u32> = Vec::with_capacity(top + 1);
     if top > 0 {
         let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
         let k = top.min(idx.len());
-        idx.select_nth_unstable_by(k - 1, |a, b| {
-            logits[*b as usize].total_cmp(&logits[*a as usize])
-        });
+        idx.select_nth_unstable_by(k - 1, |a, b| logits[*b as usize].total_cmp(&logits[*a as usize]));
         idx.truncate(k);
-        idx.sort_unstable_by(|a, b| {
-            logits[*b as usize]
-                .total_cmp(&logits[*a as usize])
-                .then(a.cmp(b))
-        });
+        idx.sort_unstable_by(|a, b| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b)));
         best = idx;
     }
     (lp(id), best.into_iter().map(lp).collect())
@@ -236,11 +189,7 @@ mod tests {
     }
 
     fn params(f: impl FnOnce(&mut SamplingParams)) -> SamplingParams {
-        let mut p = SamplingParams {
-            temperature: 1.0,
-            seed: Some(7),
-            ..Default::default()
-        };
+        let mut p = SamplingParams { temperature: 1.0, seed: Some(7), ..Default::default() };
         f(&mut p);
         p
     }
@@ -272,54 +221,24 @@ mod tests {
         let mut order: Vec<u32> = (0..50).collect();
         order.sort_by(|a, b| l[*b as usize].total_cmp(&l[*a as usize]));
         let top3: Vec<u32> = order[..3].to_vec();
-        assert!(draws(params(|p| p.top_k = 3), 200)
-            .iter()
-            .all(|t| top3.contains(t)));
+        assert!(draws(params(|p| p.top_k = 3), 200).iter().all(|t| top3.contains(t)));
         // A tiny top_p keeps only the most likely token.
-        assert!(draws(params(|p| p.top_p = 1e-6), 50)
-            .iter()
-            .all(|&t| t == order[0]));
+        assert!(draws(params(|p| p.top_p = 1e-6), 50).iter().all(|&t| t == order[0]));
         // min_p = 1 keeps only tokens as likely as the best.
-        assert!(draws(params(|p| p.min_p = 1.0), 50)
-            .iter()
-            .all(|&t| t == order[0]));
+        assert!(draws(params(|p| p.min_p = 1.0), 50).iter().all(|&t| t == order[0]));
     }
 
     #[test]
     fn penalties_and_bias_change_the_greedy_choice() {
         let l = vec![1.0, 0.9, 0.0];
-        let mut s = Sampler::new(
-            SamplingParams {
-                logit_bias: [(2, 5.0)].into(),
-                ..Default::default()
-            },
-            &[],
-        );
+        let mut s = Sampler::new(SamplingParams { logit_bias: [(2, 5.0)].into(), ..Default::default() }, &[]);
         assert_eq!(s.sample(&l).id, 2);
-        let mut s = Sampler::new(
-            SamplingParams {
-                repetition_penalty: 2.0,
-                ..Default::default()
-            },
-            &[0],
-        );
+        let mut s = Sampler::new(SamplingParams { repetition_penalty: 2.0, ..Default::default() }, &[0]);
         assert_eq!(s.sample(&l).id, 1, "0.5 < 0.9 after the penalty");
-        let mut s = Sampler::new(
-            SamplingParams {
-                presence_penalty: 0.5,
-                ..Default::default()
-            },
-            &[],
-        );
+        let mut s = Sampler::new(SamplingParams { presence_penalty: 0.5, ..Default::default() }, &[]);
         assert_eq!(s.sample(&l).id, 0);
         assert_eq!(s.sample(&l).id, 1, "token 0 now pays the presence penalty");
-        let mut s = Sampler::new(
-            SamplingParams {
-                frequency_penalty: 0.06,
-                ..Default::default()
-            },
-            &[],
-        );
+        let mut s = Sampler::new(SamplingParams { frequency_penalty: 0.06, ..Default::default() }, &[]);
         assert_eq!(s.sample(&l).id, 0);
         assert_eq!(s.sample(&l).id, 0, "1.0 - 0.06 > 0.9");
         assert_eq!(s.sample(&l).id, 1, "1.0 - 0.12 < 0.9");
@@ -328,13 +247,7 @@ mod tests {
     #[test]
     fn logprobs_are_log_softmax_of_raw_logits() {
         let l = vec![2.0, 1.0, 0.0];
-        let mut s = Sampler::new(
-            SamplingParams {
-                logprobs: Some(2),
-                ..Default::default()
-            },
-            &[],
-        );
+        let mut s = Sampler::new(SamplingParams { logprobs: Some(2), ..Default::default() }, &[]);
         let out = s.sample(&l);
         let (chosen, top) = out.logprobs.unwrap();
         let z = (2f32.exp() + 1f32.exp() + 1.0).ln();

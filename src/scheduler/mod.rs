@@ -61,9 +61,7 @@ impl Scheduler {
     }
 
     pub fn add(&mut self, seq: Sequence) {
-        let at = self
-            .waiting
-            .partition_point(|s| s.order_key() <= seq.order_key());
+        let at = self.waiting.partition_point(|s| s.order_key() <= seq.order_key());
         self.waiting.insert(at, seq);
     }
 
@@ -92,17 +90,11 @@ impl Scheduler {
     }
 
     pub fn get(&self, id: SeqId) -> Option<&Sequence> {
-        self.running
-            .iter()
-            .chain(&self.waiting)
-            .find(|s| s.id == id)
+        self.running.iter().chain(&self.waiting).find(|s| s.id == id)
     }
 
     fn get_mut(&mut self, id: SeqId) -> Option<&mut Sequence> {
-        self.running
-            .iter_mut()
-            .chain(self.waiting.iter_mut())
-            .find(|s| s.id == id)
+        self.running.iter_mut().chain(self.waiting.iter_mut()).find(|s| s.id == id)
     }
 
     /// Decides the next step. Call [`Scheduler::step_done`] with the result after running it.
@@ -143,19 +135,11 @@ impl Scheduler {
             i += 1;
         }
         // Admit waiting sequences, unless this step already had to evict.
-        while !preempted
-            && budget > 0
-            && self.running.len() < self.cfg.max_num_seqs
-            && !self.waiting.is_empty()
-        {
+        while !preempted && budget > 0 && self.running.len() < self.cfg.max_num_seqs && !self.waiting.is_empty() {
             let seq = &mut self.waiting[0];
             let n = (seq.tokens.len() - seq.num_computed).min(budget);
             let target = seq.num_computed + n;
-            if seq
-                .block_table
-                .reserve(&mut self.alloc, target, bs)
-                .is_err()
-            {
+            if seq.block_table.reserve(&mut self.alloc, target, bs).is_err() {
                 break;
             }
             let seq = self.waiting.remove(0);
@@ -166,9 +150,7 @@ impl Scheduler {
                 sample: target == seq.tokens.len(),
             });
             budget -= n;
-            let at = self
-                .running
-                .partition_point(|s| s.order_key() <= seq.order_key());
+            let at = self.running.partition_point(|s| s.order_key() <= seq.order_key());
             self.running.insert(at, seq);
         }
         out
@@ -200,11 +182,7 @@ impl Scheduler {
 
     /// Removes a finished or aborted sequence and frees its blocks.
     pub fn remove(&mut self, id: SeqId) -> Option<Sequence> {
-        let list = if self.running.iter().any(|s| s.id == id) {
-            &mut self.running
-        } else {
-            &mut self.waiting
-        };
+        let list = if self.running.iter().any(|s| s.id == id) { &mut self.running } else { &mut self.waiting };
         let pos = list.iter().position(|s| s.id == id)?;
         let mut seq = list.remove(pos);
         seq.block_table.release(&mut self.alloc);
@@ -215,13 +193,7 @@ impl Scheduler {
     /// with `first_token` appended. It shares the parent's full blocks; the partially
     /// filled last block is copied with `copy_block(src, dst)`. Without room (no free block,
     /// or `max_num_seqs` reached) the child waits and recomputes its prompt instead.
-    pub fn fork(
-        &mut self,
-        parent: SeqId,
-        mut child: Sequence,
-        first_token: u32,
-        copy_block: &mut dyn FnMut(u32, u32),
-    ) {
+    pub fn fork(&mut self, parent: SeqId, mut child: Sequence, first_token: u32, copy_block: &mut dyn FnMut(u32, u32)) {
         let bs = self.cfg.block_size;
         child.tokens.push(first_token);
         let Some(p) = self.running.iter().find(|s| s.id == parent) else {
@@ -246,9 +218,7 @@ impl Scheduler {
         }
         child.block_table = BlockTable::from_blocks(blocks);
         child.num_computed = computed;
-        let at = self
-            .running
-            .partition_point(|s| s.order_key() <= child.order_key());
+        let at = self.running.partition_point(|s| s.order_key() <= child.order_key());
         self.running.insert(at, child);
     }
 

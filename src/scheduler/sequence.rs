@@ -20,14 +20,7 @@ pub struct Sequence {
 
 impl Sequence {
     pub fn new(id: SeqId, prompt: Vec<u32>, priority: i32, arrival: u64) -> Self {
-        Sequence {
-            id,
-            tokens: prompt,
-            num_computed: 0,
-            block_table: BlockTable::default(),
-            priority,
-            arrival,
-        }
+        Sequence { id, tokens: prompt, num_computed: 0, block_table: BlockTable::default(), priority, arrival }
     }
 
     pub(super) fn order_key(&self) -> (i32, u64, SeqId) {

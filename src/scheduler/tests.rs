@@ -35,40 +35,13 @@ fn chunked_prefill_within_the_token_budget_then_decode_first() {
     assert_eq!(
         step,
         vec![
-            Scheduled {
-                id: 1,
-                context_len: 0,
-                num_tokens: 6,
-                sample: true
-            },
-            Scheduled {
-                id: 2,
-                context_len: 0,
-                num_tokens: 2,
-                sample: false
-            },
+            Scheduled { id: 1, context_len: 0, num_tokens: 6, sample: true },
+            Scheduled { id: 2, context_len: 0, num_tokens: 2, sample: false },
         ]
     );
     let step = run(&mut s);
-    assert_eq!(
-        step[0],
-        Scheduled {
-            id: 1,
-            context_len: 6,
-            num_tokens: 1,
-            sample: true
-        },
-        "decode goes first"
-    );
-    assert_eq!(
-        step[1],
-        Scheduled {
-            id: 2,
-            context_len: 2,
-            num_tokens: 4,
-            sample: true
-        }
-    );
+    assert_eq!(step[0], Scheduled { id: 1, context_len: 6, num_tokens: 1, sample: true }, "decode goes first");
+    assert_eq!(step[1], Scheduled { id: 2, context_len: 2, num_tokens: 4, sample: true });
 }
 
 #[test]
@@ -97,22 +70,10 @@ fn out_of_blocks_preempts_the_newest_and_recomputes_it_later() {
     assert_eq!(step.iter().map(|x| x.id).collect::<Vec<_>>(), vec![1]);
     assert_eq!(s.preemptions(), 1);
     assert_eq!(s.get(2).unwrap().num_computed, 0);
-    assert_eq!(
-        s.get(2).unwrap().tokens.len(),
-        9,
-        "generated tokens are kept for recompute"
-    );
+    assert_eq!(s.get(2).unwrap().tokens.len(), 9, "generated tokens are kept for recompute");
     s.remove(1);
     let step = run(&mut s);
-    assert_eq!(
-        step,
-        vec![Scheduled {
-            id: 2,
-            context_len: 0,
-            num_tokens: 9,
-            sample: true
-        }]
-    );
+    assert_eq!(step, vec![Scheduled { id: 2, context_len: 0, num_tokens: 9, sample: true }]);
 }
 
 #[test]
@@ -125,15 +86,8 @@ fn fork_shares_full_blocks_and_copies_the_partial_one() {
     let (p, c) = (s.get(1).unwrap(), s.get(2).unwrap());
     assert_eq!(c.tokens.len(), 7);
     assert_eq!(c.num_computed, 6);
-    assert_eq!(
-        p.block_table.blocks()[0],
-        c.block_table.blocks()[0],
-        "full block shared"
-    );
-    assert_eq!(
-        copies,
-        vec![(p.block_table.blocks()[1], c.block_table.blocks()[1])]
-    );
+    assert_eq!(p.block_table.blocks()[0], c.block_table.blocks()[0], "full block shared");
+    assert_eq!(copies, vec![(p.block_table.blocks()[1], c.block_table.blocks()[1])]);
     s.check_invariants().unwrap();
     run(&mut s);
     s.remove(1);
@@ -176,8 +130,5 @@ fn storm_with_preemption_and_aborts_ends_with_every_block_free() {
     }
     assert_eq!(finished, 200);
     assert_eq!(s.blocks_used(), 0);
-    assert!(
-        s.preemptions() > 0,
-        "the pool is small enough to force preemption"
-    );
+    assert!(s.preemptions() > 0, "the pool is small enough to force preemption");
 }

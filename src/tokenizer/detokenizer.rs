@@ -26,12 +26,7 @@ impl Detokenizer {
         let keep = prompt.len().saturating_sub(WINDOW);
         let ids = prompt[keep..].to_vec();
         let n = ids.len();
-        Detokenizer {
-            ids,
-            prefix: 0,
-            read: n,
-            skip_special_tokens,
-        }
+        Detokenizer { ids, prefix: 0, read: n, skip_special_tokens }
     }
 
     /// Adds a token; returns the text it completes (empty while a character is still

@@ -11,17 +11,8 @@ const USER_DEFINED: i64 = 4;
 const UNKNOWN: i64 = 2;
 
 fn strings(g: &GgufFile, key: &str) -> Result<Vec<String>> {
-    let arr = g
-        .get(key)
-        .and_then(Value::as_array)
-        .with_context(|| format!("GGUF has no {key}"))?;
-    arr.iter()
-        .map(|v| {
-            v.as_str()
-                .map(str::to_owned)
-                .with_context(|| format!("{key}: not strings"))
-        })
-        .collect()
+    let arr = g.get(key).and_then(Value::as_array).with_context(|| format!("GGUF has no {key}"))?;
+    arr.iter().map(|v| v.as_str().map(str::to_owned).with_context(|| format!("{key}: not strings"))).collect()
 }
 
 fn id(g: &GgufFile, key: &str) -> Option<u32> {
@@ -30,28 +21,15 @@ fn id(g: &GgufFile, key: &str) -> Option<u32> {
 
 /// The tokenizer.json equivalent of the GGUF's `tokenizer.ggml.*` metadata.
 pub fn tokenizer_json(g: &GgufFile) -> Result<Json> {
-    let model = g
-        .get("tokenizer.ggml.model")
-        .and_then(Value::as_str)
-        .context("GGUF has no tokenizer.ggml.model")?;
+    let model = g.get("tokenizer.ggml.model").and_then(Value::as_str).context("GGUF has no tokenizer.ggml.model")?;
     let tokens = strings(g, "tokenizer.ggml.tokens")?;
     let types: Vec<i64> = match g.get("tokenizer.ggml.token_type").and_then(Value::as_array) {
-        Some(a) => a
-            .iter()
-            .map(|v| if let Value::Int(i) = v { *i } else { 1 })
-            .collect(),
+        Some(a) => a.iter().map(|v| if let Value::Int(i) = v { *i } else { 1 }).collect(),
         None => vec![1; tokens.len()],
     };
     let bos = id(g, "tokenizer.ggml.bos_token_id");
-    let add_bos = g
-        .get("tokenizer.ggml.add_bos_token")
-        .and_then(Value::as_bool)
-        .unwrap_or(model == "llama");
-    let vocab: Map<String, Json> = tokens
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.clone(), json!(i)))
-        .collect();
+    let add_bos = g.get("tokenizer.ggml.add_bos_token").and_then(Value::as_bool).unwrap_or(model == "llama");
+    let vocab: Map<String, Json> = tokens.iter().enumerate().map(|(i, t)| (t.clone(), json!(i))).collect();
 
     let added = |special: &dyn Fn(i64) -> Option<bool>| -> Vec<Json> {
         tokens
@@ -80,11 +58,9 @@ pub fn tokenizer_json(g: &GgufFile) -> Result<Json> {
 
     match model {
         "gpt2" => {
-            let pre = g
-                .get("tokenizer.ggml.pre")
-                .and_then(Value::as_str)
-                .unwrap_or("default");
-            let byte_level = json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true});
+            let pre = g.get("tokenizer.ggml.pre").and_then(Value::as_str).unwrap_or("default");
+            let byte_level =
+                json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true});
             let pre_tokenizer = match pre {
                 "default" | "gpt2" | "gpt-2" => byte_level,
                 "smollm" => json!({"type": "Sequence", "pretokenizers": [
@@ -111,18 +87,13 @@ pub fn tokenizer_json(g: &GgufFile) -> Result<Json> {
                 Some(a) => a.iter().map(|v| v.as_f64().unwrap_or(0.0)).collect(),
                 None => vec![0.0; tokens.len()],
             };
-            let space_prefix = g
-                .get("tokenizer.ggml.add_space_prefix")
-                .and_then(Value::as_bool)
-                .unwrap_or(true);
+            let space_prefix = g.get("tokenizer.ggml.add_space_prefix").and_then(Value::as_bool).unwrap_or(true);
             let unk = id(g, "tokenizer.ggml.unknown_token_id").map(|u| tokens[u as usize].clone());
             let mut normalizers = Vec::new();
             if space_prefix {
                 normalizers.push(json!({"type": "Prepend", "prepend": "\u{2581}"}));
             }
-            normalizers.push(
-                json!({"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"}),
-            );
+            normalizers.push(json!({"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"}));
             let mut decoders = vec![
                 json!({"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "}),
                 json!({"type": "ByteFallback"}),
@@ -151,11 +122,7 @@ pub fn tokenizer_json(g: &GgufFile) -> Result<Json> {
 /// derives them: every split of a piece into two pieces is a merge, ranked by the merged
 /// piece's score (ties keep vocabulary order).
 fn spm_merges(tokens: &[String], scores: &[f64]) -> Vec<Json> {
-    let ids: HashMap<&str, usize> = tokens
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.as_str(), i))
-        .collect();
+    let ids: HashMap<&str, usize> = tokens.iter().enumerate().map(|(i, t)| (t.as_str(), i)).collect();
     let mut merges: Vec<(usize, usize, f64)> = Vec::new();
     for (piece, &score) in tokens.iter().zip(scores) {
         let mut local: Vec<(usize, usize, f64)> = piece
@@ -167,8 +134,5 @@ fn spm_merges(tokens: &[String], scores: &[f64]) -> Vec<Json> {
         merges.extend(local);
     }
     merges.sort_by(|a, b| b.2.total_cmp(&a.2));
-    merges
-        .into_iter()
-        .map(|(l, r, _)| json!([tokens[l], tokens[r]]))
-        .collect()
+    merges.into_iter().map(|(l, r, _)| json!([tokens[l], tokens[r]])).collect()
 }

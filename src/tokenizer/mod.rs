@@ -26,21 +26,15 @@ fn read_json(path: &Path) -> Result<Option<Json>> {
     if !path.exists() {
         return Ok(None);
     }
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    Ok(Some(
-        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?,
-    ))
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(Some(serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?))
 }
 
 /// Ids from a config field that holds one id or a list of ids.
 fn ids_of(v: Option<&Json>) -> Vec<u32> {
     match v {
         Some(Json::Number(n)) => n.as_u64().map(|i| vec![i as u32]).unwrap_or_default(),
-        Some(Json::Array(a)) => a
-            .iter()
-            .filter_map(|x| x.as_u64().map(|i| i as u32))
-            .collect(),
+        Some(Json::Array(a)) => a.iter().filter_map(|x| x.as_u64().map(|i| i as u32)).collect(),
         _ => Vec::new(),
     }
 }
@@ -74,10 +68,7 @@ impl Tokenizer {
         if let Some(id) = token_text(tok_cfg.get("bos_token")).and_then(|t| inner.token_to_id(t)) {
             bos_id = Some(id);
         }
-        let chat_template = tok_cfg
-            .get("chat_template")
-            .and_then(Json::as_str)
-            .map(str::to_owned);
+        let chat_template = tok_cfg.get("chat_template").and_then(Json::as_str).map(str::to_owned);
         Ok(Self::new(inner, eos_ids, bos_id, chat_template))
     }
 
@@ -85,15 +76,10 @@ impl Tokenizer {
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
         let dir = g.path.parent().unwrap_or(Path::new("."));
         let id = |k: &str| g.get(k).and_then(Value::as_u64).map(|v| v as u32);
-        let mut eos_ids: Vec<u32> = ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"]
-            .iter()
-            .filter_map(|k| id(k))
-            .collect();
+        let mut eos_ids: Vec<u32> =
+            ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"].iter().filter_map(|k| id(k)).collect();
         let bos_id = id("tokenizer.ggml.bos_token_id");
-        let template = g
-            .get("tokenizer.chat_template")
-            .and_then(Value::as_str)
-            .map(str::to_owned);
+        let template = g.get("tokenizer.chat_template").and_then(Value::as_str).map(str::to_owned);
         if dir.join("tokenizer.json").exists() {
             let mut t = Self::from_dir(dir)?;
             eos_ids.extend(t.eos_ids);
@@ -114,8 +100,7 @@ impl Tokenizer {
         bos_id: Option<u32>,
         chat_template: Option<String>,
     ) -> Result<Self> {
-        let doc = gguf::tokenizer_json(g)
-            .with_context(|| format!("{}: building tokenizer", g.path.display()))?;
+        let doc = gguf::tokenizer_json(g).with_context(|| format!("{}: building tokenizer", g.path.display()))?;
         let inner: tokenizers::Tokenizer = serde_json::from_value::<tokenizers::Tokenizer>(doc)
             .map_err(|e| anyhow!("{}: tokenizer from GGUF metadata: {e}", g.path.display()))?;
         Ok(Self::new(inner, eos_ids, bos_id, chat_template))
@@ -129,19 +114,9 @@ impl Tokenizer {
     ) -> Self {
         eos_ids.sort_unstable();
         eos_ids.dedup();
-        let adds_bos = bos_id.is_some_and(|b| {
-            inner
-                .encode("", true)
-                .map(|e| e.get_ids().first() == Some(&b))
-                .unwrap_or(false)
-        });
-        Tokenizer {
-            inner,
-            eos_ids,
-            bos_id,
-            adds_bos,
-            chat_template,
-        }
+        let adds_bos =
+            bos_id.is_some_and(|b| inner.encode("", true).map(|e| e.get_ids().first() == Some(&b)).unwrap_or(false));
+        Tokenizer { inner, eos_ids, bos_id, adds_bos, chat_template }
     }
 
     pub fn vocab_size(&self) -> usize {
@@ -150,17 +125,12 @@ impl Tokenizer {
 
     /// Token ids of `text`, with the model's special tokens (BOS) added.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let enc = self
-            .inner
-            .encode(text, true)
-            .map_err(|e| anyhow!("tokenizing: {e}"))?;
+        let enc = self.inner.encode(text, true).map_err(|e| anyhow!("tokenizing: {e}"))?;
         Ok(enc.get_ids().to_vec())
     }
 
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
-        self.inner
-            .decode(ids, skip_special_tokens)
-            .map_err(|e| anyhow!("detokenizing: {e}"))
+        self.inner.decode(ids, skip_special_tokens).map_err(|e| anyhow!("detokenizing: {e}"))
     }
 
     pub fn token_to_id(&self, token: &str) -> Option<u32> {

@@ -32,18 +32,11 @@ pub struct Case {
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
 }
 
 pub fn reference(model_dir: &str) -> Vec<Case> {
-    let path = shared_models()
-        .unwrap()
-        .join(model_dir)
-        .join("reference.json");
+    let path = shared_models().unwrap().join(model_dir).join("reference.json");
     let doc: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     doc["cases"]
         .as_array()
@@ -76,9 +69,7 @@ pub fn model(rel: &str) -> Arc<LoadedModel> {
     static CACHE: OnceLock<Mutex<HashMap<String, Arc<LoadedModel>>>> = OnceLock::new();
     let mut map = CACHE.get_or_init(Default::default).lock().unwrap();
     map.entry(rel.to_string())
-        .or_insert_with(|| {
-            Arc::new(LoadedModel::open(&shared_models().unwrap().join(rel)).unwrap())
-        })
+        .or_insert_with(|| Arc::new(LoadedModel::open(&shared_models().unwrap().join(rel)).unwrap()))
         .clone()
 }
 
@@ -86,10 +77,7 @@ pub fn model(rel: &str) -> Arc<LoadedModel> {
 pub const VARIANTS: &[(&str, &str)] = &[
     ("stories260k", "stories260k"),
     ("stories260k/stories260k.gguf", "stories260k"),
-    (
-        "smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf",
-        "smollm2-135m-instruct",
-    ),
+    ("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m-instruct"),
 ];
 
 use weft::engine::{EngineConfig, EngineHandle, Event, FinishReason, Request, RequestStream};
@@ -112,9 +100,7 @@ pub fn collect(mut stream: RequestStream) -> Vec<Output> {
     let mut outs: Vec<Output> = Vec::new();
     while let Some(ev) = stream.blocking_recv() {
         let (index, text) = match &ev {
-            Event::Token { index, text, .. } | Event::Finished { index, text, .. } => {
-                (*index, text.clone())
-            }
+            Event::Token { index, text, .. } | Event::Finished { index, text, .. } => (*index, text.clone()),
             Event::Error { message } => panic!("engine error: {message}"),
         };
         if outs.len() <= index {

@@ -13,11 +13,7 @@ pub struct GgufWeights<'a> {
 
 impl<'a> GgufWeights<'a> {
     pub fn new(file: &'a GgufFile, num_heads: usize, num_kv_heads: usize) -> Self {
-        GgufWeights {
-            file,
-            num_heads,
-            num_kv_heads,
-        }
+        GgufWeights { file, num_heads, num_kv_heads }
     }
 }
 
@@ -72,12 +68,11 @@ impl WeightSource for GgufWeights<'_> {
 
     fn load(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
         let gname = gguf_name(name).with_context(|| format!("no GGUF name for tensor {name}"))?;
-        let info = self.file.tensors.get(&gname).with_context(|| {
-            format!(
-                "{}: tensor {gname} ({name}) not found",
-                self.file.path.display()
-            )
-        })?;
+        let info = self
+            .file
+            .tensors
+            .get(&gname)
+            .with_context(|| format!("{}: tensor {gname} ({name}) not found", self.file.path.display()))?;
         check_shape(&self.file.path, &gname, shape, &info.shape)?;
         let data = self.file.dequantize(info);
         let data = if name.ends_with("q_proj.weight") {
@@ -97,14 +92,8 @@ mod tests {
 
     #[test]
     fn maps_names() {
-        assert_eq!(
-            gguf_name("model.layers.12.mlp.up_proj.weight").unwrap(),
-            "blk.12.ffn_up.weight"
-        );
-        assert_eq!(
-            gguf_name("model.embed_tokens.weight").unwrap(),
-            "token_embd.weight"
-        );
+        assert_eq!(gguf_name("model.layers.12.mlp.up_proj.weight").unwrap(), "blk.12.ffn_up.weight");
+        assert_eq!(gguf_name("model.embed_tokens.weight").unwrap(), "token_embd.weight");
         assert!(gguf_name("model.layers.1.bogus").is_none());
     }
 
@@ -112,9 +101,6 @@ mod tests {
     fn unpermute_inverts_the_llama_cpp_permutation() {
         // One head, hd = 4, 1 column: llama.cpp order is [x0, x2, x1, x3] for HF [x0, x1, x2, x3].
         let gguf = [0.0, 2.0, 1.0, 3.0, 10.0, 12.0, 11.0, 13.0];
-        assert_eq!(
-            unpermute_rows(&gguf, 2, 1),
-            vec![0.0, 1.0, 2.0, 3.0, 10.0, 11.0, 12.0, 13.0]
-        );
+        assert_eq!(unpermute_rows(&gguf, 2, 1), vec![0.0, 1.0, 2.0, 3.0, 10.0, 11.0, 12.0, 13.0]);
     }
 }

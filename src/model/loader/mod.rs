@@ -17,10 +17,6 @@ pub trait WeightSource {
 }
 
 fn check_shape(file: &std::path::Path, name: &str, want: &[usize], found: &[usize]) -> Result<()> {
-    anyhow::ensure!(
-        want == found,
-        "{}: tensor {name} has shape {found:?}, expected {want:?}",
-        file.display()
-    );
+    anyhow::ensure!(want == found, "{}: tensor {name} has shape {found:?}, expected {want:?}", file.display());
     Ok(())
 }

@@ -38,16 +38,11 @@ impl SafetensorsWeights {
         let mut files = Vec::new();
         let mut entries = HashMap::new();
         for (i, path) in paths.into_iter().enumerate() {
-            let file = std::fs::File::open(&path)
-                .with_context(|| format!("opening {}", path.display()))?;
+            let file = std::fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
             // SAFETY: read-only map of a weights file that is not modified while in use.
-            let map = Arc::new(
-                unsafe { Mmap::map(&file) }
-                    .with_context(|| format!("mapping {}", path.display()))?,
-            );
-            let st = SafeTensors::deserialize(&map).with_context(|| {
-                format!("{}: invalid or truncated safetensors file", path.display())
-            })?;
+            let map = Arc::new(unsafe { Mmap::map(&file) }.with_context(|| format!("mapping {}", path.display()))?);
+            let st = SafeTensors::deserialize(&map)
+                .with_context(|| format!("{}: invalid or truncated safetensors file", path.display()))?;
             for (name, view) in st.tensors() {
                 let offset = view.data().as_ptr() as usize - map.as_ptr() as usize;
                 entries.insert(
@@ -75,10 +70,7 @@ impl WeightSource for SafetensorsWeights {
     fn load(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
         let Some(e) = self.entries.get(name) else {
             let dir = self.files[0].0.parent().unwrap_or(Path::new("."));
-            bail!(
-                "{}: tensor {name} not found in any *.safetensors file",
-                dir.display()
-            );
+            bail!("{}: tensor {name} not found in any *.safetensors file", dir.display());
         };
         let (path, map) = &self.files[e.file];
         check_shape(path, name, shape, &e.shape)?;
@@ -89,23 +81,11 @@ impl WeightSource for SafetensorsWeights {
                 if let Some(t) = Tensor::mapped(shape.to_vec(), map.clone(), e.offset, n) {
                     return Ok(t);
                 }
-                bytes
-                    .chunks_exact(4)
-                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                    .collect()
+                bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
             }
-            Dtype::F16 => bytes
-                .chunks_exact(2)
-                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            Dtype::BF16 => bytes
-                .chunks_exact(2)
-                .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            other => bail!(
-                "{}: tensor {name} has dtype {other:?}; supported: F32, F16, BF16",
-                path.display()
-            ),
+            Dtype::F16 => bytes.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+            Dtype::BF16 => bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+            other => bail!("{}: tensor {name} has dtype {other:?}; supported: F32, F16, BF16", path.display()),
         };
         Ok(Tensor::owned(shape.to_vec(), data))
     }

@@ -1,0 +1,97 @@
+//! The OpenAI-compatible API, independent of transport: request types and their checks,
+//! conversion to engine requests, and the response bodies. `weft batch` writes exactly
+//! these bodies; the HTTP server sends them.
+
+pub mod chat;
+pub mod openai;
+
+use serde::de::DeserializeOwned;
+use serde_json::{json, Value};
+
+/// An error in OpenAI's shape, with the HTTP status it maps to.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub status: u16,
+    pub message: String,
+    pub kind: &'static str,
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    pub fn invalid(message: impl Into<String>, param: Option<&str>) -> Self {
+        ApiError {
+            status: 400,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: param.map(str::to_owned),
+            code: None,
+        }
+    }
+
+    pub fn overloaded(message: impl Into<String>) -> Self {
+        ApiError {
+            status: 429,
+            message: message.into(),
+            kind: "rate_limit_error",
+            param: None,
+            code: Some("overloaded"),
+        }
+    }
+
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        ApiError { status: 503, message: message.into(), kind: "service_unavailable", param: None, code: None }
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        ApiError { status: 500, message: message.into(), kind: "server_error", param: None, code: None }
+    }
+
+    /// `{"error": {"message", "type", "param", "code"}}`
+    pub fn body(&self) -> Value {
+        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+    }
+}
+
+impl From<crate::engine::SubmitError> for ApiError {
+    fn from(e: crate::engine::SubmitError) -> Self {
+        use crate::engine::SubmitError::*;
+        match e {
+            Invalid(m) => ApiError::invalid(m, None),
+            Overloaded(_) => ApiError::overloaded(e.to_string()),
+            ShutDown => ApiError::unavailable(e.to_string()),
+        }
+    }
+}
+
+/// Deserializes a JSON object into its own fields (`A`, keys `own`) and the shared
+/// generation fields (`B`, keys `shared`), refusing any other key and naming the field of a
+/// type error. (Two passes instead of `serde(flatten)`, which loses the field's name.)
+pub fn parse_split<A: DeserializeOwned, B: DeserializeOwned>(
+    v: Value,
+    own: &[&str],
+    shared: &[&str],
+) -> Result<(A, B), ApiError> {
+    let Value::Object(map) = v else {
+        return Err(ApiError::invalid("the request body must be a JSON object", None));
+    };
+    if let Some(k) = map.keys().find(|k| !own.contains(&k.as_str()) && !shared.contains(&k.as_str())) {
+        return Err(ApiError::invalid(format!("unknown field `{k}`"), Some(k)));
+    }
+    let (a, b): (serde_json::Map<_, _>, serde_json::Map<_, _>) =
+        map.into_iter().partition(|(k, _)| own.contains(&k.as_str()));
+    Ok((deserialize(Value::Object(a))?, deserialize(Value::Object(b))?))
+}
+
+fn deserialize<T: DeserializeOwned>(v: Value) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(v).map_err(|e| {
+        let path = e.path().to_string();
+        let param = (path != ".").then_some(path.as_str());
+        ApiError::invalid(format!("invalid value for `{path}`: {}", e.inner()), param)
+    })
+}
+
+/// Seconds since the Unix epoch, for `created` fields.
+pub fn unix_time() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}

@@ -1,0 +1,408 @@
+//! `/v1/completions` and `/v1/chat/completions`: request fields (OpenAI's, plus the extras
+//! vLLM accepts), their conversion to engine requests, and the non-streaming response bodies.
+
+use super::chat::{ChatMessage, ChatTemplate};
+use super::{parse_split, unix_time, ApiError};
+use crate::engine::{EngineHandle, Event, FinishReason, Request, RequestStream};
+use crate::sampling::{SamplingParams, StopCondition, TokenLogprob};
+use crate::tokenizer::Tokenizer;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum OneOrMany<T> {
+    One(T),
+    Many(Vec<T>),
+}
+
+/// `prompt`: a string, a list of strings, a list of token ids, or a list of those.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum PromptInput {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamOptions {
+    pub include_usage: Option<bool>,
+}
+
+/// Fields shared by completions and chat completions.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GenerationFields {
+    pub model: Option<String>,
+    pub max_tokens: Option<usize>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub n: Option<usize>,
+    pub stop: Option<OneOrMany<String>>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub seed: Option<u64>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub logit_bias: Option<HashMap<String, f32>>,
+    pub user: Option<String>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub ignore_eos: Option<bool>,
+    pub stop_token_ids: Option<Vec<u32>>,
+    pub priority: Option<i32>,
+    pub skip_special_tokens: Option<bool>,
+}
+
+const GENERATION_KEYS: &[&str] = &[
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "n",
+    "stop",
+    "stream",
+    "stream_options",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "user",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "ignore_eos",
+    "stop_token_ids",
+    "priority",
+    "skip_special_tokens",
+];
+
+#[derive(Debug, Clone, Deserialize)]
+struct CompletionOwn {
+    prompt: PromptInput,
+    logprobs: Option<usize>,
+    echo: Option<bool>,
+}
+
+#[derive(Debug, Clone)]
+pub struct CompletionRequest {
+    pub prompt: PromptInput,
+    pub logprobs: Option<usize>,
+    pub echo: Option<bool>,
+    pub gen: GenerationFields,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct ChatOwn {
+    messages: Vec<ChatMessage>,
+    logprobs: Option<bool>,
+    top_logprobs: Option<usize>,
+    max_completion_tokens: Option<usize>,
+    add_generation_prompt: Option<bool>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ChatRequest {
+    pub messages: Vec<ChatMessage>,
+    pub logprobs: Option<bool>,
+    pub top_logprobs: Option<usize>,
+    pub max_completion_tokens: Option<usize>,
+    pub add_generation_prompt: Option<bool>,
+    pub gen: GenerationFields,
+}
+
+impl CompletionRequest {
+    pub fn parse(body: Value) -> Result<Self, ApiError> {
+        let (own, gen): (CompletionOwn, _) = parse_split(body, &["prompt", "logprobs", "echo"], GENERATION_KEYS)?;
+        Ok(CompletionRequest { prompt: own.prompt, logprobs: own.logprobs, echo: own.echo, gen })
+    }
+
+    /// Token ids of every prompt.
+    pub fn prompts(&self, tok: &Tokenizer) -> Result<Vec<Vec<u32>>, ApiError> {
+        let enc = |t: &str| tok.encode(t).map_err(|e| ApiError::invalid(e.to_string(), Some("prompt")));
+        let prompts = match &self.prompt {
+            PromptInput::Text(t) => vec![enc(t)?],
+            PromptInput::Texts(ts) => ts.iter().map(|t| enc(t)).collect::<Result<_, _>>()?,
+            PromptInput::Tokens(ids) => vec![ids.clone()],
+            PromptInput::TokenLists(l) => l.clone(),
+        };
+        if prompts.is_empty() {
+            return Err(ApiError::invalid("prompt is an empty list", Some("prompt")));
+        }
+        Ok(prompts)
+    }
+
+    /// One engine request per prompt.
+    pub fn engine_requests(&self, engine: &EngineHandle) -> Result<Vec<Request>, ApiError> {
+        check_model(engine, &self.gen)?;
+        let tok = &engine.model().tokenizer;
+        self.prompts(tok)?.into_iter().map(|p| self.gen.request(p, 16, self.logprobs, engine)).collect()
+    }
+}
+
+impl ChatRequest {
+    pub fn parse(body: Value) -> Result<Self, ApiError> {
+        let own = ["messages", "logprobs", "top_logprobs", "max_completion_tokens", "add_generation_prompt"];
+        let (o, gen): (ChatOwn, _) = parse_split(body, &own, GENERATION_KEYS)?;
+        Ok(ChatRequest {
+            messages: o.messages,
+            logprobs: o.logprobs,
+            top_logprobs: o.top_logprobs,
+            max_completion_tokens: o.max_completion_tokens,
+            add_generation_prompt: o.add_generation_prompt,
+            gen,
+        })
+    }
+
+    /// The rendered prompt's token ids.
+    pub fn prompt(&self, engine: &EngineHandle) -> Result<Vec<u32>, ApiError> {
+        if self.messages.is_empty() {
+            return Err(ApiError::invalid("messages must not be empty", Some("messages")));
+        }
+        let tok = &engine.model().tokenizer;
+        let template = chat_template(tok)?;
+        let text = template
+            .render(&self.messages, self.add_generation_prompt.unwrap_or(true))
+            .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
+        tok.encode(&text).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))
+    }
+
+    pub fn engine_request(&self, engine: &EngineHandle) -> Result<Request, ApiError> {
+        check_model(engine, &self.gen)?;
+        let prompt = self.prompt(engine)?;
+        let logprobs = match (self.logprobs.unwrap_or(false), self.top_logprobs) {
+            (true, k) => Some(k.unwrap_or(0)),
+            (false, Some(_)) => {
+                return Err(ApiError::invalid("top_logprobs needs logprobs: true", Some("top_logprobs")))
+            }
+            (false, None) => None,
+        };
+        let ctx = engine.model().model.config.max_position_embeddings;
+        let mut gen = self.gen.clone();
+        gen.max_tokens = self.max_completion_tokens.or(gen.max_tokens);
+        gen.request(prompt.clone(), ctx.saturating_sub(prompt.len()).max(1), logprobs, engine)
+    }
+}
+
+fn chat_template(tok: &Tokenizer) -> Result<ChatTemplate, ApiError> {
+    let src = tok
+        .chat_template
+        .as_deref()
+        .ok_or_else(|| ApiError::invalid("this model has no chat template; use /v1/completions", Some("messages")))?;
+    let name = |id: Option<u32>| id.and_then(|i| tok.decode(&[i], false).ok()).unwrap_or_default();
+    ChatTemplate::new(src, name(tok.bos_id), name(tok.eos_ids.first().copied()))
+        .map_err(|e| ApiError::internal(e.to_string()))
+}
+
+fn check_model(engine: &EngineHandle, gen: &GenerationFields) -> Result<(), ApiError> {
+    match &gen.model {
+        Some(m) if m != &engine.model().name => Err(ApiError {
+            code: Some("model_not_found"),
+            ..ApiError::invalid(
+                format!("model `{m}` does not exist; this server serves `{}`", engine.model().name),
+                Some("model"),
+            )
+        }),
+        _ => Ok(()),
+    }
+}
+
+impl GenerationFields {
+    fn request(
+        &self,
+        prompt: Vec<u32>,
+        default_max: usize,
+        logprobs: Option<usize>,
+        engine: &EngineHandle,
+    ) -> Result<Request, ApiError> {
+        let n = self.n.unwrap_or(1);
+        if n == 0 {
+            return Err(ApiError::invalid("n must be at least 1", Some("n")));
+        }
+        let top_k = match self.top_k {
+            None | Some(0) | Some(-1) => 0,
+            Some(k) if k > 0 => k as usize,
+            Some(k) => {
+                return Err(ApiError::invalid(format!("top_k must be -1, 0 or positive, got {k}"), Some("top_k")))
+            }
+        };
+        let mut logit_bias = HashMap::new();
+        for (k, &v) in self.logit_bias.iter().flatten() {
+            let id = k.parse::<u32>().map_err(|_| {
+                ApiError::invalid(format!("logit_bias key {k:?} is not a token id"), Some("logit_bias"))
+            })?;
+            logit_bias.insert(id, v);
+        }
+        let sampling = SamplingParams {
+            temperature: self.temperature.unwrap_or(1.0),
+            top_k,
+            top_p: self.top_p.unwrap_or(1.0),
+            min_p: self.min_p.unwrap_or(0.0),
+            repetition_penalty: self.repetition_penalty.unwrap_or(1.0),
+            frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
+            presence_penalty: self.presence_penalty.unwrap_or(0.0),
+            logit_bias,
+            seed: self.seed,
+            logprobs,
+        };
+        sampling.validate(engine.model().model.config.vocab_size).map_err(|e| {
+            let msg = e.to_string();
+            let param = msg.split_whitespace().next().map(str::to_owned);
+            ApiError { param, ..ApiError::invalid(msg, None) }
+        })?;
+        let stop_strings = match &self.stop {
+            None => Vec::new(),
+            Some(OneOrMany::One(s)) => vec![s.clone()],
+            Some(OneOrMany::Many(v)) => v.clone(),
+        };
+        Ok(Request {
+            prompt,
+            sampling,
+            stop: StopCondition {
+                max_tokens: self.max_tokens.unwrap_or(default_max),
+                stop_token_ids: self.stop_token_ids.clone().unwrap_or_default(),
+                stop_strings,
+                ignore_eos: self.ignore_eos.unwrap_or(false),
+            },
+            n,
+            priority: self.priority.unwrap_or(0),
+            skip_special_tokens: self.skip_special_tokens.unwrap_or(true),
+        })
+    }
+
+    pub fn streaming(&self) -> bool {
+        self.stream.unwrap_or(false)
+    }
+
+    pub fn include_usage(&self) -> bool {
+        self.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false)
+    }
+}
+
+/// One finished sample.
+#[derive(Debug, Clone, Default)]
+pub struct Choice {
+    pub text: String,
+    pub tokens: Vec<u32>,
+    pub logprobs: Vec<(TokenLogprob, Vec<TokenLogprob>)>,
+    pub finish: Option<FinishReason>,
+}
+
+/// Reads a request's stream to the end: its samples and (prompt, completion) token counts.
+pub async fn gather(mut stream: RequestStream, n: usize) -> Result<(Vec<Choice>, usize, usize), ApiError> {
+    let mut choices = vec![Choice::default(); n];
+    let (mut prompt_tokens, mut completion_tokens) = (0, 0);
+    while let Some(ev) = stream.recv().await {
+        match ev {
+            Event::Token { index, id, text, logprobs } => {
+                let c = &mut choices[index];
+                c.text += &text;
+                c.tokens.push(id);
+                c.logprobs.extend(logprobs);
+            }
+            Event::Finished { index, reason, text, usage } => {
+                choices[index].text += &text;
+                choices[index].finish = Some(reason);
+                prompt_tokens = usage.prompt_tokens;
+                completion_tokens += usage.completion_tokens;
+            }
+            Event::Error { message } => return Err(ApiError::internal(message)),
+        }
+    }
+    Ok((choices, prompt_tokens, completion_tokens))
+}
+
+pub fn finish_reason(f: Option<FinishReason>) -> Value {
+    f.map_or(Value::Null, |r| json!(r.as_str()))
+}
+
+fn token_text(tok: &Tokenizer, id: u32) -> String {
+    tok.decode(&[id], false).unwrap_or_default()
+}
+
+/// The legacy completions `logprobs` object.
+pub fn completion_logprobs(tok: &Tokenizer, c: &Choice, offset0: usize) -> Value {
+    let mut offset = offset0;
+    let (mut tokens, mut lps, mut tops, mut offsets) = (vec![], vec![], vec![], vec![]);
+    for (chosen, top) in &c.logprobs {
+        let t = token_text(tok, chosen.id);
+        offsets.push(offset);
+        offset += t.len();
+        tokens.push(t);
+        lps.push(chosen.logprob);
+        let map: serde_json::Map<String, Value> =
+            top.iter().map(|x| (token_text(tok, x.id), json!(x.logprob))).collect();
+        tops.push(Value::Object(map));
+    }
+    json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
+}
+
+/// The chat `logprobs` object: `{"content": [{token, logprob, bytes, top_logprobs}]}`.
+pub fn chat_logprobs(tok: &Tokenizer, lps: &[(TokenLogprob, Vec<TokenLogprob>)]) -> Value {
+    let entry = |x: &TokenLogprob| {
+        let t = token_text(tok, x.id);
+        json!({"token": t, "logprob": x.logprob, "bytes": t.as_bytes()})
+    };
+    let content: Vec<Value> = lps
+        .iter()
+        .map(|(c, top)| {
+            let mut e = entry(c);
+            e["top_logprobs"] = Value::Array(top.iter().map(entry).collect());
+            e
+        })
+        .collect();
+    json!({"content": content})
+}
+
+pub fn usage(prompt: usize, completion: usize) -> Value {
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+}
+
+/// A non-streaming `/v1/completions` response.
+pub async fn completions(engine: &EngineHandle, req: &CompletionRequest, id: &str) -> Result<Value, ApiError> {
+    let reqs = req.engine_requests(engine)?;
+    let tok = &engine.model().tokenizer;
+    let mut streams = Vec::with_capacity(reqs.len());
+    for r in &reqs {
+        streams.push(engine.submit(r.clone())?);
+    }
+    let (mut choices, mut prompt_total, mut completion_total) = (Vec::new(), 0, 0);
+    for (i, (stream, r)) in streams.into_iter().zip(&reqs).enumerate() {
+        let (cs, p, c) = gather(stream, r.n).await?;
+        prompt_total += p;
+        completion_total += c;
+        let echo =
+            if req.echo.unwrap_or(false) { tok.decode(&r.prompt, true).unwrap_or_default() } else { String::new() };
+        for (j, c) in cs.into_iter().enumerate() {
+            let logprobs = if req.logprobs.is_some() { completion_logprobs(tok, &c, echo.len()) } else { Value::Null };
+            choices.push(json!({"index": i * r.n + j, "text": echo.clone() + &c.text, "logprobs": logprobs,
+                "finish_reason": finish_reason(c.finish)}));
+        }
+    }
+    Ok(json!({"id": id, "object": "text_completion", "created": unix_time(), "model": engine.model().name,
+        "choices": choices, "usage": usage(prompt_total, completion_total)}))
+}
+
+/// A non-streaming `/v1/chat/completions` response.
+pub async fn chat_completions(engine: &EngineHandle, req: &ChatRequest, id: &str) -> Result<Value, ApiError> {
+    let r = req.engine_request(engine)?;
+    let tok = &engine.model().tokenizer;
+    let stream = engine.submit(r.clone())?;
+    let (cs, p, c) = gather(stream, r.n).await?;
+    let choices: Vec<Value> = cs
+        .into_iter()
+        .enumerate()
+        .map(|(j, c)| {
+            let logprobs = if r.sampling.logprobs.is_some() { chat_logprobs(tok, &c.logprobs) } else { Value::Null };
+            json!({"index": j, "message": {"role": "assistant", "content": c.text}, "logprobs": logprobs,
+                "finish_reason": finish_reason(c.finish)})
+        })
+        .collect();
+    Ok(json!({"id": id, "object": "chat.completion", "created": unix_time(), "model": engine.model().name,
+        "choices": choices, "usage": usage(p, c)}))
+}

@@ -1,0 +1,63 @@
+//! `weft batch` end to end: OpenAI batch lines and plain prompts in, one record per line out,
+//! in order; bad lines become error records.
+
+mod common;
+
+use serde_json::Value;
+use std::process::Command;
+
+#[test]
+fn batch_job_writes_one_record_per_line_in_order() {
+    let Some(models) = common::shared_models() else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("weft-batch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let input = dir.join("in.jsonl");
+    let output = dir.join("out.jsonl");
+    let mut lines = vec![
+        r#"{"custom_id": "c1", "method": "POST", "url": "/v1/completions", "body": {"prompt": "Once upon a time", "max_tokens": 32, "temperature": 0, "ignore_eos": true}}"#.to_string(),
+        r#"{"prompt": ["Tom and Lily", "The dog"], "max_tokens": 4, "n": 2, "seed": 3, "stop": ["zzz"]}"#.into(),
+        "{not json".into(),
+        r#"{"custom_id": "chat", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "hi"}]}}"#.into(),
+        r#"{"custom_id": "bad", "body": {"prompt": "x", "temperature": "hot"}}"#.into(),
+        r#"{"custom_id": "url", "url": "/v1/embeddings", "body": {"input": "x"}}"#.into(),
+    ];
+    for i in 0..40 {
+        lines.push(format!(r#"{{"custom_id": "many-{i}", "body": {{"prompt": "One day", "max_tokens": {}, "temperature": 0.8, "seed": {i}}}}}"#, 1 + i % 7));
+    }
+    std::fs::write(&input, lines.join("\n") + "\n\n").unwrap();
+    let status = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(["batch", "--model"])
+        .arg(models.join("stories260k"))
+        .arg("--input")
+        .arg(&input)
+        .arg("--output")
+        .arg(&output)
+        .args(["--max-waiting-requests", "8"])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let records: Vec<Value> =
+        std::fs::read_to_string(&output).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(records.len(), lines.len());
+    for (i, r) in records.iter().enumerate() {
+        assert_eq!(r["id"], format!("batch_req_{i}"));
+    }
+    let first = &records[0]["response"];
+    assert_eq!(first["status_code"], 200);
+    assert_eq!(records[0]["custom_id"], "c1");
+    let reference = common::reference("stories260k");
+    assert_eq!(first["body"]["choices"][0]["text"], reference[1].generated_text_delta.as_str());
+    assert_eq!(first["body"]["usage"]["completion_tokens"], 32);
+    assert_eq!(records[1]["response"]["body"]["choices"].as_array().unwrap().len(), 4, "2 prompts x n=2");
+    assert_eq!(records[2]["error"]["code"], "invalid_json");
+    assert_eq!(records[3]["response"]["status_code"], 400, "stories260k has no chat template");
+    let bad = &records[4]["response"]["body"]["error"];
+    assert_eq!((bad["param"].as_str(), bad["type"].as_str()), (Some("temperature"), Some("invalid_request_error")));
+    assert_eq!(records[5]["error"]["code"], "invalid_url");
+    for r in &records[6..] {
+        assert_eq!(r["response"]["status_code"], 200, "queued lines wait for room instead of failing: {r}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
