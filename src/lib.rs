@@ -2,7 +2,8 @@
 //!
 //! Layers, from the bottom: [`kernels`] (numeric kernels), [`kv`] (paged KV cache),
 //! [`model`] (weights and the ragged-batch forward pass), [`tokenizer`], [`sampling`],
-//! [`scheduler`] (who runs each step), [`engine`] (the serving loop) and [`cli`].
+//! [`scheduler`] (who runs each step), [`engine`] (the serving loop), [`api`] (OpenAI
+//! request and response types), [`server`] (HTTP) and [`cli`].
 
 pub mod api;
 pub mod cli;
@@ -13,4 +14,5 @@ pub mod loaded;
 pub mod model;
 pub mod sampling;
 pub mod scheduler;
+pub mod server;
 pub mod tokenizer;

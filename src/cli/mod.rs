@@ -21,6 +21,8 @@ pub struct Cli {
 
 #[derive(Subcommand)]
 pub enum Command {
+    /// Serve the OpenAI-compatible and native HTTP API.
+    Serve(crate::server::ServeArgs),
     /// Generate a continuation of one prompt, streamed to stdout.
     Generate(generate::GenerateArgs),
     /// Run an offline JSONL batch job (OpenAI batch format) through the engine.
@@ -32,6 +34,7 @@ pub enum Command {
 /// Runs the command line.
 pub fn run() -> anyhow::Result<()> {
     match Cli::parse().command {
+        Command::Serve(args) => crate::server::run(args),
         Command::Generate(args) => generate::run(args),
         Command::Batch(args) => batch::run(args),
         Command::Bench(args) => bench::run(args),
@@ -78,6 +81,17 @@ impl EngineArgs {
 
     /// Loads the model (the cached default when `--model` is absent) and starts the engine.
     pub fn start(&self) -> anyhow::Result<EngineHandle> {
+        let loaded = self.load()?;
+        EngineHandle::start(Arc::new(loaded), self.config())
+    }
+
+    /// Like [`EngineArgs::start`], reporting timings to `observer`.
+    pub fn start_observed(&self, observer: Arc<dyn crate::engine::Observer>) -> anyhow::Result<EngineHandle> {
+        let loaded = self.load()?;
+        EngineHandle::start_observed(Arc::new(loaded), self.config(), observer)
+    }
+
+    fn load(&self) -> anyhow::Result<LoadedModel> {
         let path = match &self.model {
             Some(p) => p.clone(),
             None => model_cache::default_model()?,
@@ -90,7 +104,7 @@ impl EngineArgs {
             t0.elapsed().as_secs_f64(),
             loaded.model.weight_bytes() / 1_000_000
         );
-        EngineHandle::start(Arc::new(loaded), self.config())
+        Ok(loaded)
     }
 }
 

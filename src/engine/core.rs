@@ -14,7 +14,7 @@ use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
 pub(super) enum Command {
-    Submit { id: u64, request: Box<Request>, events: UnboundedSender<Event> },
+    Submit { id: u64, request: Box<Request>, events: UnboundedSender<Event>, submitted: Instant },
     Abort(u64),
 }
 
@@ -27,6 +27,8 @@ struct RequestState {
     waiting: bool,
     /// Samples 1..n have been forked from sample 0.
     forked: bool,
+    submitted: Instant,
+    first_token: bool,
 }
 
 struct SeqState {
@@ -37,6 +39,7 @@ struct SeqState {
     stop: StopStrings,
     stop_ids: Vec<u32>,
     generated: usize,
+    last_token: Option<Instant>,
 }
 
 pub(super) struct EngineLoop {
@@ -114,13 +117,23 @@ impl EngineLoop {
 
     fn command(&mut self, cmd: Command) {
         match cmd {
-            Command::Submit { id, request, events } => {
+            Command::Submit { id, request, events, submitted } => {
                 let request = *request;
                 let prompt = request.prompt.clone();
                 let seq = self.new_seq(id, 0, &request);
                 self.sched.add(Sequence::new(seq, prompt, request.priority, id));
-                self.requests
-                    .insert(id, RequestState { request, events, seqs: vec![seq], waiting: true, forked: false });
+                self.requests.insert(
+                    id,
+                    RequestState {
+                        request,
+                        events,
+                        seqs: vec![seq],
+                        waiting: true,
+                        forked: false,
+                        submitted,
+                        first_token: false,
+                    },
+                );
             }
             Command::Abort(id) => self.abort(id),
         }
@@ -146,6 +159,7 @@ impl EngineLoop {
                 stop: StopStrings::new(r.stop.stop_strings.clone()),
                 stop_ids,
                 generated: 0,
+                last_token: None,
             },
         );
         id
@@ -176,6 +190,7 @@ impl EngineLoop {
                     text: String::new(),
                     usage,
                 });
+                self.shared.observer.finished(FinishReason::Abort, req.submitted.elapsed());
             }
         }
     }
@@ -229,6 +244,7 @@ impl EngineLoop {
         st.last_step_seqs = plan.len();
         st.generation_tokens_total += generated as u64;
         st.forward_time += t2 - t1;
+        self.shared.observer.step(tokens.len(), plan.len());
         st.overhead_time += (t1 - t0) + (t3 - t2);
     }
 
@@ -287,9 +303,20 @@ impl EngineLoop {
         let Some(s) = self.seqs.get_mut(&seq) else {
             return;
         };
-        let Some(req) = self.requests.get(&s.request) else {
+        let Some(req) = self.requests.get_mut(&s.request) else {
             return;
         };
+        let now = Instant::now();
+        let obs = &self.shared.observer;
+        match s.last_token {
+            Some(prev) => obs.token(now - prev),
+            None if !req.first_token => {
+                req.first_token = true;
+                obs.first_token(now - req.submitted);
+            }
+            None => {}
+        }
+        s.last_token = Some(now);
         s.generated += 1;
         let index = s.index;
         let at_limit = s.generated >= req.request.stop.max_tokens;
@@ -332,6 +359,7 @@ impl EngineLoop {
         };
         let usage = Usage { prompt_tokens: req.request.prompt.len(), completion_tokens: s.generated };
         let _ = req.events.send(Event::Finished { index: s.index, reason, text, usage });
+        self.shared.observer.finished(reason, req.submitted.elapsed());
         req.seqs.retain(|&x| x != seq);
         // The last sample of the request: dropping its sender closes the stream. Siblings
         // of an n > 1 request not forked yet are still to come.

@@ -2,7 +2,8 @@
 //! stream (or call `abort`) to cancel.
 
 use super::core::{Command, EngineLoop};
-use super::{EngineConfig, EngineStats, Event, Request};
+use super::observer::Nothing;
+use super::{EngineConfig, EngineStats, Event, Observer, Request};
 use crate::kv::KvCache;
 use crate::loaded::LoadedModel;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -26,6 +27,7 @@ pub(super) struct Shared {
     pub waiting: AtomicUsize,
     pub stats: Mutex<EngineStats>,
     pub capacity_tokens: usize,
+    pub observer: Arc<dyn Observer>,
 }
 
 #[derive(Clone)]
@@ -55,6 +57,15 @@ impl RequestStream {
 impl EngineHandle {
     /// Starts the engine loop on its own thread.
     pub fn start(model: Arc<LoadedModel>, config: EngineConfig) -> anyhow::Result<Self> {
+        Self::start_observed(model, config, Arc::new(Nothing))
+    }
+
+    /// Starts the engine loop, reporting timings to `observer`.
+    pub fn start_observed(
+        model: Arc<LoadedModel>,
+        config: EngineConfig,
+        observer: Arc<dyn Observer>,
+    ) -> anyhow::Result<Self> {
         anyhow::ensure!(config.max_num_seqs > 0, "--max-num-seqs must be at least 1");
         anyhow::ensure!(config.max_num_batched_tokens > 0, "--max-num-batched-tokens must be at least 1");
         anyhow::ensure!(config.block_size > 0, "--block-size must be at least 1");
@@ -72,6 +83,7 @@ impl EngineHandle {
             waiting: AtomicUsize::new(0),
             stats: Mutex::new(EngineStats::default()),
             capacity_tokens: num_blocks * config.block_size,
+            observer,
         });
         let (tx, rx) = mpsc::channel();
         let pool = super::thread_pool(config.threads)?;
@@ -110,7 +122,11 @@ impl EngineHandle {
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (events, rx) = unbounded_channel();
-        if self.tx.send(Command::Submit { id, request: Box::new(request), events }).is_err() {
+        if self
+            .tx
+            .send(Command::Submit { id, request: Box::new(request), events, submitted: std::time::Instant::now() })
+            .is_err()
+        {
             waiting.fetch_sub(1, Ordering::SeqCst);
             return Err(SubmitError::ShutDown);
         }

@@ -5,11 +5,13 @@
 
 mod core;
 mod handle;
+mod observer;
 mod request;
 mod stats;
 mod stop;
 
 pub use handle::{EngineHandle, RequestStream, SubmitError};
+pub use observer::Observer;
 pub use request::{Event, FinishReason, Request, Usage};
 pub use stats::EngineStats;
 pub use stop::{StopScan, StopStrings};

@@ -6,7 +6,7 @@
 use super::config::ModelConfig;
 use super::loader::WeightSource;
 use super::tensor::Tensor;
-use crate::kernels::attention::{attend, KvSpan};
+use crate::kernels::attention::{attend, KvSpan, Scratch};
 use crate::kernels::rope::Rope;
 use crate::kernels::{matmul, rmsnorm, silu_mul, PackedMatrix};
 use crate::kv::KvCache;
@@ -175,14 +175,14 @@ impl Llama {
             }
             let view = kv.layer(li);
             let qkv_ro: &[f32] = qkv;
-            attn.par_chunks_mut(qd).enumerate().for_each_init(Vec::new, |scores, (r, out)| {
+            attn.par_chunks_mut(qd).enumerate().for_each_init(Scratch::default, |scratch, (r, out)| {
                 let (si, pos) = rows[r];
                 let q = &qkv_ro[r * (qd + 2 * kvd)..r * (qd + 2 * kvd) + qd];
                 let block_table = input.seqs[si].block_table;
                 let width = group * hd;
                 for (g, (qg, og)) in q.chunks_exact(width).zip(out.chunks_exact_mut(width)).enumerate() {
                     let span = KvSpan { block_table, kv_head: g, last_pos: pos };
-                    attend(qg, view, span, scale, scores, og);
+                    attend(qg, view, span, scale, scratch, og);
                 }
             });
             matmul(attn, &layer.wo, tmp, t);

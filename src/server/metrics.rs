@@ -1,0 +1,100 @@
+//! Prometheus metrics under vLLM's names with a `weft:` prefix, so existing dashboards
+//! work. Latencies and step sizes come from the engine's [`Observer`] hook; gauges and
+//! totals are read from the engine's stats at scrape time. Each server has its own
+//! recorder (no process-global state), rendered by the Prometheus exporter.
+
+use crate::engine::{EngineStats, FinishReason, Observer};
+use metrics::{Counter, Gauge, Histogram, Key, Label, Level, Metadata, Recorder, SharedString, Unit};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
+use std::time::Duration;
+
+const LATENCY_BUCKETS: &[f64] =
+    &[0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0];
+const STEP_BUCKETS: &[f64] =
+    &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0];
+
+pub struct Metrics {
+    recorder: PrometheusRecorder,
+    handle: PrometheusHandle,
+    running: Gauge,
+    waiting: Gauge,
+    kv_usage: Gauge,
+    prompt_tokens: Counter,
+    generation_tokens: Counter,
+    preemptions: Counter,
+    ttft: Histogram,
+    itl: Histogram,
+    e2e: Histogram,
+    step_tokens: Histogram,
+    step_seqs: Histogram,
+}
+
+static META: Metadata<'static> = Metadata::new("weft", Level::INFO, None);
+
+impl Metrics {
+    pub fn new() -> anyhow::Result<Self> {
+        let mut b = PrometheusBuilder::new();
+        for name in
+            ["weft:time_to_first_token_seconds", "weft:inter_token_latency_seconds", "weft:e2e_request_latency_seconds"]
+        {
+            b = b.set_buckets_for_metric(Matcher::Full(name.into()), LATENCY_BUCKETS)?;
+        }
+        b = b.set_buckets_for_metric(Matcher::Prefix("weft:iteration_".into()), STEP_BUCKETS)?;
+        let recorder = b.build_recorder();
+        let handle = recorder.handle();
+        let describe = |name: &'static str, unit: Option<Unit>, help: &'static str| {
+            recorder.describe_counter(name.into(), unit, SharedString::const_str(help));
+        };
+        describe("weft:prompt_tokens_total", Some(Unit::Count), "Prompt tokens processed.");
+        describe("weft:generation_tokens_total", Some(Unit::Count), "Tokens generated.");
+        describe("weft:num_preemptions_total", Some(Unit::Count), "Sequences preempted for lack of KV blocks.");
+        describe("weft:request_success_total", Some(Unit::Count), "Finished samples, by finish reason.");
+        let g = |n: &'static str| recorder.register_gauge(&Key::from_static_name(n), &META);
+        let c = |n: &'static str| recorder.register_counter(&Key::from_static_name(n), &META);
+        let h = |n: &'static str| recorder.register_histogram(&Key::from_static_name(n), &META);
+        Ok(Metrics {
+            running: g("weft:num_requests_running"),
+            waiting: g("weft:num_requests_waiting"),
+            kv_usage: g("weft:kv_cache_usage_perc"),
+            prompt_tokens: c("weft:prompt_tokens_total"),
+            generation_tokens: c("weft:generation_tokens_total"),
+            preemptions: c("weft:num_preemptions_total"),
+            ttft: h("weft:time_to_first_token_seconds"),
+            itl: h("weft:inter_token_latency_seconds"),
+            e2e: h("weft:e2e_request_latency_seconds"),
+            step_tokens: h("weft:iteration_tokens_total"),
+            step_seqs: h("weft:iteration_batch_size"),
+            handle,
+            recorder,
+        })
+    }
+
+    /// The Prometheus text exposition, with gauges and totals taken from `stats` now.
+    pub fn render(&self, stats: &EngineStats) -> String {
+        self.running.set(stats.running as f64);
+        self.waiting.set(stats.waiting as f64);
+        self.kv_usage.set(stats.kv_blocks_used as f64 / stats.kv_blocks_total.max(1) as f64);
+        self.prompt_tokens.absolute(stats.prompt_tokens_total);
+        self.generation_tokens.absolute(stats.generation_tokens_total);
+        self.preemptions.absolute(stats.preemptions);
+        self.handle.render()
+    }
+}
+
+impl Observer for Metrics {
+    fn step(&self, tokens: usize, seqs: usize) {
+        self.step_tokens.record(tokens as f64);
+        self.step_seqs.record(seqs as f64);
+    }
+    fn first_token(&self, ttft: Duration) {
+        self.ttft.record(ttft.as_secs_f64());
+    }
+    fn token(&self, gap: Duration) {
+        self.itl.record(gap.as_secs_f64());
+    }
+    fn finished(&self, reason: FinishReason, e2e: Duration) {
+        self.e2e.record(e2e.as_secs_f64());
+        let key = Key::from_parts("weft:request_success_total", vec![Label::new("finished_reason", reason.as_str())]);
+        self.recorder.register_counter(&key, &META).increment(1);
+    }
+}

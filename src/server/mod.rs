@@ -1,0 +1,155 @@
+//! `weft serve`: the engine behind an HTTP API — OpenAI-compatible completions and chat
+//! (with SSE streaming), the native `/generate` and `/generate/batch`, tokenization, health,
+//! Prometheus metrics and an OpenAPI document. axum + tokio on the async side; the engine
+//! stays on its own thread behind its [`EngineHandle`].
+
+mod metrics;
+mod openapi;
+mod routes;
+mod stream;
+
+use crate::cli::EngineArgs;
+use crate::engine::EngineHandle;
+use anyhow::{Context, Result};
+use clap::Args;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+pub use self::metrics::Metrics;
+
+#[derive(Args, Debug, Clone)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0: any free port, printed at start).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// Require `Authorization: Bearer KEY` on API routes.
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Largest request body, bytes (or 512K, 4M).
+    #[arg(long, default_value = "4M", value_parser = crate::cli::parse_bytes)]
+    pub max_body_bytes: usize,
+    /// Most prompts one /generate/batch call may carry.
+    #[arg(long, default_value_t = 64)]
+    pub max_batch_prompts: usize,
+    /// Abort requests running longer than this many seconds (0: never).
+    #[arg(long, default_value_t = 0.0)]
+    pub request_timeout: f64,
+    /// On SIGTERM/Ctrl-C, how long in-flight requests may take to finish, seconds.
+    #[arg(long, default_value_t = 30.0)]
+    pub shutdown_grace: f64,
+}
+
+/// What every handler sees.
+pub struct AppState {
+    /// Set once the model is loaded and a warm-up step has run.
+    engine: OnceLock<EngineHandle>,
+    metrics: Arc<Metrics>,
+    shutting_down: AtomicBool,
+    api_key: Option<String>,
+    max_batch_prompts: usize,
+    request_timeout: Option<Duration>,
+}
+
+impl AppState {
+    fn engine(&self) -> Result<&EngineHandle, crate::api::ApiError> {
+        if self.shutting_down.load(Ordering::SeqCst) {
+            return Err(crate::api::ApiError::unavailable("the server is shutting down"));
+        }
+        self.engine.get().ok_or_else(|| crate::api::ApiError::unavailable("the model is still loading"))
+    }
+}
+
+/// Runs the server until SIGTERM/Ctrl-C, then drains within the grace period.
+pub fn run(args: ServeArgs) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(async move {
+        let addr: SocketAddr = format!("{}:{}", args.host, args.port).parse().context("bad --host/--port")?;
+        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+        let local = listener.local_addr()?;
+        let state = Arc::new(AppState {
+            engine: OnceLock::new(),
+            metrics: Arc::new(Metrics::new()?),
+            shutting_down: AtomicBool::new(false),
+            api_key: args.api_key.clone(),
+            max_batch_prompts: args.max_batch_prompts,
+            request_timeout: (args.request_timeout > 0.0).then(|| Duration::from_secs_f64(args.request_timeout)),
+        });
+        eprintln!("weft: listening on http://{local}");
+        // Load and warm up in the background so /health can say 503 meanwhile.
+        let loader = state.clone();
+        let engine_args = args.engine.clone();
+        let load = tokio::task::spawn_blocking(move || -> Result<()> {
+            let engine = engine_args.start_observed(loader.metrics.clone())?;
+            warm_up(&engine)?;
+            let _ = loader.engine.set(engine);
+            eprintln!("weft: ready");
+            Ok(())
+        });
+        tokio::spawn(async move {
+            match load.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    eprintln!("weft: error: {e:#}");
+                    std::process::exit(1);
+                }
+                Err(e) => {
+                    eprintln!("weft: error: model loading panicked: {e}");
+                    std::process::exit(1);
+                }
+            }
+        });
+        let app = routes::router(state.clone(), args.max_body_bytes);
+        let grace = Duration::from_secs_f64(args.shutdown_grace.max(0.0));
+        let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+        let shutdown_state = state.clone();
+        let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+            shutdown_signal().await;
+            eprintln!("weft: shutting down; in-flight requests have {:.0} s to finish", grace.as_secs_f64());
+            shutdown_state.shutting_down.store(true, Ordering::SeqCst);
+            let _ = stop_tx.send(true);
+        });
+        let server = tokio::spawn(async move { server.await });
+        tokio::select! {
+            r = server => r?.context("server error")?,
+            _ = async {
+                let _ = stop_rx.wait_for(|s| *s).await;
+                tokio::time::sleep(grace).await;
+            } => eprintln!("weft: grace period over; closing the remaining connections"),
+        }
+        Ok(())
+    })
+}
+
+/// One tiny request through the whole engine, so the first real one pays no start-up cost.
+fn warm_up(engine: &EngineHandle) -> Result<()> {
+    let tok = &engine.model().tokenizer;
+    let mut prompt = tok.encode("Hello")?;
+    if prompt.is_empty() {
+        prompt = vec![tok.bos_id.unwrap_or(0)];
+    }
+    let mut stream = engine.submit(crate::engine::Request::new(prompt, 1))?;
+    while stream.blocking_recv().is_some() {}
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

@@ -1,0 +1,98 @@
+//! The OpenAPI 3.1 description served at `/openapi.json`.
+
+use serde_json::{json, Value};
+
+fn body(schema: Value) -> Value {
+    json!({"required": true, "content": {"application/json": {"schema": schema}}})
+}
+
+fn ok(description: &str, schema: Value) -> Value {
+    json!({"description": description, "content": {"application/json": {"schema": schema}}})
+}
+
+fn errors() -> Value {
+    let e = json!({"$ref": "#/components/schemas/Error"});
+    json!({"400": ok("Invalid request", e.clone()), "401": ok("Missing or wrong API key", e.clone()),
+        "413": ok("Body too large", e.clone()), "429": ok("Overloaded; see Retry-After", e.clone()),
+        "503": ok("Loading or shutting down; see Retry-After", e.clone()), "504": ok("Request timed out", e)})
+}
+
+fn op(summary: &str, req: Option<Value>, resp: Value, streams: bool) -> Value {
+    let mut responses = errors();
+    let mut ok200 = ok("Success", resp);
+    if streams {
+        ok200["content"]["text/event-stream"] = json!({"schema": {"type": "string", "description": "Server-sent events when `stream` is true, ending with `data: [DONE]`"}});
+    }
+    responses["200"] = ok200;
+    let mut o = json!({"summary": summary, "responses": responses});
+    if let Some(r) = req {
+        o["requestBody"] = body(r);
+    }
+    o
+}
+
+pub fn document() -> Value {
+    let num = json!({"type": "number"});
+    let int = json!({"type": "integer", "minimum": 0});
+    let sampling = json!({
+        "model": {"type": "string"}, "max_tokens": int, "temperature": num, "top_p": num, "n": int,
+        "stop": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+        "stream": {"type": "boolean"}, "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
+        "seed": int, "presence_penalty": num, "frequency_penalty": num,
+        "logit_bias": {"type": "object", "additionalProperties": num}, "user": {"type": "string"},
+        "top_k": {"type": "integer"}, "min_p": num, "repetition_penalty": num, "ignore_eos": {"type": "boolean"},
+        "stop_token_ids": {"type": "array", "items": int}, "priority": {"type": "integer"},
+        "skip_special_tokens": {"type": "boolean"}
+    });
+    let mut completion = sampling.clone();
+    completion["prompt"] = json!({"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}},
+        {"type": "array", "items": int}, {"type": "array", "items": {"type": "array", "items": int}}]});
+    completion["logprobs"] = int.clone();
+    completion["echo"] = json!({"type": "boolean"});
+    let mut chat = sampling;
+    chat["messages"] = json!({"type": "array", "items": {"type": "object", "required": ["role", "content"],
+        "properties": {"role": {"type": "string"}, "content": {"type": "string"}, "name": {"type": "string"}}}});
+    chat["logprobs"] = json!({"type": "boolean"});
+    chat["top_logprobs"] = int.clone();
+    chat["max_completion_tokens"] = int.clone();
+    let native = json!({"max_tokens": int, "temperature": num, "top_p": num, "top_k": {"type": "integer"}, "seed": int,
+        "stop": {"type": "array", "items": {"type": "string"}}, "stream": {"type": "boolean"}});
+    let mut generate = native.clone();
+    generate["prompt"] = json!({"type": "string"});
+    let mut batch = native;
+    batch["prompts"] = json!({"type": "array", "items": {"type": "string"}});
+    let obj = |props: Value, required: &[&str]| json!({"type": "object", "properties": props, "required": required, "additionalProperties": false});
+    let result = json!({"type": "object", "properties": {"text": {"type": "string"}, "finish_reason": {"type": "string"},
+        "usage": {"$ref": "#/components/schemas/Usage"}, "time_seconds": num}});
+    json!({
+        "openapi": "3.1.0",
+        "info": {"title": "weft", "version": env!("CARGO_PKG_VERSION"), "description": "A continuous-batching LLM inference server."},
+        "paths": {
+            "/v1/completions": {"post": op("OpenAI completions", Some(obj(completion, &["prompt"])), json!({"type": "object"}), true)},
+            "/v1/chat/completions": {"post": op("OpenAI chat completions", Some(obj(chat, &["messages"])), json!({"type": "object"}), true)},
+            "/v1/models": {"get": op("The served model", None, json!({"type": "object"}), false)},
+            "/tokenize": {"post": op("Text to token ids", Some(obj(json!({"model": {"type": "string"}, "prompt": {"type": "string"}}), &["prompt"])),
+                json!({"type": "object", "properties": {"tokens": {"type": "array", "items": int}, "count": int, "max_model_len": int}}), false)},
+            "/detokenize": {"post": op("Token ids to text", Some(obj(json!({"model": {"type": "string"}, "tokens": {"type": "array", "items": int}}), &["tokens"])),
+                json!({"type": "object", "properties": {"prompt": {"type": "string"}}}), false)},
+            "/generate": {"post": op("Generate from one prompt", Some(obj(generate, &["prompt"])), result.clone(), true)},
+            "/generate/batch": {"post": op("Generate from many prompts, batched together", Some(obj(batch, &["prompts"])),
+                json!({"type": "object", "properties": {"results": {"type": "array", "items": result}, "total_prompts": int,
+                    "total_time_seconds": num, "avg_time_per_prompt": num}}), false)},
+            "/health": {"get": {"summary": "200 once the model is loaded and warmed up; 503 while loading or shutting down",
+                "responses": {"200": {"description": "Ready"}, "503": {"description": "Not ready"}}}},
+            "/metrics": {"get": {"summary": "Prometheus metrics (weft: prefix, vLLM names)",
+                "responses": {"200": {"description": "Text exposition format", "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+            "/openapi.json": {"get": {"summary": "This document", "responses": {"200": {"description": "OpenAPI 3.1"}}}}
+        },
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": {
+                "Error": {"type": "object", "properties": {"error": {"type": "object", "properties": {
+                    "message": {"type": "string"}, "type": {"type": "string"}, "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}},
+                "Usage": {"type": "object", "properties": {"prompt_tokens": int, "completion_tokens": int, "total_tokens": int}}
+            }
+        },
+        "security": [{"bearer": []}, {}]
+    })
+}

@@ -1,0 +1,232 @@
+//! Server-sent events in OpenAI's chunk format. Requests are checked and submitted before
+//! the stream starts (so bad input still gets a plain 400/429); then one task per engine
+//! stream forwards events into the response. When the client goes away the response, the
+//! channel and then the engine streams are dropped, which aborts the sequences.
+
+use super::routes::within;
+use crate::api::openai::{
+    chat_logprobs, completion_logprobs, finish_reason, usage, ChatRequest, Choice, CompletionRequest,
+};
+use crate::api::{unix_time, ApiError};
+use crate::engine::{EngineHandle, Event, Request, RequestStream};
+use crate::tokenizer::Tokenizer;
+use axum::response::sse::{Event as Sse, KeepAlive};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+type Tx = mpsc::Sender<Result<Sse, Infallible>>;
+
+/// Comment lines sent while nothing else is (long prefills), so proxies keep the connection.
+const KEEP_ALIVE: Duration = Duration::from_secs(2);
+
+fn sse_response(rx: mpsc::Receiver<Result<Sse, Infallible>>) -> Response {
+    axum::response::Sse::new(ReceiverStream::new(rx)).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)).into_response()
+}
+
+async fn send(tx: &Tx, v: Value) -> bool {
+    tx.send(Ok(Sse::default().data(v.to_string()))).await.is_ok()
+}
+
+/// Forwards one engine stream through `on_event` until it ends or the client leaves.
+async fn forward(
+    tx: Tx,
+    mut stream: RequestStream,
+    mut on_event: impl FnMut(Event) -> Option<Value>,
+) -> Result<(usize, usize), String> {
+    let (mut prompt, mut completion) = (0, 0);
+    loop {
+        let ev = tokio::select! {
+            _ = tx.closed() => return Ok((prompt, completion)),
+            ev = stream.recv() => ev,
+        };
+        let Some(ev) = ev else { return Ok((prompt, completion)) };
+        match &ev {
+            Event::Error { message } => return Err(message.clone()),
+            Event::Finished { usage, .. } => {
+                prompt = usage.prompt_tokens;
+                completion += usage.completion_tokens;
+            }
+            Event::Token { .. } => {}
+        }
+        if let Some(v) = on_event(ev) {
+            if !send(&tx, v).await {
+                return Ok((prompt, completion));
+            }
+        }
+    }
+}
+
+/// Runs the forwarders, then the usage chunk and `[DONE]`; an error or timeout becomes an
+/// error event that ends the stream.
+fn drive(
+    tx: Tx,
+    forwarders: Vec<tokio::task::JoinHandle<Result<(usize, usize), String>>>,
+    timeout: Option<Duration>,
+    usage_chunk: Option<Box<dyn FnOnce(usize, usize) -> Value + Send>>,
+) {
+    tokio::spawn(async move {
+        let aborts: Vec<_> = forwarders.iter().map(|f| f.abort_handle()).collect();
+        let all = async {
+            let (mut p, mut c) = (0, 0);
+            for f in forwarders {
+                let (fp, fc) = f.await.map_err(|e| ApiError::internal(e.to_string()))?.map_err(ApiError::internal)?;
+                p += fp;
+                c += fc;
+            }
+            Ok((p, c))
+        };
+        match within(timeout, all).await {
+            Ok((p, c)) => {
+                if let Some(chunk) = usage_chunk {
+                    send(&tx, chunk(p, c)).await;
+                }
+                let _ = tx.send(Ok(Sse::default().data("[DONE]"))).await;
+            }
+            Err(e) => {
+                aborts.iter().for_each(|a| a.abort());
+                send(&tx, e.body()).await;
+            }
+        }
+    });
+}
+
+/// `/v1/completions` with `stream: true`.
+pub fn completions(
+    engine: &EngineHandle,
+    req: CompletionRequest,
+    id: String,
+    timeout: Option<Duration>,
+) -> Result<Response, ApiError> {
+    let reqs = req.engine_requests(engine)?;
+    let streams = submit_all(engine, &reqs)?;
+    let (tx, rx) = mpsc::channel(64);
+    let (model, created) = (engine.model().name.clone(), unix_time());
+    let tok = engine.model_arc();
+    let with_logprobs = req.logprobs.is_some();
+    let chunk = {
+        let (id, model) = (id.clone(), model.clone());
+        move |choice: Value| json!({"id": id, "object": "text_completion", "created": created, "model": model, "choices": [choice]})
+    };
+    let forwarders = streams
+        .into_iter()
+        .zip(&reqs)
+        .enumerate()
+        .map(|(i, (s, r))| {
+            let (chunk, tok, n) = (chunk.clone(), tok.clone(), r.n);
+            let mut offsets = vec![0usize; n];
+            tokio::spawn(forward(tx.clone(), s, move |ev| match ev {
+                Event::Token { text, .. } if text.is_empty() && !with_logprobs => None,
+                Event::Token { index, id, text, logprobs } => {
+                    let lp = match (with_logprobs, logprobs) {
+                        (true, Some(l)) => {
+                            let c = Choice { logprobs: vec![l], tokens: vec![id], ..Default::default() };
+                            let v = completion_logprobs(&tok.tokenizer, &c, offsets[index]);
+                            offsets[index] += text.len();
+                            v
+                        }
+                        _ => Value::Null,
+                    };
+                    Some(chunk(json!({"index": i * n + index, "text": text, "logprobs": lp, "finish_reason": null})))
+                }
+                Event::Finished { index, reason, text, .. } => Some(chunk(
+                    json!({"index": i * n + index, "text": text, "logprobs": null, "finish_reason": finish_reason(Some(reason))}),
+                )),
+                Event::Error { .. } => None,
+            }))
+        })
+        .collect();
+    let usage_chunk = req.gen.include_usage().then(|| {
+        Box::new(move |p, c| json!({"id": id, "object": "text_completion", "created": created, "model": model, "choices": [], "usage": usage(p, c)}))
+            as Box<dyn FnOnce(usize, usize) -> Value + Send>
+    });
+    drive(tx, forwarders, timeout, usage_chunk);
+    Ok(sse_response(rx))
+}
+
+/// `/v1/chat/completions` with `stream: true`: a role chunk per choice, then content deltas.
+pub fn chat(
+    engine: &EngineHandle,
+    req: ChatRequest,
+    id: String,
+    timeout: Option<Duration>,
+) -> Result<Response, ApiError> {
+    let r = req.engine_request(engine)?;
+    let streams = submit_all(engine, std::slice::from_ref(&r))?;
+    let (tx, rx) = mpsc::channel(64);
+    let (model, created) = (engine.model().name.clone(), unix_time());
+    let chunk = {
+        let (id, model) = (id.clone(), model.clone());
+        move |choice: Value| json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [choice]})
+    };
+    let tok: Arc<crate::loaded::LoadedModel> = engine.model_arc();
+    let with_logprobs = r.sampling.logprobs.is_some();
+    let first_chunks: Vec<Value> = (0..r.n)
+        .map(|i| chunk(json!({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null})))
+        .collect();
+    let chunk2 = chunk.clone();
+    let forwarder = tokio::spawn({
+        let tx = tx.clone();
+        let stream = streams.into_iter().next().expect("one stream");
+        async move {
+            for c in first_chunks {
+                if !send(&tx, c).await {
+                    return Ok((0, 0));
+                }
+            }
+            forward(tx, stream, move |ev| chat_event(&tok.tokenizer, &chunk2, with_logprobs, ev)).await
+        }
+    });
+    let usage_chunk = req.gen.include_usage().then(|| {
+        Box::new(move |p, c| json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [], "usage": usage(p, c)}))
+            as Box<dyn FnOnce(usize, usize) -> Value + Send>
+    });
+    drive(tx, vec![forwarder], timeout, usage_chunk);
+    Ok(sse_response(rx))
+}
+
+fn chat_event(tok: &Tokenizer, chunk: &dyn Fn(Value) -> Value, with_logprobs: bool, ev: Event) -> Option<Value> {
+    match ev {
+        Event::Token { text, .. } if text.is_empty() && !with_logprobs => None,
+        Event::Token { index, text, logprobs, .. } => {
+            let lp = match (with_logprobs, logprobs) {
+                (true, Some(l)) => chat_logprobs(tok, &[l]),
+                _ => Value::Null,
+            };
+            Some(chunk(json!({"index": index, "delta": {"content": text}, "logprobs": lp, "finish_reason": null})))
+        }
+        Event::Finished { index, reason, text, .. } => {
+            let delta = if text.is_empty() { json!({}) } else { json!({"content": text}) };
+            Some(chunk(
+                json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": finish_reason(Some(reason))}),
+            ))
+        }
+        Event::Error { .. } => None,
+    }
+}
+
+/// `/generate` with `stream: true`: `{"text": delta}` events, then one with the finish
+/// reason and usage, then `[DONE]`.
+pub fn generate(engine: &EngineHandle, req: Request, timeout: Option<Duration>) -> Result<Response, ApiError> {
+    let stream = engine.submit(req)?;
+    let (tx, rx) = mpsc::channel(64);
+    let forwarder = tokio::spawn(forward(tx.clone(), stream, |ev| match ev {
+        Event::Token { text, .. } if text.is_empty() => None,
+        Event::Token { text, .. } => Some(json!({"text": text})),
+        Event::Finished { reason, text, usage: u, .. } => Some(
+            json!({"text": text, "finish_reason": reason.as_str(), "usage": usage(u.prompt_tokens, u.completion_tokens)}),
+        ),
+        Event::Error { .. } => None,
+    }));
+    drive(tx, vec![forwarder], timeout, None);
+    Ok(sse_response(rx))
+}
+
+/// Submits all requests, or none: a refusal drops (aborts) the ones already in.
+fn submit_all(engine: &EngineHandle, reqs: &[Request]) -> Result<Vec<RequestStream>, ApiError> {
+    reqs.iter().map(|r| engine.submit(r.clone()).map_err(ApiError::from)).collect()
+}
