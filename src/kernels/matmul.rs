@@ -13,6 +13,7 @@
 //! parts of the weights. Call it from inside the engine's rayon pool: dispatch from outside
 //! a pool costs ~10 µs per call (`shared/research/cpu-kernels.md`).
 
+use super::buffer::F32Buf;
 use rayon::prelude::*;
 
 /// Output columns per panel (two AVX2 registers).
@@ -31,7 +32,7 @@ const PARALLEL_MIN_WORK: usize = 1 << 16;
 pub struct PackedMatrix {
     n: usize,
     k: usize,
-    data: Vec<f32>,
+    data: F32Buf,
 }
 
 impl PackedMatrix {
@@ -39,7 +40,7 @@ impl PackedMatrix {
     pub fn pack(w: &[f32], n: usize, k: usize) -> Self {
         assert_eq!(w.len(), n * k, "pack: {} elements for a [{n}, {k}] matrix", w.len());
         let panels = n.div_ceil(NP);
-        let mut data = vec![0f32; panels * NP * k];
+        let mut data = F32Buf::zeroed(panels * NP * k);
         for (row, src) in w.chunks_exact(k).enumerate() {
             for (col, &v) in src.iter().enumerate() {
                 data[Self::offset(panels, k, row, col)] = v;

@@ -1,6 +1,7 @@
 //! Numeric kernels over plain `f32` slices. Each has a test against a naive version.
 
 pub mod attention;
+pub mod buffer;
 mod dot;
 pub mod matmul;
 pub mod norm;

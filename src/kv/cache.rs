@@ -2,9 +2,10 @@
 //! per layer, f32 so the cached path computes exactly what the reference does.
 
 use crate::kernels::attention::PagedKv;
+use crate::kernels::buffer::F32Buf;
 
 pub struct KvCache {
-    layers: Vec<(Vec<f32>, Vec<f32>)>,
+    layers: Vec<(F32Buf, F32Buf)>,
     num_blocks: usize,
     block_size: usize,
     kv_heads: usize,
@@ -14,7 +15,7 @@ pub struct KvCache {
 impl KvCache {
     pub fn new(num_layers: usize, num_blocks: usize, block_size: usize, kv_heads: usize, head_dim: usize) -> Self {
         let len = num_blocks * block_size * kv_heads * head_dim;
-        let layers = (0..num_layers).map(|_| (vec![0f32; len], vec![0f32; len])).collect();
+        let layers = (0..num_layers).map(|_| (F32Buf::zeroed(len), F32Buf::zeroed(len))).collect();
         KvCache { layers, num_blocks, block_size, kv_heads, head_dim }
     }
 
