@@ -85,11 +85,21 @@ impl EngineLoop {
                 return;
             }
             self.drop_abandoned();
-            if self.sched.is_idle() {
-                continue;
+            if !self.sched.is_idle() {
+                self.step();
             }
-            self.step();
+            self.publish_occupancy();
         }
+    }
+
+    /// Running, waiting and KV usage as they are now (after steps, aborts and submissions).
+    fn publish_occupancy(&self) {
+        let mut st = self.shared.stats.lock().unwrap();
+        st.running = self.sched.num_running();
+        st.waiting = self.shared.waiting.load(Ordering::SeqCst);
+        st.kv_blocks_used = self.sched.blocks_used();
+        st.kv_blocks_total = self.sched.num_blocks();
+        st.preemptions = self.sched.preemptions();
     }
 
     /// Takes pending commands, blocking while there is nothing to run. False: time to stop.
@@ -234,18 +244,14 @@ impl EngineLoop {
         }
         let t3 = Instant::now();
         let mut st = self.shared.stats.lock().unwrap();
-        st.running = self.sched.num_running();
-        st.waiting = self.shared.waiting.load(Ordering::SeqCst);
-        st.kv_blocks_used = self.sched.blocks_used();
-        st.kv_blocks_total = self.sched.num_blocks();
-        st.preemptions = self.sched.preemptions();
         st.steps += 1;
         st.last_step_tokens = tokens.len();
         st.last_step_seqs = plan.len();
         st.generation_tokens_total += generated as u64;
         st.forward_time += t2 - t1;
-        self.shared.observer.step(tokens.len(), plan.len());
         st.overhead_time += (t1 - t0) + (t3 - t2);
+        drop(st);
+        self.shared.observer.step(tokens.len(), plan.len());
     }
 
     /// Requests entering the batch for the first time stop counting as waiting.

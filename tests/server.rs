@@ -1,0 +1,373 @@
+//! The real server on a free loopback port, driven with raw HTTP and with the async-openai
+//! client: completions and chat, streaming and not, n > 1, stop, logprobs, every error path,
+//! disconnects, 429, timeouts, auth, a 64-stream load test and graceful shutdown.
+
+mod common;
+
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const STORIES: &str = "stories260k";
+const SMOL: &str = "smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+struct Server {
+    child: Child,
+    base: String,
+    http: reqwest::Client,
+}
+
+impl Server {
+    /// Starts `weft serve` on port 0 and waits until /health says ready.
+    async fn start(model: &str, extra: &[&str]) -> Server {
+        let path = common::shared_models().unwrap().join(model);
+        let mut child = Command::new(env!("CARGO_BIN_EXE_weft"))
+            .args(["serve", "--port", "0", "--kv-cache-memory", "256M", "--model"])
+            .arg(path)
+            .args(extra)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(addr) = line.strip_prefix("weft: listening on ") {
+                    let _ = tx.send(addr.to_string());
+                }
+            }
+        });
+        let base = rx.recv_timeout(Duration::from_secs(30)).expect("server printed its address");
+        let s = Server { child, base, http: reqwest::Client::new() };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while s.get("/health").await.0 != 200 {
+            assert!(Instant::now() < deadline, "server never became healthy");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        s
+    }
+
+    async fn get(&self, path: &str) -> (u16, String) {
+        match self.http.get(format!("{}{path}", self.base)).send().await {
+            Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
+            Err(_) => (0, String::new()),
+        }
+    }
+
+    /// Status and JSON body; status 0 when the connection itself is refused.
+    async fn post_raw(&self, path: &str, body: impl Into<reqwest::Body>) -> (u16, Value) {
+        let Ok(r) = self.http.post(format!("{}{path}", self.base)).body(body).send().await else {
+            return (0, Value::Null);
+        };
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        self.post_raw(path, body.to_string()).await
+    }
+
+    /// A streaming request: the `data:` payloads in order (the last is `[DONE]`).
+    async fn stream(&self, path: &str, body: Value) -> Vec<String> {
+        let r = self.http.post(format!("{}{path}", self.base)).body(body.to_string()).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        let text = r.text().await.unwrap();
+        text.lines().filter_map(|l| l.strip_prefix("data: ").map(str::to_owned)).collect()
+    }
+
+    async fn metric(&self, name: &str) -> f64 {
+        let (_, text) = self.get("/metrics").await;
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or_else(|| panic!("metric {name} missing"))
+    }
+
+    /// Waits until nothing runs and every KV block is free.
+    async fn assert_idle(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let running = self.metric("weft:num_requests_running ").await;
+            let kv = self.metric("weft:kv_cache_usage_perc ").await;
+            if running == 0.0 && kv == 0.0 {
+                return;
+            }
+            assert!(Instant::now() < deadline, "still running {running}, kv usage {kv}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn stream_text(events: &[String], field: impl Fn(&Value) -> Option<String>) -> String {
+    events.iter().filter(|e| *e != "[DONE]").filter_map(|e| field(&serde_json::from_str(e).unwrap())).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_streaming_and_every_error_path() {
+    if common::shared_models().is_none() {
+        return;
+    }
+    let s = Server::start(STORIES, &["--max-body-bytes", "2K", "--max-batch-prompts", "4"]).await;
+    let reference = common::reference(STORIES);
+    let greedy = json!({"prompt": "Once upon a time", "max_tokens": 32, "temperature": 0, "ignore_eos": true});
+    let (st, body) = s.post("/v1/completions", greedy.clone()).await;
+    assert_eq!(st, 200, "{body}");
+    assert_eq!(body["choices"][0]["text"], reference[1].generated_text_delta.as_str());
+    assert_eq!(body["usage"], json!({"prompt_tokens": 5, "completion_tokens": 32, "total_tokens": 37}));
+
+    let mut streaming = greedy.clone();
+    streaming["stream"] = json!(true);
+    streaming["stream_options"] = json!({"include_usage": true});
+    let events = s.stream("/v1/completions", streaming).await;
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    assert_eq!(
+        stream_text(&events, |v| v["choices"][0]["text"].as_str().map(str::to_owned)),
+        body["choices"][0]["text"]
+    );
+    let usage: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
+    assert_eq!(usage["usage"]["completion_tokens"], 32);
+
+    let (_, body) = s
+        .post("/v1/completions", json!({"prompt": ["Tom", "Lily"], "max_tokens": 5, "n": 2, "seed": 1, "logprobs": 2}))
+        .await;
+    let choices = body["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 4);
+    assert_eq!(choices[3]["index"], 3);
+    assert_eq!(choices[0]["logprobs"]["top_logprobs"][0].as_object().unwrap().len(), 2);
+    let (_, body) = s
+        .post(
+            "/v1/completions",
+            json!({"prompt": "Once upon a time", "max_tokens": 32, "temperature": 0, "stop": ["Lily"]}),
+        )
+        .await;
+    assert_eq!(body["choices"][0]["finish_reason"], "stop");
+    assert_eq!(body["choices"][0]["text"], ", there was a little girl named ");
+
+    // Bad input: clear 4xx answers in OpenAI's error shape, never a 500.
+    let cases: Vec<(Value, u16, Option<&str>)> = vec![
+        (json!({"prompt": "x", "temperature": "hot"}), 400, Some("temperature")),
+        (json!({"prompt": "x", "temperature": -1}), 400, Some("temperature")),
+        (json!({"prompt": "x", "bogus": 1}), 400, Some("bogus")),
+        (json!({"prompt": "x", "model": "gpt-4"}), 400, Some("model")),
+        (json!({"prompt": []}), 400, Some("prompt")),
+        (json!({"prompt": [[]]}), 400, None),
+        (json!({"prompt": "x", "max_tokens": 600}), 400, None),
+        (json!({"prompt": "x", "n": 0}), 400, Some("n")),
+        (json!({"prompt": "x", "logit_bias": {"abc": 1}}), 400, Some("logit_bias")),
+        (json!([1, 2]), 400, None),
+    ];
+    for (body, status, param) in cases {
+        let (st, resp) = s.post("/v1/completions", body.clone()).await;
+        assert_eq!(st, status, "{body} -> {resp}");
+        assert_eq!(resp["error"]["type"], "invalid_request_error", "{resp}");
+        assert_eq!(resp["error"]["param"].as_str(), param, "{body} -> {resp}");
+    }
+    let (_, resp) = s.post("/v1/completions", json!({"prompt": "x", "max_tokens": 600})).await;
+    assert!(resp["error"]["message"].as_str().unwrap().contains("context length of 512"), "{resp}");
+    assert_eq!(s.post_raw("/v1/completions", "{\"prompt\": ").await.0, 400);
+    assert_eq!(s.post_raw("/v1/completions", vec![0xff, 0xfe, b'{']).await.0, 400);
+    assert_eq!(s.post_raw("/v1/completions", "x".repeat(4096)).await.0, 413);
+    assert_eq!(s.get("/nope").await.0, 404);
+    assert_eq!(s.get("/v1/completions").await.0, 405);
+    let (st, chat) = s.post("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}]})).await;
+    assert_eq!((st, chat["error"]["param"].as_str()), (400, Some("messages")), "stories260k has no chat template");
+
+    // The native and utility routes.
+    let (_, models) = s.get("/v1/models").await;
+    assert!(models.contains("stories260k"));
+    let (_, tok) = s.post("/tokenize", json!({"prompt": "Once upon a time"})).await;
+    assert_eq!(tok["tokens"], json!([1, 403, 407, 261, 378]));
+    let (_, detok) = s.post("/detokenize", json!({"tokens": [403, 407]})).await;
+    assert_eq!(detok["prompt"], "Once upon");
+    assert_eq!(s.post("/detokenize", json!({"tokens": [99999]})).await.0, 400);
+    let (_, gen) = s.post("/generate", json!({"prompt": "Once upon a time", "max_tokens": 32, "temperature": 0})).await;
+    assert_eq!(gen["text"], reference[1].generated_text_delta.as_str());
+    let events = s
+        .stream("/generate", json!({"prompt": "Once upon a time", "max_tokens": 32, "temperature": 0, "stream": true}))
+        .await;
+    assert_eq!(stream_text(&events, |v| v["text"].as_str().map(str::to_owned)), gen["text"]);
+    let (st, batch) = s
+        .post(
+            "/generate/batch",
+            json!({"prompts": ["Once upon a time", "Tom and Lily"], "max_tokens": 8, "temperature": 0}),
+        )
+        .await;
+    assert_eq!(st, 200);
+    assert_eq!(batch["total_prompts"], 2);
+    assert_eq!(batch["results"].as_array().unwrap().len(), 2);
+    assert!(batch["avg_time_per_prompt"].as_f64().unwrap() > 0.0);
+    let (st, resp) = s.post("/generate/batch", json!({"prompts": ["a", "b", "c", "d", "e"]})).await;
+    assert_eq!((st, resp["error"]["param"].as_str()), (400, Some("prompts")));
+    let (_, doc) = s.get("/openapi.json").await;
+    let doc: Value = serde_json::from_str(&doc).unwrap();
+    for path in ["/v1/completions", "/v1/chat/completions", "/generate/batch", "/metrics", "/health"] {
+        assert!(doc["paths"].get(path).is_some(), "{path} missing from the OpenAPI document");
+    }
+    s.assert_idle().await;
+    assert!(s.metric("weft:generation_tokens_total ").await > 0.0);
+}
+
+/// 64 concurrent greedy streams of mixed lengths all complete, each equal to the same
+/// request answered without streaming; afterwards nothing runs and every block is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_test_64_concurrent_streams() {
+    if common::shared_models().is_none() {
+        return;
+    }
+    let s = std::sync::Arc::new(Server::start(STORIES, &[]).await);
+    let prompts = ["Once upon a time", "Tom and Lily", "The little dog", "One day, a girl", "Sam had a red ball"];
+    let mut tasks = Vec::new();
+    for i in 0..64 {
+        let s = s.clone();
+        let body =
+            json!({"prompt": prompts[i % 5], "max_tokens": 8 + (i * 7) % 90, "temperature": 0, "ignore_eos": true});
+        tasks.push(tokio::spawn(async move {
+            let mut streaming = body.clone();
+            streaming["stream"] = json!(true);
+            let events = s.stream("/v1/completions", streaming).await;
+            assert_eq!(events.last().unwrap(), "[DONE]");
+            let streamed = stream_text(&events, |v| v["choices"][0]["text"].as_str().map(str::to_owned));
+            let (st, plain) = s.post("/v1/completions", body).await;
+            assert_eq!(st, 200);
+            assert_eq!(streamed, plain["choices"][0]["text"].as_str().unwrap(), "request {i}");
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    s.assert_idle().await;
+}
+
+/// Clients that go away, streaming or not, abort their sequences and free their blocks;
+/// a full queue answers 429 with Retry-After; a request over --request-timeout is aborted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disconnects_overload_and_timeouts_free_their_blocks() {
+    if common::shared_models().is_none() {
+        return;
+    }
+    let s =
+        Server::start(SMOL, &["--max-num-seqs", "1", "--max-waiting-requests", "1", "--request-timeout", "3"]).await;
+    let long = json!({"prompt": "Once upon a time", "max_tokens": 1000, "ignore_eos": true});
+
+    // Streaming: read the first chunk, then hang up.
+    let mut streaming = long.clone();
+    streaming["stream"] = json!(true);
+    let mut r = s.http.post(format!("{}/v1/completions", s.base)).body(streaming.to_string()).send().await.unwrap();
+    assert!(r.chunk().await.unwrap().is_some());
+    assert_eq!(s.metric("weft:num_requests_running ").await, 1.0);
+    drop(r);
+    s.assert_idle().await;
+
+    // Non-streaming: the client gives up after 300 ms.
+    let quick = reqwest::Client::builder().timeout(Duration::from_millis(300)).build().unwrap();
+    assert!(quick.post(format!("{}/v1/completions", s.base)).body(long.to_string()).send().await.is_err());
+    s.assert_idle().await;
+
+    // One running, one waiting: the next ones are refused with 429 and Retry-After.
+    let spawn = |body: Value| {
+        let (http, url) = (s.http.clone(), format!("{}/v1/completions", s.base));
+        tokio::spawn(async move { http.post(url).body(body.to_string()).send().await })
+    };
+    let busy: Vec<_> = (0..2).map(|_| spawn(long.clone())).collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let r = s.http.post(format!("{}/v1/completions", s.base)).body(long.to_string()).send().await.unwrap();
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["retry-after"], "1");
+    // The two busy ones end at the 3 s request timeout with a 504 and free their blocks.
+    for b in busy {
+        let r = b.await.unwrap().unwrap();
+        assert_eq!(r.status(), 504);
+    }
+    s.assert_idle().await;
+}
+
+/// The async-openai client works unchanged: chat and completions, streaming and not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_client_chat_and_completions() {
+    use async_openai::config::OpenAIConfig;
+    use async_openai::types::chat::{ChatCompletionRequestUserMessageArgs, CreateChatCompletionRequestArgs};
+    use async_openai::types::completions::CreateCompletionRequestArgs;
+    use async_openai::Client;
+    use tokio_stream::StreamExt;
+    if common::shared_models().is_none() {
+        return;
+    }
+    let s = Server::start(SMOL, &["--api-key", "sekret"]).await;
+    let model = "SmolLM2-135M-Instruct.Q4_1";
+    let client =
+        Client::with_config(OpenAIConfig::new().with_api_base(format!("{}/v1", s.base)).with_api_key("sekret"));
+    let msg =
+        ChatCompletionRequestUserMessageArgs::default().content("What is the capital of France?").build().unwrap();
+    let req = CreateChatCompletionRequestArgs::default()
+        .model(model)
+        .messages(vec![msg.into()])
+        .max_tokens(20u32)
+        .temperature(0.0)
+        .build()
+        .unwrap();
+    let resp = client.chat().create(req.clone()).await.unwrap();
+    let text = resp.choices[0].message.content.clone().unwrap();
+    assert_eq!(text, "The capital of France is Paris.");
+    let mut stream = client.chat().create_stream(req).await.unwrap();
+    let mut streamed = String::new();
+    while let Some(chunk) = stream.next().await {
+        for c in chunk.unwrap().choices {
+            streamed += &c.delta.content.unwrap_or_default();
+        }
+    }
+    assert_eq!(streamed, text);
+    let req = CreateCompletionRequestArgs::default()
+        .model(model)
+        .prompt("The capital of France is")
+        .max_tokens(3u32)
+        .temperature(0.0)
+        .build()
+        .unwrap();
+    let resp = client.completions().create(req).await.unwrap();
+    assert_eq!(resp.choices[0].text, " Paris.\n");
+    // Without the key: 401; health stays open.
+    assert_eq!(s.post("/v1/completions", json!({"prompt": "x"})).await.0, 401);
+    assert_eq!(s.get("/health").await.0, 200);
+}
+
+/// SIGTERM: in-flight requests finish, new ones are refused, the process exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_in_flight_requests_then_exits_0() {
+    if common::shared_models().is_none() {
+        return;
+    }
+    let mut s = Server::start(SMOL, &["--shutdown-grace", "20"]).await;
+    let body =
+        json!({"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0, "ignore_eos": true, "stream": true});
+    let (http, url) = (s.http.clone(), format!("{}/v1/completions", s.base));
+    let in_flight =
+        tokio::spawn(async move { http.post(url).body(body.to_string()).send().await.unwrap().text().await.unwrap() });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pid = s.child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let refused = s.post_raw("/v1/completions", json!({"prompt": "x"}).to_string()).await;
+    assert_ne!(refused.0, 200, "new work is refused during shutdown");
+    let text = in_flight.await.unwrap();
+    assert!(text.trim_end().ends_with("data: [DONE]"), "the in-flight stream completed: {text}");
+    let status = tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(st) = s.child.try_wait().unwrap() {
+                return st;
+            }
+            assert!(Instant::now() < deadline, "server did not exit");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    })
+    .await
+    .unwrap();
+    assert!(status.success(), "exit status {status}");
+}
