@@ -15,7 +15,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[derive(Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct BenchArgs {
+    #[command(subcommand)]
+    pub against: Option<BenchTarget>,
     #[command(flatten)]
     pub engine: EngineArgs,
     /// Batch sizes for the batched table (empty: skip it).
@@ -50,7 +53,13 @@ pub struct BenchArgs {
     pub plot: Option<PathBuf>,
 }
 
-fn parse_range(s: &str) -> Result<(usize, usize), String> {
+#[derive(clap::Subcommand)]
+pub enum BenchTarget {
+    /// Load-test a running OpenAI-compatible server over HTTP.
+    Serve(super::bench_serve::BenchServeArgs),
+}
+
+pub(super) fn parse_range(s: &str) -> Result<(usize, usize), String> {
     let (a, b) = s.split_once(':').ok_or_else(|| format!("expected MIN:MAX, got {s:?}"))?;
     let (a, b) =
         (a.parse().map_err(|_| format!("bad MIN in {s:?}"))?, b.parse().map_err(|_| format!("bad MAX in {s:?}"))?);
@@ -126,6 +135,9 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
+    if let Some(BenchTarget::Serve(a)) = args.against {
+        return super::bench_serve::run(a);
+    }
     let engine = args.engine.start()?;
     let model: Arc<crate::loaded::LoadedModel> = engine.model_arc();
     drop(engine);

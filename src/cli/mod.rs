@@ -2,6 +2,7 @@
 
 pub mod batch;
 pub mod bench;
+mod bench_serve;
 pub mod generate;
 pub mod model_cache;
 mod plot;

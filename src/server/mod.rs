@@ -109,6 +109,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
         let grace = Duration::from_secs_f64(args.shutdown_grace.max(0.0));
         let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
         let shutdown_state = state.clone();
+        // Streams are many small writes: send each at once rather than waiting for ACKs.
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         let server = axum::serve(listener, app).with_graceful_shutdown(async move {
             shutdown_signal().await;
             eprintln!("weft: shutting down; in-flight requests have {:.0} s to finish", grace.as_secs_f64());
