@@ -29,7 +29,7 @@ pub enum Command {
     /// Run an offline JSONL batch job (OpenAI batch format) through the engine.
     Batch(batch::BatchArgs),
     /// Measure throughput: a batched table and a serving-style run.
-    Bench(bench::BenchArgs),
+    Bench(Box<bench::BenchArgs>),
 }
 
 /// Runs the command line.
@@ -38,7 +38,7 @@ pub fn run() -> anyhow::Result<()> {
         Command::Serve(args) => crate::server::run(args),
         Command::Generate(args) => generate::run(args),
         Command::Batch(args) => batch::run(args),
-        Command::Bench(args) => bench::run(args),
+        Command::Bench(args) => bench::run(*args),
     }
 }
 

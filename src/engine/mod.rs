@@ -38,7 +38,7 @@ impl Default for EngineConfig {
         EngineConfig {
             threads: 0,
             max_num_seqs: 64,
-            max_num_batched_tokens: 2048,
+            max_num_batched_tokens: 512,
             kv_cache_memory: 1 << 30,
             block_size: 16,
             max_waiting_requests: 1024,

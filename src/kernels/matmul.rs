@@ -135,7 +135,7 @@ fn pack_rows(x: &[f32], m: usize, k: usize, xp: &mut Vec<f32>) -> Vec<RowTile> {
             start += r;
         }
     }
-    xp.clear();
+    // Every slot is written below (rows past a tile's end as zeros), so old contents can stay.
     xp.resize(tiles.len() * MR * k, 0.0);
     for (t, tile) in tiles.iter().enumerate() {
         let dst = &mut xp[t * MR * k..(t + 1) * MR * k];
@@ -143,6 +143,9 @@ fn pack_rows(x: &[f32], m: usize, k: usize, xp: &mut Vec<f32>) -> Vec<RowTile> {
             for (kk, &v) in x[(tile.start + r) * k..(tile.start + r + 1) * k].iter().enumerate() {
                 dst[kk * MR + r] = v;
             }
+        }
+        for chunk in dst.chunks_exact_mut(MR) {
+            chunk[tile.rows..].fill(0.0);
         }
     }
     tiles
