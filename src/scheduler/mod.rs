@@ -29,6 +29,14 @@ pub struct Scheduled {
     pub sample: bool,
 }
 
+impl Scheduled {
+    /// The next `n` uncomputed tokens of `seq`.
+    fn chunk(seq: &Sequence, n: usize) -> Self {
+        let context_len = seq.num_computed;
+        Scheduled { id: seq.id, context_len, num_tokens: n, sample: context_len + n == seq.tokens.len() }
+    }
+}
+
 pub struct Scheduler {
     cfg: SchedulerConfig,
     alloc: BlockAllocator,
@@ -124,13 +132,7 @@ impl Scheduler {
             if !fits {
                 break;
             }
-            let seq = &self.running[i];
-            out.push(Scheduled {
-                id: seq.id,
-                context_len: seq.num_computed,
-                num_tokens: n,
-                sample: target == seq.tokens.len(),
-            });
+            out.push(Scheduled::chunk(&self.running[i], n));
             budget -= n;
             i += 1;
         }
@@ -143,12 +145,7 @@ impl Scheduler {
                 break;
             }
             let seq = self.waiting.remove(0);
-            out.push(Scheduled {
-                id: seq.id,
-                context_len: seq.num_computed,
-                num_tokens: n,
-                sample: target == seq.tokens.len(),
-            });
+            out.push(Scheduled::chunk(&seq, n));
             budget -= n;
             let at = self.running.partition_point(|s| s.order_key() <= seq.order_key());
             self.running.insert(at, seq);
