@@ -83,6 +83,15 @@ impl Server {
             .unwrap_or_else(|| panic!("metric {name} missing"))
     }
 
+    /// Waits until a metric reads `want`.
+    async fn wait_metric(&self, name: &str, want: f64) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.metric(name).await != want {
+            assert!(Instant::now() < deadline, "{name} never reached {want}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Waits until nothing runs and every KV block is free.
     async fn assert_idle(&self) {
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -261,7 +270,7 @@ async fn disconnects_overload_and_timeouts_free_their_blocks() {
     streaming["stream"] = json!(true);
     let mut r = s.http.post(format!("{}/v1/completions", s.base)).body(streaming.to_string()).send().await.unwrap();
     assert!(r.chunk().await.unwrap().is_some());
-    assert_eq!(s.metric("weft:num_requests_running ").await, 1.0);
+    s.wait_metric("weft:num_requests_running ", 1.0).await;
     drop(r);
     s.assert_idle().await;
 
@@ -275,8 +284,11 @@ async fn disconnects_overload_and_timeouts_free_their_blocks() {
         let (http, url) = (s.http.clone(), format!("{}/v1/completions", s.base));
         tokio::spawn(async move { http.post(url).body(body.to_string()).send().await })
     };
-    let busy: Vec<_> = (0..2).map(|_| spawn(long.clone())).collect();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let running = spawn(long.clone());
+    s.wait_metric("weft:num_requests_running ", 1.0).await;
+    let waiting = spawn(long.clone());
+    s.wait_metric("weft:num_requests_waiting ", 1.0).await;
+    let busy = [running, waiting];
     let r = s.http.post(format!("{}/v1/completions", s.base)).body(long.to_string()).send().await.unwrap();
     assert_eq!(r.status(), 429);
     assert_eq!(r.headers()["retry-after"], "1");
