@@ -126,6 +126,31 @@ fn drive(engine: &EngineHandle, reqs: Vec<(Duration, Request)>) -> Result<Vec<Ti
     })
 }
 
+/// Decode tokens/s of the model's forward pass driven directly (no engine, scheduler or
+/// sampler): the yardstick for the engine's single-request overhead.
+fn bare_decode(model: &crate::model::Llama, prompt: &[u32], gen: usize) -> f64 {
+    use crate::kv::{BlockAllocator, BlockTable, KvCache};
+    use crate::model::{SeqStep, StepInput, Workspace};
+    let c = &model.config;
+    let n = prompt.len() + gen;
+    let mut kv = KvCache::new(c.num_layers, n.div_ceil(16), 16, c.num_kv_heads, c.head_dim);
+    let mut alloc = BlockAllocator::new(kv.num_blocks());
+    let mut table = BlockTable::default();
+    table.reserve(&mut alloc, n, 16).expect("sized for the sequence");
+    let mut ws = Workspace::default();
+    let (mut feed, mut ctx, mut start) = (prompt.to_vec(), 0, Instant::now());
+    for step in 0..gen {
+        if step == 1 {
+            start = Instant::now();
+        }
+        let seq = [SeqStep { context_len: ctx, num_tokens: feed.len(), block_table: table.blocks(), sample: true }];
+        let next = crate::sampling::argmax(model.forward(&StepInput { tokens: &feed, seqs: &seq }, &mut kv, &mut ws));
+        ctx += feed.len();
+        feed = vec![next];
+    }
+    (gen - 1) as f64 / start.elapsed().as_secs_f64()
+}
+
 fn percentile(v: &mut [f64], p: f64) -> f64 {
     if v.is_empty() {
         return 0.0;
@@ -194,6 +219,17 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 overhead * 100.0
             );
             rows.push(row);
+        }
+        if args.batch_sizes.contains(&1) {
+            let engine_b1 = rows.iter().find(|r| r["batch"] == 1).and_then(|r| r["tg_tok_s"].as_f64()).unwrap_or(0.0);
+            let prompt = random_prompt(&mut rng, args.prompt_tokens, vocab);
+            let bare = crate::engine::thread_pool(base.threads)?
+                .install(|| bare_decode(&model.model, &prompt, args.gen_tokens));
+            println!(
+                "  single request: engine {engine_b1:.1} tokens/s, bare forward loop {bare:.1} ({:+.1}%)",
+                (engine_b1 / bare - 1.0) * 100.0
+            );
+            report["bare_forward_tg_tok_s"] = json!(bare);
         }
         let first = rows.first().and_then(|r| r["tg_tok_s"].as_f64()).unwrap_or(0.0);
         for r in &rows {

@@ -58,16 +58,16 @@ pub fn default_model() -> Result<PathBuf> {
     Ok(path)
 }
 
-/// `$WEFT_SHARED_MODELS`, or a `shared/models` folder beside an ancestor of the working
-/// directory or of this executable.
+/// The first of `$WEFT_SHARED_MODELS` and the `shared/models` folders beside an ancestor of
+/// the working directory or of this executable that holds the default model.
 fn shared_models_dir() -> Option<PathBuf> {
-    if let Some(d) = std::env::var_os("WEFT_SHARED_MODELS") {
-        return Some(PathBuf::from(d));
-    }
+    let env = std::env::var_os("WEFT_SHARED_MODELS").map(PathBuf::from);
     let starts = [std::env::current_dir().ok(), std::env::current_exe().ok()];
-    starts.into_iter().flatten().find_map(|s| {
-        s.ancestors().map(|a| a.join("shared").join("models")).find(|m| m.join(FOLDER).join(GGUF).exists())
-    })
+    let beside = starts
+        .into_iter()
+        .flatten()
+        .flat_map(|s| s.ancestors().map(|a| a.join("shared").join("models")).collect::<Vec<_>>());
+    env.into_iter().chain(beside).find(|m| m.join(FOLDER).join(GGUF).exists())
 }
 
 /// Copies `src` to `dst` through a temporary name, after checking its sha256.
