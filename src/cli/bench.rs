@@ -21,7 +21,7 @@ pub struct BenchArgs {
     pub against: Option<BenchTarget>,
     #[command(flatten)]
     pub engine: EngineArgs,
-    /// Batch sizes for the batched table (empty: skip it).
+    /// Batch sizes for the batched table (0: skip it).
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32,64")]
     pub batch_sizes: Vec<usize>,
     /// Prompt tokens per sequence in the batched table.
@@ -173,7 +173,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let mut rng = Rng(args.seed ^ 0x9E37_79B9_7F4A_7C15);
     let mut report = json!({"model": model.name, "threads": threads});
 
-    if !args.batch_sizes.is_empty() {
+    let batch_sizes: Vec<usize> = args.batch_sizes.iter().copied().filter(|&b| b > 0).collect();
+    if !batch_sizes.is_empty() {
         ensure!(args.prompt_tokens > 0 && args.gen_tokens > 1, "need --prompt-tokens > 0 and --gen-tokens > 1");
         println!("\nbatched: B prompts of PP tokens enter together, then each decodes TG tokens");
         println!(
@@ -181,7 +182,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "B", "PP", "TG", "PP s", "PP tok/s", "TG s", "TG tok/s", "total t/s", "overhead"
         );
         let mut rows = Vec::new();
-        for &b in &args.batch_sizes {
+        for &b in &batch_sizes {
             let cfg = EngineConfig {
                 max_num_seqs: b,
                 max_num_batched_tokens: base.max_num_batched_tokens.max(b * args.prompt_tokens),
@@ -220,7 +221,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             );
             rows.push(row);
         }
-        if args.batch_sizes.contains(&1) {
+        if batch_sizes.contains(&1) {
             let engine_b1 = rows.iter().find(|r| r["batch"] == 1).and_then(|r| r["tg_tok_s"].as_f64()).unwrap_or(0.0);
             let prompt = random_prompt(&mut rng, args.prompt_tokens, vocab);
             let bare = crate::engine::thread_pool(base.threads)?
@@ -234,11 +235,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let first = rows.first().and_then(|r| r["tg_tok_s"].as_f64()).unwrap_or(0.0);
         for r in &rows {
             let b = r["batch"].as_u64().unwrap_or(0);
-            println!(
-                "  decode at B={b}: {:.2}x B={}",
-                r["tg_tok_s"].as_f64().unwrap_or(0.0) / first,
-                args.batch_sizes[0]
-            );
+            println!("  decode at B={b}: {:.2}x B={}", r["tg_tok_s"].as_f64().unwrap_or(0.0) / first, batch_sizes[0]);
         }
         report["batched"] = Value::Array(rows);
     }
