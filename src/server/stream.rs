@@ -67,7 +67,7 @@ fn drive(
     tx: Tx,
     forwarders: Vec<tokio::task::JoinHandle<Result<(usize, usize), String>>>,
     timeout: Option<Duration>,
-    usage_chunk: Option<Box<dyn FnOnce(usize, usize) -> Value + Send>>,
+    usage_chunk: Option<UsageChunk>,
 ) {
     tokio::spawn(async move {
         let aborts: Vec<_> = forwarders.iter().map(|f| f.abort_handle()).collect();
@@ -93,6 +93,15 @@ fn drive(
             }
         }
     });
+}
+
+type UsageChunk = Box<dyn FnOnce(usize, usize) -> Value + Send>;
+
+/// The final chunk of `stream_options.include_usage`: no choices, the token counts.
+fn usage_chunk(id: String, object: &'static str, created: u64, model: String) -> UsageChunk {
+    Box::new(
+        move |p, c| json!({"id": id, "object": object, "created": created, "model": model, "choices": [], "usage": usage(p, c)}),
+    )
 }
 
 /// `/v1/completions` with `stream: true`.
@@ -140,10 +149,7 @@ pub fn completions(
             }))
         })
         .collect();
-    let usage_chunk = req.gen.include_usage().then(|| {
-        Box::new(move |p, c| json!({"id": id, "object": "text_completion", "created": created, "model": model, "choices": [], "usage": usage(p, c)}))
-            as Box<dyn FnOnce(usize, usize) -> Value + Send>
-    });
+    let usage_chunk = req.gen.include_usage().then(|| usage_chunk(id, "text_completion", created, model));
     drive(tx, forwarders, timeout, usage_chunk);
     Ok(sse_response(rx))
 }
@@ -181,10 +187,7 @@ pub fn chat(
             forward(tx, stream, move |ev| chat_event(&tok.tokenizer, &chunk2, with_logprobs, ev)).await
         }
     });
-    let usage_chunk = req.gen.include_usage().then(|| {
-        Box::new(move |p, c| json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [], "usage": usage(p, c)}))
-            as Box<dyn FnOnce(usize, usize) -> Value + Send>
-    });
+    let usage_chunk = req.gen.include_usage().then(|| usage_chunk(id, "chat.completion.chunk", created, model));
     drive(tx, vec![forwarder], timeout, usage_chunk);
     Ok(sse_response(rx))
 }
