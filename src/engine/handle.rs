@@ -103,10 +103,6 @@ impl EngineHandle {
         self.shared.model.clone()
     }
 
-    pub fn config(&self) -> &EngineConfig {
-        &self.shared.config
-    }
-
     pub fn stats(&self) -> EngineStats {
         self.shared.stats.lock().unwrap().clone()
     }

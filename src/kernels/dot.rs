@@ -1,36 +1,5 @@
 //! Vector helpers for attention: a dot product (8 partial sums, fixed final order) and
-//! `y += a·x`.
-
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if crate::kernels::matmul::avx2::available() {
-        // SAFETY: the CPU supports AVX2 and FMA.
-        return unsafe { dot_avx2(a, b) };
-    }
-    dot_lanes(a, b)
-}
-
-/// `y += a · x`.
-pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if crate::kernels::matmul::avx2::available() {
-        // SAFETY: the CPU supports AVX2 and FMA.
-        return unsafe { axpy_avx2(y, a, x) };
-    }
-    axpy_lanes(y, a, x)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
-    dot_lanes(a, b)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn axpy_avx2(y: &mut [f32], a: f32, x: &[f32]) {
-    axpy_lanes(y, a, x)
-}
+//! `y += a·x`, written so they vectorize inside the AVX2 attention kernel.
 
 /// Portable code shaped for 8-lane vectors: the compiler turns it into AVX2 wherever it is
 /// inlined into a function compiled with AVX2 + FMA, with the same result either way.
@@ -70,7 +39,7 @@ mod tests {
             let a = random_vec(len, 1);
             let b = random_vec(len, 2);
             let want: f64 = a.iter().zip(&b).map(|(p, q)| *p as f64 * *q as f64).sum();
-            assert!((dot(&a, &b) as f64 - want).abs() < 1e-5, "len {len}");
+            assert!((dot_lanes(&a, &b) as f64 - want).abs() < 1e-5, "len {len}");
         }
     }
 
@@ -79,7 +48,7 @@ mod tests {
         let x = random_vec(19, 3);
         let mut y = random_vec(19, 4);
         let want: Vec<f32> = y.iter().zip(&x).map(|(yv, xv)| yv + 0.5 * xv).collect();
-        axpy(&mut y, 0.5, &x);
+        axpy_lanes(&mut y, 0.5, &x);
         for (g, w) in y.iter().zip(&want) {
             assert!((g - w).abs() < 1e-6);
         }

@@ -7,7 +7,6 @@ pub mod matmul;
 pub mod norm;
 pub mod rope;
 
-pub use dot::{axpy, dot};
 pub use matmul::{matmul, PackedMatrix};
 pub use norm::{rmsnorm, silu_mul};
 

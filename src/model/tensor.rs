@@ -35,15 +35,4 @@ impl Tensor {
             }
         }
     }
-
-    pub fn into_vec(self) -> Vec<f32> {
-        match self.data {
-            Data::Owned(v) => v,
-            Data::Mapped { .. } => self.data().to_vec(),
-        }
-    }
-
-    pub fn is_mapped(&self) -> bool {
-        matches!(self.data, Data::Mapped { .. })
-    }
 }

@@ -44,7 +44,7 @@ impl Sampler {
     }
 
     /// Records a token the sequence produced, for the penalties.
-    pub fn observe(&mut self, id: u32) {
+    fn observe(&mut self, id: u32) {
         *self.output_counts.entry(id).or_default() += 1;
         if self.params.repetition_penalty != 1.0 {
             self.seen.insert(id, ());

@@ -59,15 +59,6 @@ impl Scheduler {
         }
     }
 
-    pub fn config(&self) -> &SchedulerConfig {
-        &self.cfg
-    }
-
-    /// Tokens the whole cache can hold: a sequence longer than this can never run.
-    pub fn capacity_tokens(&self) -> usize {
-        self.cfg.num_blocks * self.cfg.block_size
-    }
-
     pub fn add(&mut self, seq: Sequence) {
         let at = self.waiting.partition_point(|s| s.order_key() <= seq.order_key());
         self.waiting.insert(at, seq);
