@@ -32,9 +32,6 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let engine = args.engine.start()?;
     let tok = &engine.model().tokenizer;
     let prompt = tok.encode(&args.prompt)?;
-    if prompt.is_empty() {
-        bail!("empty prompt: this model adds no BOS token, so there is nothing to continue from");
-    }
     let n_prompt = prompt.len();
     let mut req = Request::new(prompt, args.max_tokens);
     req.sampling.temperature = args.temperature;

@@ -232,8 +232,10 @@ impl EngineLoop {
             .collect();
         let t1 = Instant::now();
         let model = self.shared.model.clone();
-        let logits = model.model.forward(&StepInput { tokens: &tokens, seqs: &steps }, &mut self.kv, &mut self.ws);
-        let logits = logits.to_vec();
+        // The workspace leaves `self` for the step, so its logits can be read while the
+        // sampled tokens update `self`.
+        let mut ws = std::mem::take(&mut self.ws);
+        let logits = model.model.forward(&StepInput { tokens: &tokens, seqs: &steps }, &mut self.kv, &mut ws);
         let t2 = Instant::now();
         self.sched.step_done(&plan);
         let vocab = model.model.config.vocab_size;
@@ -242,6 +244,7 @@ impl EngineLoop {
         for (row, s) in sampled.iter().enumerate() {
             generated += self.on_logits(s.id, &logits[row * vocab..(row + 1) * vocab]);
         }
+        self.ws = ws;
         let t3 = Instant::now();
         let mut st = self.shared.stats.lock().unwrap();
         st.steps += 1;
