@@ -1,12 +1,15 @@
 //! Attention of the query heads that share one KV head over a sequence's paged K/V.
 //!
-//! A layer's cache pool is `[num_blocks, block_size, kv_heads, head_dim]` for K and for V; a
+//! A layer's cache pool is `[num_blocks, kv_heads, block_size, head_dim]` for K and for V; a
 //! sequence's position `p` lives in block `block_table[p / block_size]`, slot
-//! `p % block_size`. Scores are formed over positions in order, so a query's result does not
-//! depend on how its prompt was chunked or what else ran in the step. The query heads of a
-//! GQA group are processed together so each K and V row is read once for all of them.
+//! `p % block_size`, so one head's positions in a block are contiguous. The query heads of a
+//! GQA group are processed together, block by block, so each block of K and V is fetched
+//! from memory once for all of them. Scores are formed per position and summed over
+//! positions in order, so a query's result does not depend on how its prompt was chunked or
+//! what else ran in the step.
 
 use super::dot::{axpy_lanes, dot_lanes};
+use super::exp::exp;
 
 /// One layer's K and V pools, viewed for reading.
 #[derive(Clone, Copy)]
@@ -23,17 +26,17 @@ impl PagedKv<'_> {
     #[inline]
     pub fn offset(&self, block_table: &[u32], pos: usize, kv_head: usize) -> usize {
         let block = block_table[pos / self.block_size] as usize;
-        ((block * self.block_size + pos % self.block_size) * self.kv_heads + kv_head) * self.head_dim
+        ((block * self.kv_heads + kv_head) * self.block_size + pos % self.block_size) * self.head_dim
     }
 
-    /// Offsets of kv head `kv_head` for positions `0..n`, in order, block by block.
-    fn offsets<'t>(&self, block_table: &'t [u32], n: usize, kv_head: usize) -> impl Iterator<Item = usize> + 't {
-        let (bs, stride) = (self.block_size, self.kv_heads * self.head_dim);
-        let head = kv_head * self.head_dim;
-        block_table[..n.div_ceil(bs)].iter().enumerate().flat_map(move |(i, &b)| {
-            let base = b as usize * bs * stride + head;
-            (0..bs.min(n - i * bs)).map(move |s| base + s * stride)
-        })
+    /// Positions `0..n` of kv head `kv_head` as runs of consecutive rows, one per block:
+    /// (offset of the run's first row, rows in it).
+    fn runs<'t>(&self, block_table: &'t [u32], n: usize, kv_head: usize) -> impl Iterator<Item = (usize, usize)> + 't {
+        let (bs, kvh, hd) = (self.block_size, self.kv_heads, self.head_dim);
+        block_table[..n.div_ceil(bs)]
+            .iter()
+            .enumerate()
+            .map(move |(i, &b)| ((b as usize * kvh + kv_head) * bs * hd, bs.min(n - i * bs)))
     }
 }
 
@@ -49,132 +52,167 @@ pub struct KvSpan<'a> {
 #[derive(Default)]
 pub struct Scratch {
     scores: Vec<f32>,
-    offsets: Vec<usize>,
 }
 
 /// For each query head `h` of the group (`q` and `out` are `[group, head_dim]`):
 /// `out[h] = softmax(q[h]·Kᵀ · scale) · V`.
 pub fn attend(q: &[f32], kv: PagedKv<'_>, span: KvSpan<'_>, scale: f32, scratch: &mut Scratch, out: &mut [f32]) {
+    let hd = kv.head_dim;
+    let n = span.last_pos + 1;
+    let scores = &mut scratch.scores;
+    scores.clear();
+    scores.resize(q.len() / hd * n, 0.0);
     #[cfg(target_arch = "x86_64")]
-    if crate::kernels::matmul::avx2::available() {
-        // SAFETY: the CPU supports AVX2 and FMA.
-        return unsafe { attend_avx2(q, kv, span, scale, scratch, out) };
+    if hd.is_multiple_of(8) && crate::kernels::matmul::avx2::available() {
+        // SAFETY: the CPU supports AVX2 and FMA, and the head dim is a multiple of 8.
+        return unsafe { attend_avx2(q, kv, span, scale, scores, out) };
     }
-    attend_body(q, kv, span, scale, &mut scratch.scores, out)
+    let mut p0 = 0;
+    for (base, len) in kv.runs(span.block_table, n, span.kv_head) {
+        for j in 0..len {
+            let k = &kv.k[base + j * hd..base + (j + 1) * hd];
+            for (h, qh) in q.chunks_exact(hd).enumerate() {
+                scores[h * n + p0 + j] = dot_lanes(qh, k) * scale;
+            }
+        }
+        p0 += len;
+    }
+    scores.chunks_exact_mut(n).for_each(softmax);
+    out.fill(0.0);
+    let mut p0 = 0;
+    for (base, len) in kv.runs(span.block_table, n, span.kv_head) {
+        for j in 0..len {
+            let v = &kv.v[base + j * hd..base + (j + 1) * hd];
+            for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
+                axpy_lanes(oh, scores[h * n + p0 + j], v);
+            }
+        }
+        p0 += len;
+    }
 }
 
-/// AVX2 version for head dims that are a multiple of 8: scores four positions at a time
-/// (four independent FMA chains instead of one), and the weighted sum of V in registers.
+/// AVX2 version: scores four positions at a time (four independent FMA chains, summed
+/// together), and the weighted sum of V in registers, 64 floats of a head at a time.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn attend_avx2(
-    q: &[f32],
-    kv: PagedKv<'_>,
-    span: KvSpan<'_>,
-    scale: f32,
-    scratch: &mut Scratch,
-    out: &mut [f32],
-) {
+unsafe fn attend_avx2(q: &[f32], kv: PagedKv<'_>, span: KvSpan<'_>, scale: f32, scores: &mut [f32], out: &mut [f32]) {
     use std::arch::x86_64::*;
     let hd = kv.head_dim;
-    if !hd.is_multiple_of(8) {
-        return attend_body(q, kv, span, scale, &mut scratch.scores, out);
-    }
-    let group = q.len() / hd;
     let n = span.last_pos + 1;
-    let Scratch { scores, offsets } = scratch;
-    offsets.clear();
-    offsets.extend(kv.offsets(span.block_table, n, span.kv_head));
-    scores.clear();
-    scores.resize(group * n, 0.0);
-    let kp = kv.k.as_ptr();
-    for (h, qh) in q.chunks_exact(hd).enumerate() {
-        let row = &mut scores[h * n..(h + 1) * n];
-        let mut p = 0;
-        while p + 4 <= n {
-            let mut acc = [_mm256_setzero_ps(); 4];
-            for c in (0..hd).step_by(8) {
-                let qv = _mm256_loadu_ps(qh.as_ptr().add(c));
-                for (j, a) in acc.iter_mut().enumerate() {
-                    *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kp.add(offsets[p + j] + c)), *a);
+    let mut p0 = 0;
+    for (base, len) in kv.runs(span.block_table, n, span.kv_head) {
+        let kb = kv.k[base..base + len * hd].as_ptr();
+        for (h, qh) in q.chunks_exact(hd).enumerate() {
+            let row = &mut scores[h * n + p0..h * n + p0 + len];
+            for j in (0..len).step_by(4) {
+                // Past the run's end the last row repeats; those scores are not kept.
+                let rows: [*const f32; 4] = std::array::from_fn(|i| kb.add((j + i).min(len - 1) * hd));
+                let mut acc = [_mm256_setzero_ps(); 4];
+                for c in (0..hd).step_by(8) {
+                    let qv = _mm256_loadu_ps(qh.as_ptr().add(c));
+                    for (a, r) in acc.iter_mut().zip(&rows) {
+                        *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(r.add(c)), *a);
+                    }
                 }
+                let mut s = [0f32; 4];
+                _mm_storeu_ps(s.as_mut_ptr(), _mm_mul_ps(hsum4(acc), _mm_set1_ps(scale)));
+                let kept = (len - j).min(4);
+                row[j..j + kept].copy_from_slice(&s[..kept]);
             }
-            for (j, a) in acc.iter().enumerate() {
-                row[p + j] = hsum(*a) * scale;
-            }
-            p += 4;
         }
-        for (r, &o) in row[p..].iter_mut().zip(&offsets[p..]) {
-            *r = dot_lanes(qh, &kv.k[o..o + hd]) * scale;
-        }
+        p0 += len;
     }
-    softmax_rows(scores, n);
-    let vp = kv.v.as_ptr();
-    for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
-        let w = &scores[h * n..(h + 1) * n];
-        // Up to 64 floats of the output at a time stay in eight registers.
-        for c0 in (0..hd).step_by(64) {
-            let lanes = ((hd - c0) / 8).min(8);
-            let mut acc = [_mm256_setzero_ps(); 8];
-            for (&o, &wp) in offsets.iter().zip(w) {
-                let wv = _mm256_set1_ps(wp);
-                for (i, a) in acc[..lanes].iter_mut().enumerate() {
-                    *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(vp.add(o + c0 + 8 * i)), *a);
+    scores.chunks_exact_mut(n).for_each(softmax);
+    let mut p0 = 0;
+    for (bi, (base, len)) in kv.runs(span.block_table, n, span.kv_head).enumerate() {
+        let vb = kv.v[base..base + len * hd].as_ptr();
+        for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
+            let w = &scores[h * n + p0..h * n + p0 + len];
+            for c0 in (0..hd).step_by(64) {
+                let lanes = ((hd - c0) / 8).min(8);
+                let o = oh.as_mut_ptr().add(c0);
+                let mut acc = [_mm256_setzero_ps(); 8];
+                if bi > 0 {
+                    for (i, a) in acc[..lanes].iter_mut().enumerate() {
+                        *a = _mm256_loadu_ps(o.add(8 * i));
+                    }
+                }
+                for (j, &wj) in w.iter().enumerate() {
+                    let wv = _mm256_set1_ps(wj);
+                    let vr = vb.add(j * hd + c0);
+                    for (i, a) in acc[..lanes].iter_mut().enumerate() {
+                        *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(vr.add(8 * i)), *a);
+                    }
+                }
+                for (i, a) in acc[..lanes].iter().enumerate() {
+                    _mm256_storeu_ps(o.add(8 * i), *a);
                 }
             }
-            for (i, a) in acc[..lanes].iter().enumerate() {
-                _mm256_storeu_ps(oh.as_mut_ptr().add(c0 + 8 * i), *a);
-            }
         }
+        p0 += len;
     }
 }
 
-/// Horizontal sum in the same order as `dot_lanes`: ((0+4)+(2+6)) + ((1+5)+(3+7)).
+/// The sums of four vectors, each added as ((0+1)+(2+3)) + ((4+5)+(6+7)).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn hsum(v: std::arch::x86_64::__m256) -> f32 {
+unsafe fn hsum4(a: [std::arch::x86_64::__m256; 4]) -> std::arch::x86_64::__m128 {
     use std::arch::x86_64::*;
-    let s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-    _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps::<0b01>(s2, s2)))
+    let t = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps::<1>(t))
 }
 
-/// Each row of `n` scores becomes its softmax.
-#[inline(always)]
-fn softmax_rows(scores: &mut [f32], n: usize) {
-    for row in scores.chunks_exact_mut(n) {
-        let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0f32;
-        for s in row.iter_mut() {
-            *s = (*s - max).exp();
-            sum += *s;
-        }
-        let inv = 1.0 / sum;
-        row.iter_mut().for_each(|s| *s *= inv);
+/// A row of scores becomes its softmax.
+fn softmax(row: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::matmul::avx2::available() {
+        // SAFETY: the CPU supports AVX2 and FMA.
+        return unsafe { softmax_avx2(row) };
     }
+    let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f32;
+    for s in row.iter_mut() {
+        *s = exp(*s - max);
+        sum += *s;
+    }
+    let inv = 1.0 / sum;
+    row.iter_mut().for_each(|s| *s *= inv);
 }
 
-#[inline(always)]
-fn attend_body(q: &[f32], kv: PagedKv<'_>, span: KvSpan<'_>, scale: f32, scores: &mut Vec<f32>, out: &mut [f32]) {
-    let hd = kv.head_dim;
-    let group = q.len() / hd;
-    let n = span.last_pos + 1;
-    scores.clear();
-    scores.resize(group * n, 0.0);
-    for (p, o) in kv.offsets(span.block_table, n, span.kv_head).enumerate() {
-        let k = &kv.k[o..o + hd];
-        for (h, qh) in q.chunks_exact(hd).enumerate() {
-            scores[h * n + p] = dot_lanes(qh, k) * scale;
-        }
+/// [`softmax`] with eight lanes of exponentials and partial sums.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn softmax_avx2(row: &mut [f32]) {
+    use super::exp::avx2;
+    use std::arch::x86_64::*;
+    let n8 = row.len() / 8 * 8;
+    let p = row.as_mut_ptr();
+    let mut mv = _mm256_set1_ps(f32::NEG_INFINITY);
+    for i in (0..n8).step_by(8) {
+        mv = _mm256_max_ps(mv, _mm256_loadu_ps(p.add(i)));
     }
-    softmax_rows(scores, n);
-    out.fill(0.0);
-    for (p, o) in kv.offsets(span.block_table, n, span.kv_head).enumerate() {
-        let v = &kv.v[o..o + hd];
-        for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
-            axpy_lanes(oh, scores[h * n + p], v);
-        }
+    let mut lanes = [0f32; 8];
+    _mm256_storeu_ps(lanes.as_mut_ptr(), mv);
+    let max = lanes.iter().chain(&row[n8..]).cloned().fold(f32::NEG_INFINITY, f32::max);
+    let (maxv, mut sv) = (_mm256_set1_ps(max), _mm256_setzero_ps());
+    for i in (0..n8).step_by(8) {
+        let e = avx2::exp(_mm256_sub_ps(_mm256_loadu_ps(p.add(i)), maxv));
+        _mm256_storeu_ps(p.add(i), e);
+        sv = _mm256_add_ps(sv, e);
+    }
+    _mm256_storeu_ps(lanes.as_mut_ptr(), sv);
+    let mut sum = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+    for s in &mut row[n8..] {
+        *s = exp(*s - max);
+        sum += *s;
+    }
+    let inv = _mm256_set1_ps(1.0 / sum);
+    for i in (0..n8).step_by(8) {
+        _mm256_storeu_ps(p.add(i), _mm256_mul_ps(_mm256_loadu_ps(p.add(i)), inv));
+    }
+    for s in &mut row[n8..] {
+        *s *= 1.0 / sum;
     }
 }
 
@@ -206,7 +244,7 @@ mod tests {
             attend(&q, kv, span, scale, &mut Scratch::default(), &mut out);
 
             let at = |pool: &[f32], p: usize| {
-                let o = ((table[p / bs] as usize * bs + p % bs) * kvh + g) * hd;
+                let o = ((table[p / bs] as usize * kvh + g) * bs + p % bs) * hd;
                 pool[o..o + hd].to_vec()
             };
             for h in 0..group {
@@ -230,11 +268,28 @@ mod tests {
     }
 
     #[test]
-    fn offsets_walk_blocks_in_position_order() {
+    fn runs_walk_blocks_in_position_order() {
         let kv = PagedKv { k: &[], v: &[], block_size: 2, kv_heads: 3, head_dim: 4 };
         let table = [4u32, 1];
-        let got: Vec<usize> = kv.offsets(&table, 3, 2).collect();
+        let got: Vec<usize> =
+            kv.runs(&table, 3, 2).flat_map(|(base, len)| (0..len).map(move |j| base + j * 4)).collect();
         let want: Vec<usize> = (0..3).map(|p| kv.offset(&table, p, 2)).collect();
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn softmax_sums_to_one_and_keeps_order() {
+        for n in [1, 7, 8, 19] {
+            let mut row: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() * 5.0).collect();
+            let before = row.clone();
+            softmax(&mut row);
+            assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-5, "n {n}");
+            let m = before.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let z: f64 = before.iter().map(|x| ((x - m) as f64).exp()).sum();
+            for (got, x) in row.iter().zip(&before) {
+                let want = ((x - m) as f64).exp() / z;
+                assert!((*got as f64 - want).abs() < 1e-6, "n {n}: {got} vs {want}");
+            }
+        }
     }
 }

@@ -26,6 +26,8 @@ const KC: usize = 256;
 const MB: usize = 96;
 /// Below this many multiply-adds a call runs on the calling thread.
 const PARALLEL_MIN_WORK: usize = 1 << 16;
+/// Below this many elements of `X` its packing runs on the calling thread.
+const PARALLEL_MIN_PACK: usize = 1 << 15;
 
 /// A weight matrix `[n, k]` repacked for [`matmul`]: K-blocks of `KC` rows, each holding
 /// every panel of `NP` output columns as `[kc][NP]` (the last panel zero-padded).
@@ -114,7 +116,8 @@ struct RowTile {
 
 /// Splits the rows into M-blocks of at most `MB` rows, each cut into near-equal tiles of at
 /// most `MR` rows (32 rows → 6+6+5+5+5+5 rather than a slow tile of 2), and packs each
-/// tile as `[k][MR]` into `xp` so its values for one `k` sit together.
+/// tile as `[k][MR]` into `xp` so its values for one `k` sit together (tiles in parallel
+/// when `X` is large: packing on one thread would idle the other core).
 fn pack_rows(x: &[f32], m: usize, k: usize, xp: &mut Vec<f32>) -> Vec<RowTile> {
     let mut tiles = Vec::with_capacity(m.div_ceil(MR) + m.div_ceil(MB));
     for m0 in (0..m).step_by(MB) {
@@ -129,8 +132,7 @@ fn pack_rows(x: &[f32], m: usize, k: usize, xp: &mut Vec<f32>) -> Vec<RowTile> {
     }
     // Every slot is written below (rows past a tile's end as zeros), so old contents can stay.
     xp.resize(tiles.len() * MR * k, 0.0);
-    for (t, tile) in tiles.iter().enumerate() {
-        let dst = &mut xp[t * MR * k..(t + 1) * MR * k];
+    let pack_tile = |(dst, tile): (&mut [f32], &RowTile)| {
         for r in 0..tile.rows {
             for (kk, &v) in x[(tile.start + r) * k..(tile.start + r + 1) * k].iter().enumerate() {
                 dst[kk * MR + r] = v;
@@ -139,6 +141,12 @@ fn pack_rows(x: &[f32], m: usize, k: usize, xp: &mut Vec<f32>) -> Vec<RowTile> {
         for chunk in dst.chunks_exact_mut(MR) {
             chunk[tile.rows..].fill(0.0);
         }
+    };
+    let xp = &mut xp[..tiles.len() * MR * k];
+    if m * k >= PARALLEL_MIN_PACK {
+        xp.par_chunks_exact_mut(MR * k).zip(&tiles).for_each(pack_tile);
+    } else {
+        xp.chunks_exact_mut(MR * k).zip(&tiles).for_each(pack_tile);
     }
     tiles
 }
@@ -158,11 +166,12 @@ unsafe impl Sync for SharedOut {}
 unsafe fn panel_range(xp: &[f32], tiles: &[RowTile], w: &PackedMatrix, y: SharedOut, p0: usize, p1: usize) {
     let (n, k) = (w.n, w.k);
     let panels = n.div_ceil(NP);
-    for k0 in (0..k).step_by(KC) {
-        let kcb = KC.min(k - k0);
-        let block = &w.data[k0 * panels * NP..];
-        // Tiles of one M-block share a panel of weights while it is in L1.
-        for (b0, block_tiles) in m_blocks(tiles) {
+    // An M-block's outputs stay in cache while every K-block adds to them; within a K-block
+    // the block's tiles share a panel of weights while it is in L1.
+    for (b0, block_tiles) in m_blocks(tiles) {
+        for k0 in (0..k).step_by(KC) {
+            let kcb = KC.min(k - k0);
+            let block = &w.data[k0 * panels * NP..];
             for p in p0..p1 {
                 let wp = &block[p * kcb * NP..(p + 1) * kcb * NP];
                 let cols = NP.min(n - p * NP);

@@ -3,6 +3,7 @@
 pub mod attention;
 pub mod buffer;
 mod dot;
+mod exp;
 pub mod matmul;
 pub mod norm;
 pub mod rope;

@@ -1,5 +1,6 @@
-//! The K/V pools: one `[num_blocks, block_size, kv_heads, head_dim]` array each for K and V
-//! per layer, f32 so the cached path computes exactly what the reference does.
+//! The K/V pools: one `[num_blocks, kv_heads, block_size, head_dim]` array each for K and V
+//! per layer, f32 so the cached path computes exactly what the reference does. Head-major
+//! blocks keep one head's positions contiguous, the order attention reads them in.
 
 use crate::kernels::attention::PagedKv;
 use crate::kernels::buffer::F32Buf;
@@ -49,11 +50,14 @@ impl KvCache {
 
     /// Stores all kv heads of one position: `k` and `v` are `[kv_heads * head_dim]`.
     pub fn write(&mut self, layer: usize, block_table: &[u32], pos: usize, k: &[f32], v: &[f32]) {
-        let width = self.kv_heads * self.head_dim;
-        let o = self.layer(layer).offset(block_table, pos, 0);
+        let hd = self.head_dim;
+        let first = self.layer(layer).offset(block_table, pos, 0);
         let (kp, vp) = &mut self.layers[layer];
-        kp[o..o + width].copy_from_slice(k);
-        vp[o..o + width].copy_from_slice(v);
+        for h in 0..self.kv_heads {
+            let o = first + h * self.block_size * hd;
+            kp[o..o + hd].copy_from_slice(&k[h * hd..(h + 1) * hd]);
+            vp[o..o + hd].copy_from_slice(&v[h * hd..(h + 1) * hd]);
+        }
     }
 }
 
@@ -63,16 +67,19 @@ mod tests {
 
     #[test]
     fn write_lands_in_the_mapped_block_and_slot() {
-        let mut c = KvCache::new(2, 3, 2, 2, 3);
+        // 2 layers, 3 blocks of 2 slots, 3 kv heads of dim 2.
+        let mut c = KvCache::new(2, 3, 2, 3, 2);
         let k: Vec<f32> = (0..6).map(|x| x as f32).collect();
         let v: Vec<f32> = (10..16).map(|x| x as f32).collect();
         c.write(1, &[2, 0], 1, &k, &v);
         let view = c.layer(1);
-        let o = view.offset(&[2, 0], 1, 1);
-        assert_eq!(o, ((2 * 2 + 1) * 2 + 1) * 3);
-        assert_eq!(&view.k[o..o + 3], &[3.0, 4.0, 5.0]);
-        assert_eq!(&view.v[o..o + 3], &[13.0, 14.0, 15.0]);
+        for h in 0..3 {
+            let o = view.offset(&[2, 0], 1, h);
+            assert_eq!(o, ((2 * 3 + h) * 2 + 1) * 2);
+            assert_eq!(view.k[o..o + 2], k[2 * h..2 * h + 2]);
+            assert_eq!(view.v[o..o + 2], v[2 * h..2 * h + 2]);
+        }
         assert!(c.layer(0).k.iter().all(|x| *x == 0.0));
-        assert_eq!(KvCache::bytes_per_block(2, 2, 2, 3), 2 * 2 * 2 * 2 * 3 * 4);
+        assert_eq!(KvCache::bytes_per_block(2, 2, 3, 2), 2 * 2 * 2 * 3 * 2 * 4);
     }
 }

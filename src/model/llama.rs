@@ -65,6 +65,28 @@ pub struct Workspace {
     logits: Vec<f32>,
 }
 
+/// Rows per task when row-wise work (norms, RoPE, SwiGLU) is spread over the pool.
+const ROWS_PER_TASK: usize = 8;
+
+/// `[rows, width]` data in parallel chunks of [`ROWS_PER_TASK`] rows.
+fn rows_par(x: &[f32], width: usize) -> rayon::slice::Chunks<'_, f32> {
+    x.par_chunks(width * ROWS_PER_TASK)
+}
+
+fn rows_par_mut(x: &mut [f32], width: usize) -> rayon::slice::ChunksMut<'_, f32> {
+    x.par_chunks_mut(width * ROWS_PER_TASK)
+}
+
+/// `h += delta`, then `xn = rmsnorm(h)` when a norm weight is given; rows of width `d`.
+fn add_and_norm(h: &mut [f32], delta: &[f32], norm: Option<&[f32]>, eps: f32, xn: &mut [f32], d: usize) {
+    rows_par_mut(h, d).zip(rows_par(delta, d)).zip(rows_par_mut(xn, d)).for_each(|((h, delta), xn)| {
+        h.iter_mut().zip(delta).for_each(|(a, b)| *a += b);
+        if let Some(w) = norm {
+            rmsnorm(h, w, eps, xn);
+        }
+    });
+}
+
 fn resize(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
     v.resize(n, 0.0);
     &mut v[..n]
@@ -163,21 +185,29 @@ impl Llama {
         let scale = 1.0 / (hd as f32).sqrt();
         let group = c.num_heads / c.num_kv_heads;
 
+        let width = qd + 2 * kvd;
+        let eps = c.rms_norm_eps;
+        rows_par(h, d)
+            .zip(rows_par_mut(xn, d))
+            .for_each(|(h, xn)| rmsnorm(h, self.layers[0].attn_norm.data(), eps, xn));
         for (li, layer) in self.layers.iter().enumerate() {
-            rmsnorm(h, layer.attn_norm.data(), c.rms_norm_eps, xn);
             matmul(xn, &layer.wqkv, qkv, t);
-            for (row, &(si, pos)) in qkv.chunks_exact_mut(qd + 2 * kvd).zip(&rows) {
-                let (q, kvpart) = row.split_at_mut(qd);
-                let (k, v) = kvpart.split_at_mut(kvd);
-                self.rope.apply(q, pos);
-                self.rope.apply(k, pos);
+            rows_par_mut(qkv, width).zip(rows.par_chunks(ROWS_PER_TASK)).for_each(|(chunk, rows)| {
+                for (row, &(_, pos)) in chunk.chunks_exact_mut(width).zip(rows) {
+                    let (q, k) = row[..qd + kvd].split_at_mut(qd);
+                    self.rope.apply(q, pos);
+                    self.rope.apply(k, pos);
+                }
+            });
+            for (row, &(si, pos)) in qkv.chunks_exact(width).zip(&rows) {
+                let (k, v) = row[qd..].split_at(kvd);
                 kv.write(li, input.seqs[si].block_table, pos, k, v);
             }
             let view = kv.layer(li);
             let qkv_ro: &[f32] = qkv;
             attn.par_chunks_mut(qd).enumerate().for_each_init(Scratch::default, |scratch, (r, out)| {
                 let (si, pos) = rows[r];
-                let q = &qkv_ro[r * (qd + 2 * kvd)..r * (qd + 2 * kvd) + qd];
+                let q = &qkv_ro[r * width..r * width + qd];
                 let block_table = input.seqs[si].block_table;
                 let width = group * hd;
                 for (g, (qg, og)) in q.chunks_exact(width).zip(out.chunks_exact_mut(width)).enumerate() {
@@ -186,13 +216,13 @@ impl Llama {
                 }
             });
             matmul(attn, &layer.wo, tmp, t);
-            h.iter_mut().zip(tmp.iter()).for_each(|(a, b)| *a += b);
+            add_and_norm(h, tmp, Some(layer.ffn_norm.data()), eps, xn, d);
 
-            rmsnorm(h, layer.ffn_norm.data(), c.rms_norm_eps, xn);
             matmul(xn, &layer.w_gate_up, gate_up, t);
-            silu_mul(gate_up, f, act);
+            rows_par(gate_up, 2 * f).zip(rows_par_mut(act, f)).for_each(|(gu, act)| silu_mul(gu, f, act));
             matmul(act, &layer.w_down, tmp, t);
-            h.iter_mut().zip(tmp.iter()).for_each(|(a, b)| *a += b);
+            // The next layer's input norm, fused with the residual add.
+            add_and_norm(h, tmp, self.layers.get(li + 1).map(|l| l.attn_norm.data()), eps, xn, d);
         }
 
         // Final norm and LM head only for the last row of each sampling sequence.
