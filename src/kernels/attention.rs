@@ -91,7 +91,7 @@ pub fn attend(q: &[f32], kv: PagedKv<'_>, span: KvSpan<'_>, scale: f32, scratch:
     }
 }
 
-/// AVX2 version: scores four positions at a time (four independent FMA chains, summed
+/// AVX2 version: scores eight positions at a time (eight independent FMA chains, summed
 /// together), and the weighted sum of V in registers, 64 floats of a head at a time.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
@@ -104,20 +104,26 @@ unsafe fn attend_avx2(q: &[f32], kv: PagedKv<'_>, span: KvSpan<'_>, scale: f32, 
         let kb = kv.k[base..base + len * hd].as_ptr();
         for (h, qh) in q.chunks_exact(hd).enumerate() {
             let row = &mut scores[h * n + p0..h * n + p0 + len];
-            for j in (0..len).step_by(4) {
+            for j in (0..len).step_by(8) {
                 // Past the run's end the last row repeats; those scores are not kept.
-                let rows: [*const f32; 4] = std::array::from_fn(|i| kb.add((j + i).min(len - 1) * hd));
-                let mut acc = [_mm256_setzero_ps(); 4];
+                let rows: [*const f32; 8] = std::array::from_fn(|i| kb.add((j + i).min(len - 1) * hd));
+                let mut acc = [_mm256_setzero_ps(); 8];
                 for c in (0..hd).step_by(8) {
                     let qv = _mm256_loadu_ps(qh.as_ptr().add(c));
                     for (a, r) in acc.iter_mut().zip(&rows) {
                         *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(r.add(c)), *a);
                     }
                 }
-                let mut s = [0f32; 4];
-                _mm_storeu_ps(s.as_mut_ptr(), _mm_mul_ps(hsum4(acc), _mm_set1_ps(scale)));
-                let kept = (len - j).min(4);
-                row[j..j + kept].copy_from_slice(&s[..kept]);
+                let sums = _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(scale));
+                if j + 8 <= len {
+                    _mm256_storeu_ps(row.as_mut_ptr().add(j), sums);
+                } else {
+                    let mut s = [0f32; 8];
+                    _mm256_storeu_ps(s.as_mut_ptr(), sums);
+                    for (r, v) in row[j..].iter_mut().zip(s) {
+                        *r = v;
+                    }
+                }
             }
         }
         p0 += len;
@@ -129,23 +135,16 @@ unsafe fn attend_avx2(q: &[f32], kv: PagedKv<'_>, span: KvSpan<'_>, scale: f32, 
         for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
             let w = &scores[h * n + p0..h * n + p0 + len];
             for c0 in (0..hd).step_by(64) {
-                let lanes = ((hd - c0) / 8).min(8);
-                let o = oh.as_mut_ptr().add(c0);
-                let mut acc = [_mm256_setzero_ps(); 8];
-                if bi > 0 {
-                    for (i, a) in acc[..lanes].iter_mut().enumerate() {
-                        *a = _mm256_loadu_ps(o.add(8 * i));
-                    }
-                }
-                for (j, &wj) in w.iter().enumerate() {
-                    let wv = _mm256_set1_ps(wj);
-                    let vr = vb.add(j * hd + c0);
-                    for (i, a) in acc[..lanes].iter_mut().enumerate() {
-                        *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(vr.add(8 * i)), *a);
-                    }
-                }
-                for (i, a) in acc[..lanes].iter().enumerate() {
-                    _mm256_storeu_ps(o.add(8 * i), *a);
+                let (o, v) = (oh.as_mut_ptr().add(c0), vb.add(c0));
+                match (hd - c0) / 8 {
+                    1 => weighted_sum::<1>(w, v, hd, o, bi > 0),
+                    2 => weighted_sum::<2>(w, v, hd, o, bi > 0),
+                    3 => weighted_sum::<3>(w, v, hd, o, bi > 0),
+                    4 => weighted_sum::<4>(w, v, hd, o, bi > 0),
+                    5 => weighted_sum::<5>(w, v, hd, o, bi > 0),
+                    6 => weighted_sum::<6>(w, v, hd, o, bi > 0),
+                    7 => weighted_sum::<7>(w, v, hd, o, bi > 0),
+                    _ => weighted_sum::<8>(w, v, hd, o, bi > 0),
                 }
             }
         }
@@ -153,14 +152,39 @@ unsafe fn attend_avx2(q: &[f32], kv: PagedKv<'_>, span: KvSpan<'_>, scale: f32, 
     }
 }
 
-/// The sums of four vectors, each added as ((0+1)+(2+3)) + ((4+5)+(6+7)).
+/// `out[..8L] (+)= Σ_j w[j] · v[j * stride..][..8L]`, summed over `j` in order, with the
+/// `L` accumulators in registers (a fixed count, so they are not spilled to the stack).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn hsum4(a: [std::arch::x86_64::__m256; 4]) -> std::arch::x86_64::__m128 {
+unsafe fn weighted_sum<const L: usize>(w: &[f32], v: *const f32, stride: usize, out: *mut f32, accumulate: bool) {
     use std::arch::x86_64::*;
-    let t = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-    _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps::<1>(t))
+    let mut acc = [_mm256_setzero_ps(); L];
+    if accumulate {
+        for (i, a) in acc.iter_mut().enumerate() {
+            *a = _mm256_loadu_ps(out.add(8 * i));
+        }
+    }
+    for (j, &wj) in w.iter().enumerate() {
+        let (wv, row) = (_mm256_set1_ps(wj), v.add(j * stride));
+        for (i, a) in acc.iter_mut().enumerate() {
+            *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(row.add(8 * i)), *a);
+        }
+    }
+    for (i, a) in acc.iter().enumerate() {
+        _mm256_storeu_ps(out.add(8 * i), *a);
+    }
+}
+
+/// The sums of eight vectors, each added as ((0+1)+(2+3)) + ((4+5)+(6+7)).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn hsum8(a: [std::arch::x86_64::__m256; 8]) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    let lo = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    let hi = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    _mm256_add_ps(_mm256_permute2f128_ps::<0x20>(lo, hi), _mm256_permute2f128_ps::<0x31>(lo, hi))
 }
 
 /// A row of scores becomes its softmax.

@@ -16,7 +16,7 @@ pub struct KvCache {
 impl KvCache {
     pub fn new(num_layers: usize, num_blocks: usize, block_size: usize, kv_heads: usize, head_dim: usize) -> Self {
         let len = num_blocks * block_size * kv_heads * head_dim;
-        let layers = (0..num_layers).map(|_| (F32Buf::zeroed(len), F32Buf::zeroed(len))).collect();
+        let layers = (0..num_layers).map(|_| (F32Buf::zeroed_resident(len), F32Buf::zeroed_resident(len))).collect();
         KvCache { layers, num_blocks, block_size, kv_heads, head_dim }
     }
 
