@@ -94,14 +94,14 @@ pub fn matmul(x: &[f32], w: &PackedMatrix, y: &mut [f32], m: usize) {
             unsafe { panel_range(xp, tiles, w, out, 0, panels) };
             return;
         }
-        // Several tasks per thread so uneven progress (the other core busy) balances out,
-        // and few enough panels per task that its weights and outputs stay in L2.
-        let tasks = (threads * 4).min(panels);
-        let chunk = panels.div_ceil(tasks).min(MAX_TASK_PANELS);
-        (0..panels.div_ceil(chunk)).into_par_iter().for_each(|t| {
-            let p1 = ((t + 1) * chunk).min(panels);
+        // Several tasks per thread so uneven progress (the other core busy) balances out, a
+        // multiple of the thread count of near-equal size (sizes differ by at most one panel
+        // and alternate, so rayon's halving splits the work evenly), and few enough panels
+        // per task that its weights and outputs stay in L2.
+        let tasks = (threads * 4).max(panels.div_ceil(MAX_TASK_PANELS)).next_multiple_of(threads).min(panels);
+        (0..tasks).into_par_iter().for_each(|t| {
             // SAFETY: tasks write disjoint column ranges of a buffer checked above.
-            unsafe { panel_range(xp, tiles, w, out, t * chunk, p1) };
+            unsafe { panel_range(xp, tiles, w, out, t * panels / tasks, (t + 1) * panels / tasks) };
         });
     });
 }
