@@ -56,16 +56,14 @@ pub(super) struct EngineLoop {
 }
 
 impl EngineLoop {
-    pub fn new(shared: Arc<Shared>, num_blocks: usize, rx: mpsc::Receiver<Command>) -> Self {
-        let c = shared.model.model.config.clone();
+    pub fn new(shared: Arc<Shared>, kv: KvCache, rx: mpsc::Receiver<Command>) -> Self {
         let cfg = shared.config;
         let sched = Scheduler::new(SchedulerConfig {
             max_num_seqs: cfg.max_num_seqs,
             max_num_batched_tokens: cfg.max_num_batched_tokens,
             block_size: cfg.block_size,
-            num_blocks,
+            num_blocks: kv.num_blocks(),
         });
-        let kv = KvCache::new(c.num_layers, num_blocks, cfg.block_size, c.num_kv_heads, c.head_dim);
         EngineLoop {
             shared,
             rx,

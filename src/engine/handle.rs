@@ -69,7 +69,7 @@ impl EngineHandle {
         anyhow::ensure!(config.max_num_seqs > 0, "--max-num-seqs must be at least 1");
         anyhow::ensure!(config.max_num_batched_tokens > 0, "--max-num-batched-tokens must be at least 1");
         anyhow::ensure!(config.block_size > 0, "--block-size must be at least 1");
-        let c = &model.model.config;
+        let c = model.model.config.clone();
         let per_block = KvCache::bytes_per_block(c.num_layers, config.block_size, c.num_kv_heads, c.head_dim);
         let num_blocks = config.kv_cache_memory / per_block;
         anyhow::ensure!(
@@ -85,11 +85,14 @@ impl EngineHandle {
             capacity_tokens: num_blocks * config.block_size,
             observer,
         });
+        // The pools are allocated (and their pages mapped) before the handle exists, so the
+        // first requests do not wait for them.
+        let kv = KvCache::new(c.num_layers, num_blocks, config.block_size, c.num_kv_heads, c.head_dim);
         let (tx, rx) = mpsc::channel();
         let pool = super::thread_pool(config.threads)?;
         let loop_shared = shared.clone();
         std::thread::Builder::new().name("weft-engine".into()).spawn(move || {
-            pool.install(|| EngineLoop::new(loop_shared, num_blocks, rx).run());
+            pool.install(|| EngineLoop::new(loop_shared, kv, rx).run());
         })?;
         Ok(EngineHandle { tx, shared, next_id: Arc::new(AtomicU64::new(1)) })
     }
