@@ -29,22 +29,18 @@ impl PagedKv<'_> {
         ((block * self.kv_heads + kv_head) * self.block_size + pos % self.block_size) * self.head_dim
     }
 
-    /// Positions `0..n` of kv head `kv_head` as runs of consecutive rows, one per block:
-    /// (offset of the run's first row, rows in it).
-    fn runs<'t>(&self, block_table: &'t [u32], n: usize, kv_head: usize) -> impl Iterator<Item = (usize, usize)> + 't {
-        let (bs, kvh, hd) = (self.block_size, self.kv_heads, self.head_dim);
-        block_table[..n.div_ceil(bs)]
-            .iter()
-            .enumerate()
-            .map(move |(i, &b)| ((b as usize * kvh + kv_head) * bs * hd, bs.min(n - i * bs)))
+    /// Positions `0..n` as runs of consecutive positions, one per block: (offset of the
+    /// block, positions in it). Kv head `h` of the run starts `h * block_size * head_dim` in.
+    fn runs<'t>(&self, block_table: &'t [u32], n: usize) -> impl Iterator<Item = (usize, usize)> + 't {
+        let (bs, block) = (self.block_size, self.kv_heads * self.block_size * self.head_dim);
+        block_table[..n.div_ceil(bs)].iter().enumerate().map(move |(i, &b)| (b as usize * block, bs.min(n - i * bs)))
     }
 }
 
-/// Where one attention call reads: a sequence's blocks, a KV head, positions `0..=last_pos`.
+/// Where one attention call reads: a sequence's blocks, positions `0..=last_pos`.
 #[derive(Clone, Copy)]
 pub struct KvSpan<'a> {
     pub block_table: &'a [u32],
-    pub kv_head: usize,
     pub last_pos: usize,
 }
 
@@ -54,8 +50,10 @@ pub struct Scratch {
     scores: Vec<f32>,
 }
 
-/// For each query head `h` of the group (`q` and `out` are `[group, head_dim]`):
-/// `out[h] = softmax(q[h]·Kᵀ · scale) · V`.
+/// For each query head `h` (`q` and `out` are `[heads, head_dim]`, heads a multiple of the
+/// kv heads, head `h` reading kv head `h / (heads / kv_heads)`):
+/// `out[h] = softmax(q[h]·Kᵀ · scale) · V`. Blocks are visited in order with every kv head of
+/// a block together, so each block's K (and V) is one contiguous read.
 pub fn attend(q: &[f32], kv: PagedKv<'_>, span: KvSpan<'_>, scale: f32, scratch: &mut Scratch, out: &mut [f32]) {
     let hd = kv.head_dim;
     let n = span.last_pos + 1;
@@ -67,12 +65,17 @@ pub fn attend(q: &[f32], kv: PagedKv<'_>, span: KvSpan<'_>, scale: f32, scratch:
         // SAFETY: the CPU supports AVX2 and FMA, and the head dim is a multiple of 8.
         return unsafe { attend_avx2(q, kv, span, scale, scores, out) };
     }
+    let group_width = q.len() / kv.kv_heads;
+    let head_stride = kv.block_size * hd;
     let mut p0 = 0;
-    for (base, len) in kv.runs(span.block_table, n, span.kv_head) {
-        for j in 0..len {
-            let k = &kv.k[base + j * hd..base + (j + 1) * hd];
-            for (h, qh) in q.chunks_exact(hd).enumerate() {
-                scores[h * n + p0 + j] = dot_lanes(qh, k) * scale;
+    for (base, len) in kv.runs(span.block_table, n) {
+        for (g, qg) in q.chunks_exact(group_width).enumerate() {
+            let kb = base + g * head_stride;
+            for j in 0..len {
+                let k = &kv.k[kb + j * hd..kb + (j + 1) * hd];
+                for (hh, qh) in qg.chunks_exact(hd).enumerate() {
+                    scores[(g * group_width / hd + hh) * n + p0 + j] = dot_lanes(qh, k) * scale;
+                }
             }
         }
         p0 += len;
@@ -80,11 +83,14 @@ pub fn attend(q: &[f32], kv: PagedKv<'_>, span: KvSpan<'_>, scale: f32, scratch:
     scores.chunks_exact_mut(n).for_each(softmax);
     out.fill(0.0);
     let mut p0 = 0;
-    for (base, len) in kv.runs(span.block_table, n, span.kv_head) {
-        for j in 0..len {
-            let v = &kv.v[base + j * hd..base + (j + 1) * hd];
-            for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
-                axpy_lanes(oh, scores[h * n + p0 + j], v);
+    for (base, len) in kv.runs(span.block_table, n) {
+        for (g, og) in out.chunks_exact_mut(group_width).enumerate() {
+            let vb = base + g * head_stride;
+            for j in 0..len {
+                let v = &kv.v[vb + j * hd..vb + (j + 1) * hd];
+                for (hh, oh) in og.chunks_exact_mut(hd).enumerate() {
+                    axpy_lanes(oh, scores[(g * group_width / hd + hh) * n + p0 + j], v);
+                }
             }
         }
         p0 += len;
@@ -99,10 +105,12 @@ unsafe fn attend_avx2(q: &[f32], kv: PagedKv<'_>, span: KvSpan<'_>, scale: f32, 
     use std::arch::x86_64::*;
     let hd = kv.head_dim;
     let n = span.last_pos + 1;
+    let group = q.len() / hd / kv.kv_heads;
+    let head_stride = kv.block_size * hd;
     let mut p0 = 0;
-    for (base, len) in kv.runs(span.block_table, n, span.kv_head) {
-        let kb = kv.k[base..base + len * hd].as_ptr();
+    for (base, len) in kv.runs(span.block_table, n) {
         for (h, qh) in q.chunks_exact(hd).enumerate() {
+            let kb = kv.k[base + h / group * head_stride..][..len * hd].as_ptr();
             let row = &mut scores[h * n + p0..h * n + p0 + len];
             for j in (0..len).step_by(8) {
                 // Past the run's end the last row repeats; those scores are not kept.
@@ -130,9 +138,9 @@ unsafe fn attend_avx2(q: &[f32], kv: PagedKv<'_>, span: KvSpan<'_>, scale: f32, 
     }
     scores.chunks_exact_mut(n).for_each(softmax);
     let mut p0 = 0;
-    for (bi, (base, len)) in kv.runs(span.block_table, n, span.kv_head).enumerate() {
-        let vb = kv.v[base..base + len * hd].as_ptr();
+    for (bi, (base, len)) in kv.runs(span.block_table, n).enumerate() {
         for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
+            let vb = kv.v[base + h / group * head_stride..][..len * hd].as_ptr();
             let w = &scores[h * n + p0..h * n + p0 + len];
             for c0 in (0..hd).step_by(64) {
                 let (o, v) = (oh.as_mut_ptr().add(c0), vb.add(c0));
@@ -260,28 +268,29 @@ mod tests {
         let v = random_vec(blocks * bs * kvh * hd, 2);
         let kv = PagedKv { k: &k, v: &v, block_size: bs, kv_heads: kvh, head_dim: hd };
         let table = [5u32, 0, 7, 2];
-        let q = random_vec(group * hd, 3);
-        let (g, scale) = (1, 0.4f32);
+        let heads = kvh * group;
+        let q = random_vec(heads * hd, 3);
+        let scale = 0.4f32;
         for last in [0, 3, 13, 15] {
-            let mut out = vec![0f32; group * hd];
-            let span = KvSpan { block_table: &table, kv_head: g, last_pos: last };
+            let mut out = vec![0f32; heads * hd];
+            let span = KvSpan { block_table: &table, last_pos: last };
             attend(&q, kv, span, scale, &mut Scratch::default(), &mut out);
 
-            let at = |pool: &[f32], p: usize| {
+            let at = |pool: &[f32], p: usize, g: usize| {
                 let o = ((table[p / bs] as usize * kvh + g) * bs + p % bs) * hd;
                 pool[o..o + hd].to_vec()
             };
-            for h in 0..group {
-                let qh = &q[h * hd..(h + 1) * hd];
+            for h in 0..heads {
+                let (qh, g) = (&q[h * hd..(h + 1) * hd], h / group);
                 let s: Vec<f64> = (0..=last)
-                    .map(|p| at(&k, p).iter().zip(qh).map(|(a, b)| (*a * *b) as f64).sum::<f64>() * scale as f64)
+                    .map(|p| at(&k, p, g).iter().zip(qh).map(|(a, b)| (*a * *b) as f64).sum::<f64>() * scale as f64)
                     .collect();
                 let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
                 let z: f64 = e.iter().sum();
                 let mut want = vec![0f64; hd];
                 for (p, ep) in e.iter().enumerate() {
-                    for (w, vv) in want.iter_mut().zip(at(&v, p)) {
+                    for (w, vv) in want.iter_mut().zip(at(&v, p, g)) {
                         *w += ep / z * vv as f64;
                     }
                 }
@@ -296,7 +305,7 @@ mod tests {
         let kv = PagedKv { k: &[], v: &[], block_size: 2, kv_heads: 3, head_dim: 4 };
         let table = [4u32, 1];
         let got: Vec<usize> =
-            kv.runs(&table, 3, 2).flat_map(|(base, len)| (0..len).map(move |j| base + j * 4)).collect();
+            kv.runs(&table, 3).flat_map(|(base, len)| (0..len).map(move |j| base + 2 * 2 * 4 + j * 4)).collect();
         let want: Vec<usize> = (0..3).map(|p| kv.offset(&table, p, 2)).collect();
         assert_eq!(got, want);
     }

@@ -183,7 +183,6 @@ impl Llama {
         let gate_up = resize(&mut ws.gate_up, t * 2 * f);
         let act = resize(&mut ws.act, t * f);
         let scale = 1.0 / (hd as f32).sqrt();
-        let group = c.num_heads / c.num_kv_heads;
 
         let width = qd + 2 * kvd;
         let eps = c.rms_norm_eps;
@@ -207,13 +206,8 @@ impl Llama {
             let qkv_ro: &[f32] = qkv;
             attn.par_chunks_mut(qd).enumerate().for_each_init(Scratch::default, |scratch, (r, out)| {
                 let (si, pos) = rows[r];
-                let q = &qkv_ro[r * width..r * width + qd];
-                let block_table = input.seqs[si].block_table;
-                let width = group * hd;
-                for (g, (qg, og)) in q.chunks_exact(width).zip(out.chunks_exact_mut(width)).enumerate() {
-                    let span = KvSpan { block_table, kv_head: g, last_pos: pos };
-                    attend(qg, view, span, scale, scratch, og);
-                }
+                let span = KvSpan { block_table: input.seqs[si].block_table, last_pos: pos };
+                attend(&qkv_ro[r * width..r * width + qd], view, span, scale, scratch, out);
             });
             matmul(attn, &layer.wo, tmp, t);
             add_and_norm(h, tmp, Some(layer.ffn_norm.data()), eps, xn, d);
