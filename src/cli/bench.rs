@@ -263,8 +263,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
             args.requests, args.prompt_len.0, args.prompt_len.1, args.output_len.0, args.output_len.1
         );
         println!(
-            "{:>12} {:>9} {:>10} {:>8} {:>10} {:>10} {:>9} {:>9}",
-            "mode", "total s", "out tok/s", "req/s", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99"
+            "{:>12} {:>9} {:>10} {:>8} {:>10} {:>10} {:>9} {:>9} {:>8}",
+            "mode", "total s", "out tok/s", "req/s", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "preempt"
         );
         let mut modes = Vec::new();
         for (name, seqs) in [("continuous", base.max_num_seqs), ("sequential", 1)] {
@@ -279,6 +279,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let t0 = Instant::now();
             let t = drive(&engine, reqs.clone())?;
             let total = t0.elapsed().as_secs_f64();
+            let preemptions = engine.stats().preemptions;
             let out: usize = t.iter().map(|x| x.tokens.len()).sum();
             let mut ttft: Vec<f64> =
                 t.iter().filter_map(|x| x.tokens.first().map(|f| (*f - x.sent).as_secs_f64())).collect();
@@ -287,9 +288,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let m = json!({"mode": name, "max_num_seqs": seqs, "total_s": total, "output_tok_s": out as f64 / total,
                 "requests_s": args.requests as f64 / total,
                 "ttft_p50_s": percentile(&mut ttft, 0.5), "ttft_p99_s": percentile(&mut ttft, 0.99),
-                "itl_p50_s": percentile(&mut itl, 0.5), "itl_p99_s": percentile(&mut itl, 0.99)});
+                "itl_p50_s": percentile(&mut itl, 0.5), "itl_p99_s": percentile(&mut itl, 0.99), "preemptions": preemptions});
             println!(
-                "{:>12} {:>9.2} {:>10.1} {:>8.2} {:>9.0}ms {:>9.0}ms {:>7.1}ms {:>7.1}ms",
+                "{:>12} {:>9.2} {:>10.1} {:>8.2} {:>9.0}ms {:>9.0}ms {:>7.1}ms {:>7.1}ms {:>8}",
                 name,
                 total,
                 m["output_tok_s"].as_f64().unwrap(),
@@ -297,7 +298,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 m["ttft_p50_s"].as_f64().unwrap() * 1e3,
                 m["ttft_p99_s"].as_f64().unwrap() * 1e3,
                 m["itl_p50_s"].as_f64().unwrap() * 1e3,
-                m["itl_p99_s"].as_f64().unwrap() * 1e3
+                m["itl_p99_s"].as_f64().unwrap() * 1e3,
+                preemptions
             );
             modes.push(m);
         }
