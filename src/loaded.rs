@@ -40,6 +40,9 @@ impl LoadedModel {
         if tokenizer.vocab_size() > vocab {
             bail!("{}: tokenizer has {} tokens but the model only {vocab}", path.display(), tokenizer.vocab_size());
         }
+        if let Some(bad) = tokenizer.eos_ids.iter().chain(&tokenizer.bos_id).find(|&&id| id as usize >= vocab) {
+            bail!("{}: special token id {bad} is outside the vocabulary ({vocab})", path.display());
+        }
         Ok(LoadedModel { model, tokenizer, name })
     }
 }

@@ -1,5 +1,5 @@
-//! `weft batch` end to end: OpenAI batch lines and plain prompts in, one record per line out,
-//! in order; bad lines become error records.
+//! `weft batch` end to end: OpenAI batch lines and plain prompts in, one record per line out
+//! (blank lines too), in order; bad lines become error records.
 
 mod common;
 
@@ -22,11 +22,13 @@ fn batch_job_writes_one_record_per_line_in_order() {
         r#"{"custom_id": "chat", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "hi"}]}}"#.into(),
         r#"{"custom_id": "bad", "body": {"prompt": "x", "temperature": "hot"}}"#.into(),
         r#"{"custom_id": "url", "url": "/v1/embeddings", "body": {"input": "x"}}"#.into(),
+        "   ".into(),
     ];
     for i in 0..40 {
         lines.push(format!(r#"{{"custom_id": "many-{i}", "body": {{"prompt": "One day", "max_tokens": {}, "temperature": 0.8, "seed": {i}}}}}"#, 1 + i % 7));
     }
-    std::fs::write(&input, lines.join("\n") + "\n\n").unwrap();
+    lines.push(String::new());
+    std::fs::write(&input, lines.join("\n") + "\n").unwrap();
     let status = Command::new(env!("CARGO_BIN_EXE_weft"))
         .args(["batch", "--model"])
         .arg(models.join("stories260k"))
@@ -56,7 +58,9 @@ fn batch_job_writes_one_record_per_line_in_order() {
     let bad = &records[4]["response"]["body"]["error"];
     assert_eq!((bad["param"].as_str(), bad["type"].as_str()), (Some("temperature"), Some("invalid_request_error")));
     assert_eq!(records[5]["error"]["code"], "invalid_url");
-    for r in &records[6..] {
+    assert_eq!(records[6]["error"]["code"], "invalid_line", "a blank line still gets its record");
+    assert_eq!(records.last().unwrap()["error"]["code"], "invalid_line");
+    for r in &records[7..records.len() - 1] {
         assert_eq!(r["response"]["status_code"], 200, "queued lines wait for room instead of failing: {r}");
     }
     std::fs::remove_dir_all(&dir).ok();

@@ -189,7 +189,7 @@ fn bad_requests_and_overload_get_clear_errors() {
     }
     let e = engine(STORIES, EngineConfig { max_waiting_requests: 2, max_num_seqs: 1, ..EngineConfig::default() });
     let err = |r: Request| match e.submit(r) {
-        Err(SubmitError::Invalid(m)) => m,
+        Err(SubmitError::Invalid { message, .. }) => message,
         other => panic!("expected invalid, got {:?}", other.map(|s| s.id)),
     };
     assert!(err(Request::new(vec![], 5)).contains("empty"));

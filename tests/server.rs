@@ -5,114 +5,13 @@
 mod common;
 
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 const STORIES: &str = "stories260k";
 const SMOL: &str = "smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf";
 
-struct Server {
-    child: Child,
-    base: String,
-    http: reqwest::Client,
-}
-
-impl Server {
-    /// Starts `weft serve` on port 0 and waits until /health says ready.
-    async fn start(model: &str, extra: &[&str]) -> Server {
-        let path = common::shared_models().unwrap().join(model);
-        let mut child = Command::new(env!("CARGO_BIN_EXE_weft"))
-            .args(["serve", "--port", "0", "--kv-cache-memory", "256M", "--model"])
-            .arg(path)
-            .args(extra)
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(addr) = line.strip_prefix("weft: listening on ") {
-                    let _ = tx.send(addr.to_string());
-                }
-            }
-        });
-        let base = rx.recv_timeout(Duration::from_secs(30)).expect("server printed its address");
-        let s = Server { child, base, http: reqwest::Client::new() };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while s.get("/health").await.0 != 200 {
-            assert!(Instant::now() < deadline, "server never became healthy");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        s
-    }
-
-    async fn get(&self, path: &str) -> (u16, String) {
-        match self.http.get(format!("{}{path}", self.base)).send().await {
-            Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
-            Err(_) => (0, String::new()),
-        }
-    }
-
-    /// Status and JSON body; status 0 when the connection itself is refused.
-    async fn post_raw(&self, path: &str, body: impl Into<reqwest::Body>) -> (u16, Value) {
-        let Ok(r) = self.http.post(format!("{}{path}", self.base)).body(body).send().await else {
-            return (0, Value::Null);
-        };
-        let status = r.status().as_u16();
-        (status, r.json().await.unwrap_or(Value::Null))
-    }
-
-    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
-        self.post_raw(path, body.to_string()).await
-    }
-
-    /// A streaming request: the `data:` payloads in order (the last is `[DONE]`).
-    async fn stream(&self, path: &str, body: Value) -> Vec<String> {
-        let r = self.http.post(format!("{}{path}", self.base)).body(body.to_string()).send().await.unwrap();
-        assert_eq!(r.status(), 200);
-        let text = r.text().await.unwrap();
-        text.lines().filter_map(|l| l.strip_prefix("data: ").map(str::to_owned)).collect()
-    }
-
-    async fn metric(&self, name: &str) -> f64 {
-        let (_, text) = self.get("/metrics").await;
-        text.lines()
-            .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
-            .unwrap_or_else(|| panic!("metric {name} missing"))
-    }
-
-    /// Waits until a metric reads `want`.
-    async fn wait_metric(&self, name: &str, want: f64) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while self.metric(name).await != want {
-            assert!(Instant::now() < deadline, "{name} never reached {want}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// Waits until nothing runs and every KV block is free.
-    async fn assert_idle(&self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let running = self.metric("weft:num_requests_running ").await;
-            let kv = self.metric("weft:kv_cache_usage_perc ").await;
-            if running == 0.0 && kv == 0.0 {
-                return;
-            }
-            assert!(Instant::now() < deadline, "still running {running}, kv usage {kv}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use common::server::Server;
 
 fn stream_text(events: &[String], field: impl Fn(&Value) -> Option<String>) -> String {
     events.iter().filter(|e| *e != "[DONE]").filter_map(|e| field(&serde_json::from_str(e).unwrap())).collect()
@@ -166,8 +65,8 @@ async fn completions_streaming_and_every_error_path() {
         (json!({"prompt": "x", "bogus": 1}), 400, Some("bogus")),
         (json!({"prompt": "x", "model": "gpt-4"}), 400, Some("model")),
         (json!({"prompt": []}), 400, Some("prompt")),
-        (json!({"prompt": [[]]}), 400, None),
-        (json!({"prompt": "x", "max_tokens": 600}), 400, None),
+        (json!({"prompt": [[]]}), 400, Some("prompt")),
+        (json!({"prompt": "x", "max_tokens": 600}), 400, Some("max_tokens")),
         (json!({"prompt": "x", "n": 0}), 400, Some("n")),
         (json!({"prompt": "x", "logit_bias": {"abc": 1}}), 400, Some("logit_bias")),
         (json!([1, 2]), 400, None),

@@ -43,6 +43,10 @@ impl ApiError {
         ApiError { status: 503, message: message.into(), kind: "service_unavailable", param: None, code: None }
     }
 
+    pub fn timeout(message: impl Into<String>) -> Self {
+        ApiError { status: 504, message: message.into(), kind: "timeout_error", param: None, code: Some("timeout") }
+    }
+
     pub fn internal(message: impl Into<String>) -> Self {
         ApiError { status: 500, message: message.into(), kind: "server_error", param: None, code: None }
     }
@@ -57,7 +61,7 @@ impl From<crate::engine::SubmitError> for ApiError {
     fn from(e: crate::engine::SubmitError) -> Self {
         use crate::engine::SubmitError::*;
         match e {
-            Invalid(m) => ApiError::invalid(m, None),
+            Invalid { message, param } => ApiError::invalid(message, param),
             Overloaded(_) => ApiError::overloaded(e.to_string()),
             ShutDown => ApiError::unavailable(e.to_string()),
         }
@@ -89,6 +93,17 @@ fn deserialize<T: DeserializeOwned>(v: Value) -> Result<T, ApiError> {
         let param = (path != ".").then_some(path.as_str());
         ApiError::invalid(format!("invalid value for `{path}`: {}", e.inner()), param)
     })
+}
+
+/// Runs CPU-heavy request preparation (tokenizing, rendering chat templates) on tokio's
+/// blocking pool, two at a time, so a huge prompt never stalls the async workers that
+/// answer `/health` and stream tokens, nor takes both cores from the engine.
+pub async fn off_runtime<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    static PERMITS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+    let _permit = PERMITS.acquire().await.map_err(|e| ApiError::internal(e.to_string()))?;
+    tokio::task::spawn_blocking(f).await.map_err(|e| ApiError::internal(format!("preparing the request: {e}")))?
 }
 
 /// Seconds since the Unix epoch, for `created` fields.

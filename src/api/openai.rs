@@ -1,8 +1,8 @@
 //! `/v1/completions` and `/v1/chat/completions`: request fields (OpenAI's, plus the extras
 //! vLLM accepts), their conversion to engine requests, and the non-streaming response bodies.
 
-use super::chat::{ChatMessage, ChatTemplate};
-use super::{parse_split, unix_time, ApiError};
+use super::chat::{ChatMessage, ROLES};
+use super::{off_runtime, parse_split, unix_time, ApiError};
 use crate::engine::{EngineHandle, Event, FinishReason, Request, RequestStream};
 use crate::sampling::{SamplingParams, StopCondition, TokenLogprob};
 use crate::tokenizer::Tokenizer;
@@ -137,11 +137,25 @@ impl CompletionRequest {
         Ok(prompts)
     }
 
-    /// One engine request per prompt.
+    /// One engine request per prompt (tokenizing on the calling thread).
     pub fn engine_requests(&self, engine: &EngineHandle) -> Result<Vec<Request>, ApiError> {
         check_model(engine, &self.gen)?;
+        let count = match &self.prompt {
+            PromptInput::Text(_) | PromptInput::Tokens(_) => 1,
+            PromptInput::Texts(v) => v.len(),
+            PromptInput::TokenLists(v) => v.len(),
+        };
+        // Refuse what can never run before tokenizing anything.
+        self.gen.precheck(engine, self.gen.max_tokens)?;
+        engine.check_fan_out(count.saturating_mul(self.gen.n.unwrap_or(1)))?;
         let tok = &engine.model().tokenizer;
         self.prompts(tok)?.into_iter().map(|p| self.gen.request(p, 16, self.logprobs, engine)).collect()
+    }
+
+    /// [`CompletionRequest::engine_requests`] off the async runtime.
+    pub async fn prepare(&self, engine: &EngineHandle) -> Result<Vec<Request>, ApiError> {
+        let (req, engine) = (self.clone(), engine.clone());
+        off_runtime(move || req.engine_requests(&engine)).await
     }
 }
 
@@ -164,17 +178,32 @@ impl ChatRequest {
         if self.messages.is_empty() {
             return Err(ApiError::invalid("messages must not be empty", Some("messages")));
         }
+        if let Some(m) = self.messages.iter().find(|m| !ROLES.contains(&m.role.as_str())) {
+            return Err(ApiError::invalid(
+                format!("unknown message role {:?} (expected one of {})", m.role, ROLES.join(", ")),
+                Some("messages"),
+            ));
+        }
         let tok = &engine.model().tokenizer;
-        let template = chat_template(tok)?;
+        let template = tok.chat().map_err(|e| ApiError::invalid(e, Some("messages")))?;
         let text = template
-            .render(&self.messages, self.add_generation_prompt.unwrap_or(true))
+            .render(
+                &self.messages.iter().map(ChatMessage::to_value).collect::<Vec<_>>(),
+                self.add_generation_prompt.unwrap_or(true),
+            )
             .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
         tok.encode(&text).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))
     }
 
     pub fn engine_request(&self, engine: &EngineHandle) -> Result<Request, ApiError> {
         check_model(engine, &self.gen)?;
-        let prompt = self.prompt(engine)?;
+        let max = engine.config().limits.max_logprobs;
+        if let Some(k) = self.top_logprobs.filter(|&k| k > max) {
+            return Err(ApiError::invalid(
+                format!("top_logprobs must be at most {max}, got {k}"),
+                Some("top_logprobs"),
+            ));
+        }
         let logprobs = match (self.logprobs.unwrap_or(false), self.top_logprobs) {
             (true, k) => Some(k.unwrap_or(0)),
             (false, Some(_)) => {
@@ -182,21 +211,20 @@ impl ChatRequest {
             }
             (false, None) => None,
         };
-        let ctx = engine.model().model.config.max_position_embeddings;
+        self.gen.precheck(engine, self.max_completion_tokens.or(self.gen.max_tokens))?;
+        engine.check_fan_out(self.gen.n.unwrap_or(1))?;
+        let prompt = self.prompt(engine)?;
+        let ctx = engine.max_model_len();
         let mut gen = self.gen.clone();
         gen.max_tokens = self.max_completion_tokens.or(gen.max_tokens);
         gen.request(prompt.clone(), ctx.saturating_sub(prompt.len()).max(1), logprobs, engine)
     }
-}
 
-fn chat_template(tok: &Tokenizer) -> Result<ChatTemplate, ApiError> {
-    let src = tok
-        .chat_template
-        .as_deref()
-        .ok_or_else(|| ApiError::invalid("this model has no chat template; use /v1/completions", Some("messages")))?;
-    let name = |id: Option<u32>| id.and_then(|i| tok.decode(&[i], false).ok()).unwrap_or_default();
-    ChatTemplate::new(src, name(tok.bos_id), name(tok.eos_ids.first().copied()))
-        .map_err(|e| ApiError::internal(e.to_string()))
+    /// [`ChatRequest::engine_request`] (template rendering and tokenizing) off the async runtime.
+    pub async fn prepare(&self, engine: &EngineHandle) -> Result<Request, ApiError> {
+        let (req, engine) = (self.clone(), engine.clone());
+        off_runtime(move || req.engine_request(&engine)).await
+    }
 }
 
 fn check_model(engine: &EngineHandle, gen: &GenerationFields) -> Result<(), ApiError> {
@@ -213,6 +241,24 @@ fn check_model(engine: &EngineHandle, gen: &GenerationFields) -> Result<(), ApiE
 }
 
 impl GenerationFields {
+    /// The checks that need no prompt, done before the costly tokenizing or rendering: a
+    /// `max_tokens` no prompt can fit with, and `n` over the cap. (The engine checks all
+    /// again on submit.)
+    fn precheck(&self, engine: &EngineHandle, max_tokens: Option<usize>) -> Result<(), ApiError> {
+        let ctx = engine.max_model_len();
+        if let Some(m) = max_tokens.filter(|&m| m >= ctx) {
+            return Err(ApiError::invalid(
+                format!("max_tokens ({m}) leaves no room for a prompt in the context length of {ctx}"),
+                Some("max_tokens"),
+            ));
+        }
+        let max_n = engine.config().limits.max_n;
+        if let Some(n) = self.n.filter(|&n| n == 0 || n > max_n) {
+            return Err(ApiError::invalid(format!("n must be between 1 and {max_n}, got {n}"), Some("n")));
+        }
+        Ok(())
+    }
+
     fn request(
         &self,
         prompt: Vec<u32>,
@@ -314,6 +360,10 @@ pub async fn gather(mut stream: RequestStream, n: usize) -> Result<(Vec<Choice>,
             Event::Error { message } => return Err(ApiError::internal(message)),
         }
     }
+    // A stream that closes before every sample finished lost its engine: never a 200.
+    if choices.iter().any(|c| c.finish.is_none()) {
+        return Err(ApiError::internal("the engine stopped before this request finished"));
+    }
     Ok((choices, prompt_tokens, completion_tokens))
 }
 
@@ -365,7 +415,7 @@ pub fn usage(prompt: usize, completion: usize) -> Value {
 
 /// A non-streaming `/v1/completions` response.
 pub async fn completions(engine: &EngineHandle, req: &CompletionRequest, id: &str) -> Result<Value, ApiError> {
-    let reqs = req.engine_requests(engine)?;
+    let reqs = req.prepare(engine).await?;
     let tok = &engine.model().tokenizer;
     let mut streams = Vec::with_capacity(reqs.len());
     for r in &reqs {
@@ -390,7 +440,7 @@ pub async fn completions(engine: &EngineHandle, req: &CompletionRequest, id: &st
 
 /// A non-streaming `/v1/chat/completions` response.
 pub async fn chat_completions(engine: &EngineHandle, req: &ChatRequest, id: &str) -> Result<Value, ApiError> {
-    let r = req.engine_request(engine)?;
+    let r = req.prepare(engine).await?;
     let tok = &engine.model().tokenizer;
     let stream = engine.submit(r.clone())?;
     let (cs, p, c) = gather(stream, r.n).await?;

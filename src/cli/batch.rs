@@ -11,6 +11,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
+use std::collections::VecDeque;
 use std::io::{BufRead, BufWriter, Write};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -28,58 +29,64 @@ pub struct BatchArgs {
 }
 
 pub fn run(args: BatchArgs) -> Result<()> {
-    let file = std::fs::File::open(&args.input).with_context(|| format!("opening {}", args.input.display()))?;
-    let lines: Vec<Result<String, String>> = std::io::BufReader::new(file)
-        .split(b'\n')
-        .map(|l| {
-            l.map_err(|e| e.to_string())
-                .and_then(|b| String::from_utf8(b).map_err(|_| "line is not valid UTF-8".into()))
-        })
-        .filter(|l| l.as_ref().map_or(true, |s| !s.trim().is_empty()))
-        .collect();
+    let open = || std::fs::File::open(&args.input).with_context(|| format!("opening {}", args.input.display()));
+    // One cheap pass for the progress bar's length; the job itself streams the file.
+    let total = std::io::BufReader::new(open()?).split(b'\n').count();
     let engine = args.engine.start()?;
     let out = std::fs::File::create(&args.output).with_context(|| format!("creating {}", args.output.display()))?;
     let mut out = BufWriter::new(out);
-    let bar = ProgressBar::new(lines.len() as u64);
+    let bar = ProgressBar::new(total as u64);
     bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} requests, {msg}, ETA {eta}")?);
     let start = Instant::now();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_time().build()?;
-    let (ok, failed) = rt.block_on(async {
-        let tasks: Vec<_> = lines
-            .into_iter()
-            .enumerate()
-            .map(|(i, line)| {
-                let engine = engine.clone();
-                tokio::spawn(async move { process_line(&engine, i, line).await })
-            })
-            .collect();
-        let (mut ok, mut failed) = (0, 0);
-        for t in tasks {
-            let record = t.await?;
-            if record["error"].is_null() && record["response"]["status_code"] == 200 {
-                ok += 1;
-            } else {
-                failed += 1;
+    // Lines in flight or done but not yet written, at most: enough to keep the engine's
+    // queue full, few enough that memory stays bounded whatever the file's length.
+    let window = engine.config().max_waiting_requests.max(1);
+    let (ok, client_errors, server_errors) = rt.block_on(async {
+        let mut pending: VecDeque<tokio::task::JoinHandle<Value>> = VecDeque::with_capacity(window);
+        let mut counts = (0usize, 0usize, 0usize);
+        let mut write = |record: Value, counts: &mut (usize, usize, usize)| -> Result<()> {
+            let status = record["response"]["status_code"].as_u64().unwrap_or(0);
+            match (record["error"].is_null(), status) {
+                (true, 200) => counts.0 += 1,
+                (true, 500..) => counts.2 += 1,
+                _ => counts.1 += 1,
             }
             serde_json::to_writer(&mut out, &record)?;
             out.write_all(b"\n")?;
             let tokens = engine.stats().generation_tokens_total;
             bar.set_message(format!("{:.1} tokens/s", tokens as f64 / start.elapsed().as_secs_f64()));
             bar.inc(1);
+            Ok(())
+        };
+        for (i, line) in std::io::BufReader::new(open()?).split(b'\n').enumerate() {
+            if pending.len() >= window {
+                let head = pending.pop_front().expect("window is not empty");
+                write(head.await?, &mut counts)?;
+            }
+            let line = line
+                .map_err(|e| e.to_string())
+                .and_then(|b| String::from_utf8(b).map_err(|_| "line is not valid UTF-8".into()));
+            let engine = engine.clone();
+            pending.push_back(tokio::spawn(async move { process_line(&engine, i, line).await }));
         }
-        anyhow::Ok((ok, failed))
+        while let Some(head) = pending.pop_front() {
+            write(head.await?, &mut counts)?;
+        }
+        anyhow::Ok(counts)
     })?;
     out.flush()?;
     bar.finish();
     let st = engine.stats();
     eprintln!(
-        "weft: {ok} succeeded, {failed} failed in {:.1} s; {} prompt and {} generated tokens ({:.1} generated tokens/s); wrote {}",
+        "weft: {ok} succeeded, {client_errors} refused as invalid, {server_errors} failed in the engine, in {:.1} s; {} prompt and {} generated tokens ({:.1} generated tokens/s); wrote {}",
         start.elapsed().as_secs_f64(),
         st.prompt_tokens_total,
         st.generation_tokens_total,
         st.generation_tokens_total as f64 / start.elapsed().as_secs_f64(),
         args.output.display()
     );
+    anyhow::ensure!(server_errors == 0, "{server_errors} lines failed inside the engine (see their records)");
     Ok(())
 }
 
@@ -88,6 +95,7 @@ async fn process_line(engine: &EngineHandle, i: usize, line: Result<String, Stri
     let id = format!("batch_req_{i}");
     let fail = |custom_id: Value, code: &str, message: String| json!({"id": id, "custom_id": custom_id, "response": null, "error": {"code": code, "message": message}});
     let line = match line {
+        Ok(l) if l.trim().is_empty() => return fail(Value::Null, "invalid_line", "the line is empty".into()),
         Ok(l) => l,
         Err(e) => return fail(Value::Null, "invalid_line", e),
     };

@@ -7,7 +7,7 @@ pub mod generate;
 pub mod model_cache;
 mod plot;
 
-use crate::engine::{EngineConfig, EngineHandle};
+use crate::engine::{EngineConfig, EngineHandle, RequestLimits};
 use crate::loaded::LoadedModel;
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -63,9 +63,50 @@ pub struct EngineArgs {
     /// Tokens per KV cache block.
     #[arg(long, default_value_t = EngineConfig::default().block_size)]
     pub block_size: usize,
-    /// Requests allowed to wait for the batch before new ones are refused.
+    /// Sequences (prompts × n) allowed to wait for the batch before new ones are refused.
     #[arg(long, default_value_t = EngineConfig::default().max_waiting_requests)]
     pub max_waiting_requests: usize,
+    /// Longest sequence (prompt + output) served, at most the model's context (0: the model's).
+    #[arg(long, default_value_t = 0)]
+    pub max_model_len: usize,
+    #[command(flatten)]
+    pub limits: LimitArgs,
+}
+
+/// Caps on what one request may ask for; above them it gets a 400 naming the field.
+#[derive(Args, Debug, Clone)]
+pub struct LimitArgs {
+    /// Most samples per request (`n`).
+    #[arg(long, default_value_t = RequestLimits::default().max_n)]
+    pub max_n: usize,
+    /// Most stop strings per request.
+    #[arg(long, default_value_t = RequestLimits::default().max_stop_strings)]
+    pub max_stop_strings: usize,
+    /// Longest stop string, bytes.
+    #[arg(long, default_value_t = RequestLimits::default().max_stop_string_bytes)]
+    pub max_stop_string_bytes: usize,
+    /// Most `stop_token_ids` per request.
+    #[arg(long, default_value_t = RequestLimits::default().max_stop_token_ids)]
+    pub max_stop_token_ids: usize,
+    /// Most `logit_bias` entries per request.
+    #[arg(long, default_value_t = RequestLimits::default().max_logit_bias)]
+    pub max_logit_bias: usize,
+    /// Most alternatives per token in `logprobs` / `top_logprobs`.
+    #[arg(long, default_value_t = RequestLimits::default().max_logprobs)]
+    pub max_logprobs: usize,
+}
+
+impl LimitArgs {
+    pub fn limits(&self) -> RequestLimits {
+        RequestLimits {
+            max_n: self.max_n,
+            max_stop_strings: self.max_stop_strings,
+            max_stop_string_bytes: self.max_stop_string_bytes,
+            max_stop_token_ids: self.max_stop_token_ids,
+            max_logit_bias: self.max_logit_bias,
+            max_logprobs: self.max_logprobs,
+        }
+    }
 }
 
 impl EngineArgs {
@@ -77,6 +118,8 @@ impl EngineArgs {
             kv_cache_memory: self.kv_cache_memory,
             block_size: self.block_size,
             max_waiting_requests: self.max_waiting_requests,
+            max_model_len: self.max_model_len,
+            limits: self.limits.limits(),
         }
     }
 

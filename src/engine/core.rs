@@ -8,6 +8,7 @@ use crate::sampling::{Sampled, Sampler};
 use crate::scheduler::{Scheduled, Scheduler, SchedulerConfig, SeqId, Sequence};
 use crate::tokenizer::Detokenizer;
 use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
 use std::time::Instant;
@@ -57,13 +58,7 @@ pub(super) struct EngineLoop {
 
 impl EngineLoop {
     pub fn new(shared: Arc<Shared>, kv: KvCache, rx: mpsc::Receiver<Command>) -> Self {
-        let cfg = shared.config;
-        let sched = Scheduler::new(SchedulerConfig {
-            max_num_seqs: cfg.max_num_seqs,
-            max_num_batched_tokens: cfg.max_num_batched_tokens,
-            block_size: cfg.block_size,
-            num_blocks: kv.num_blocks(),
-        });
+        let sched = Self::scheduler(&shared, &kv);
         EngineLoop {
             shared,
             rx,
@@ -77,24 +72,66 @@ impl EngineLoop {
         }
     }
 
+    fn scheduler(shared: &Shared, kv: &KvCache) -> Scheduler {
+        let cfg = shared.config;
+        Scheduler::new(SchedulerConfig {
+            max_num_seqs: cfg.max_num_seqs,
+            max_num_batched_tokens: cfg.max_num_batched_tokens,
+            block_size: cfg.block_size,
+            num_blocks: kv.num_blocks(),
+        })
+    }
+
+    /// The loop, supervised: a panic anywhere in an iteration fails the requests in flight
+    /// (each gets an error event) and the loop goes on with fresh books. Restarting in place
+    /// costs microseconds and keeps the loaded weights and the listening server; the KV
+    /// pools need no clearing because a block is always written before it is read.
     pub fn run(mut self) {
         loop {
-            if !self.take_commands() {
-                return;
-            }
-            self.drop_abandoned();
-            if !self.sched.is_idle() {
-                self.step();
+            let iteration = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                if !self.take_commands() {
+                    return false;
+                }
+                self.drop_abandoned();
+                if !self.sched.is_idle() {
+                    self.step();
+                }
+                true
+            }));
+            match iteration {
+                Ok(true) => {}
+                Ok(false) => return,
+                Err(panic) => self.recover(panic_message(&*panic)),
             }
             self.publish_occupancy();
         }
     }
 
+    /// After a panic: every request still known gets an error event and its stream closes;
+    /// the scheduler (and with it the block allocator) starts empty.
+    fn recover(&mut self, message: String) {
+        eprintln!("weft: engine step failed: {message}; failing its requests and restarting the engine");
+        self.shared.stats.lock().unwrap_or_else(|p| p.into_inner()).engine_failures += 1;
+        let message = format!("the engine failed while running this request ({message}); it has been restarted");
+        for (_, req) in self.requests.drain() {
+            if req.waiting {
+                self.shared.waiting.fetch_sub(req.request.n, Ordering::SeqCst);
+            }
+            for _ in &req.seqs {
+                self.shared.observer.finished(FinishReason::Error, req.submitted.elapsed());
+            }
+            let _ = req.events.send(Event::Error { message: message.clone() });
+        }
+        self.seqs.clear();
+        self.sched = Self::scheduler(&self.shared, &self.kv);
+        self.ws = Workspace::default();
+    }
+
     /// Running, waiting and KV usage as they are now (after steps, aborts and submissions).
     fn publish_occupancy(&self) {
-        let mut st = self.shared.stats.lock().unwrap();
+        let mut st = self.shared.stats.lock().unwrap_or_else(|p| p.into_inner());
         st.running = self.sched.num_running();
-        st.waiting = self.shared.waiting.load(Ordering::SeqCst);
+        st.waiting = self.shared.waiting.load(Ordering::SeqCst) + self.sched.num_requeued();
         st.kv_blocks_used = self.sched.blocks_used();
         st.kv_blocks_total = self.sched.num_blocks();
         st.preemptions = self.sched.preemptions();
@@ -186,7 +223,7 @@ impl EngineLoop {
             return;
         };
         if req.waiting {
-            self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
+            self.shared.waiting.fetch_sub(req.request.n, Ordering::SeqCst);
         }
         for seq in req.seqs {
             self.sched.remove(seq);
@@ -214,6 +251,8 @@ impl EngineLoop {
             return;
         }
         self.mark_admitted(&plan);
+        #[cfg(feature = "fault-injection")]
+        fault::check(&plan, &self.sched);
         let mut tokens = Vec::with_capacity(plan.iter().map(|s| s.num_tokens).sum());
         for s in &plan {
             let seq = self.sched.get(s.id).expect("scheduled sequence exists");
@@ -244,7 +283,7 @@ impl EngineLoop {
         }
         self.ws = ws;
         let t3 = Instant::now();
-        let mut st = self.shared.stats.lock().unwrap();
+        let mut st = self.shared.stats.lock().unwrap_or_else(|p| p.into_inner());
         st.steps += 1;
         st.last_step_tokens = tokens.len();
         st.last_step_seqs = plan.len();
@@ -264,8 +303,9 @@ impl EngineLoop {
             if let Some(req) = self.requests.get_mut(&state.request) {
                 if req.waiting {
                     req.waiting = false;
-                    self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
-                    self.shared.stats.lock().unwrap().prompt_tokens_total += req.request.prompt.len() as u64;
+                    self.shared.waiting.fetch_sub(req.request.n, Ordering::SeqCst);
+                    self.shared.stats.lock().unwrap_or_else(|p| p.into_inner()).prompt_tokens_total +=
+                        req.request.prompt.len() as u64;
                 }
             }
         }
@@ -326,7 +366,9 @@ impl EngineLoop {
         s.last_token = Some(now);
         s.generated += 1;
         let index = s.index;
-        let at_limit = s.generated >= req.request.stop.max_tokens;
+        // max_tokens, or the context: a sequence never asks the model for a position past it.
+        let at_limit = s.generated >= req.request.stop.max_tokens
+            || req.request.prompt.len() + s.generated >= self.shared.max_model_len;
         let finish = if s.stop_ids.contains(&sampled.id) {
             let _ = req.events.send(Event::Token {
                 index,
@@ -372,6 +414,31 @@ impl EngineLoop {
         // of an n > 1 request not forked yet are still to come.
         if req.seqs.is_empty() && (req.forked || req.request.n == 1) {
             self.requests.remove(&s.request);
+        }
+    }
+}
+
+/// The text of a caught panic.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "panic".into())
+}
+
+/// Test builds only: a step with a sequence whose prompt starts with the token id in
+/// `WEFT_FAULT_PANIC_TOKEN` three times panics, so supervision can be tested end to end.
+#[cfg(feature = "fault-injection")]
+mod fault {
+    use crate::scheduler::{Scheduled, Scheduler};
+
+    pub fn check(plan: &[Scheduled], sched: &Scheduler) {
+        let Some(token) = std::env::var("WEFT_FAULT_PANIC_TOKEN").ok().and_then(|v| v.parse::<u32>().ok()) else {
+            return;
+        };
+        if plan.iter().any(|s| sched.get(s.id).is_some_and(|q| q.tokens.starts_with(&[token; 3]))) {
+            panic!("injected fault: token {token} scheduled");
         }
     }
 }

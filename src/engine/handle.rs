@@ -6,25 +6,35 @@ use super::observer::Nothing;
 use super::{EngineConfig, EngineStats, Event, Observer, Request};
 use crate::kv::KvCache;
 use crate::loaded::LoadedModel;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SubmitError {
-    #[error("server overloaded: {0} requests are already waiting; retry later")]
+    /// Full now; the same request may fit later.
+    #[error("server overloaded: {0} sequences are already waiting; retry later")]
     Overloaded(usize),
-    #[error("{0}")]
-    Invalid(String),
+    /// The request is wrong (or can never fit); `param` names the offending field.
+    #[error("{message}")]
+    Invalid { message: String, param: Option<&'static str> },
     #[error("the engine has shut down")]
     ShutDown,
+}
+
+fn invalid(param: &'static str, message: String) -> SubmitError {
+    SubmitError::Invalid { message, param: Some(param) }
 }
 
 pub(super) struct Shared {
     pub model: Arc<LoadedModel>,
     pub config: EngineConfig,
-    /// Submitted, not yet admitted to the running batch.
+    /// Sequences submitted, not yet admitted to the running batch (a request counts `n`).
     pub waiting: AtomicUsize,
+    /// Longest sequence served: the model's context, or less with `max_model_len`.
+    pub max_model_len: usize,
+    /// False once the engine thread has ended (shut down or died).
+    pub alive: AtomicBool,
     pub stats: Mutex<EngineStats>,
     pub capacity_tokens: usize,
     pub observer: Arc<dyn Observer>,
@@ -77,10 +87,14 @@ impl EngineHandle {
             "--kv-cache-memory {} bytes is less than one KV block ({per_block} bytes)",
             config.kv_cache_memory
         );
+        let ctx = c.max_position_embeddings;
+        let max_model_len = if config.max_model_len == 0 { ctx } else { config.max_model_len.min(ctx) };
         let shared = Arc::new(Shared {
             model,
             config,
             waiting: AtomicUsize::new(0),
+            max_model_len,
+            alive: AtomicBool::new(true),
             stats: Mutex::new(EngineStats::default()),
             capacity_tokens: num_blocks * config.block_size,
             observer,
@@ -92,6 +106,14 @@ impl EngineHandle {
         let pool = super::thread_pool(config.threads)?;
         let loop_shared = shared.clone();
         std::thread::Builder::new().name("weft-engine".into()).spawn(move || {
+            // Whatever way the loop ends, handles must see it.
+            struct Dead(Arc<Shared>);
+            impl Drop for Dead {
+                fn drop(&mut self) {
+                    self.0.alive.store(false, Ordering::SeqCst);
+                }
+            }
+            let _dead = Dead(loop_shared.clone());
             pool.install(|| EngineLoop::new(loop_shared, kv, rx).run());
         })?;
         Ok(EngineHandle { tx, shared, next_id: Arc::new(AtomicU64::new(1)) })
@@ -107,16 +129,50 @@ impl EngineHandle {
     }
 
     pub fn stats(&self) -> EngineStats {
-        self.shared.stats.lock().unwrap().clone()
+        self.shared.stats.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// False once the engine loop has ended; requests then fail with `ShutDown`.
+    pub fn is_alive(&self) -> bool {
+        self.shared.alive.load(Ordering::SeqCst)
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.shared.config
+    }
+
+    /// Longest sequence (prompt + output) this engine serves.
+    pub fn max_model_len(&self) -> usize {
+        self.shared.max_model_len
+    }
+
+    /// Refuses a call that would submit `sequences` at once (prompts × `n`) if it could
+    /// never be queued, so the client gets a 400 rather than a 429 that invites retrying.
+    pub fn check_fan_out(&self, sequences: usize) -> Result<(), SubmitError> {
+        let max = self.shared.config.max_waiting_requests;
+        if sequences > max {
+            return Err(SubmitError::Invalid {
+                message: format!(
+                    "the request asks for {sequences} sequences (prompts × n), more than the {max} this server queues at once"
+                ),
+                param: Some("n"),
+            });
+        }
+        Ok(())
     }
 
     /// Checks a request and queues it; its events arrive on the returned stream.
     pub fn submit(&self, request: Request) -> Result<RequestStream, SubmitError> {
-        self.validate(&request).map_err(SubmitError::Invalid)?;
+        self.validate(&request)?;
+        self.check_fan_out(request.n)?;
+        if !self.is_alive() {
+            return Err(SubmitError::ShutDown);
+        }
         let max = self.shared.config.max_waiting_requests;
         let waiting = &self.shared.waiting;
-        if waiting.fetch_add(1, Ordering::SeqCst) >= max {
-            waiting.fetch_sub(1, Ordering::SeqCst);
+        let n = request.n;
+        if waiting.fetch_add(n, Ordering::SeqCst) + n > max {
+            waiting.fetch_sub(n, Ordering::SeqCst);
             return Err(SubmitError::Overloaded(max));
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -126,7 +182,7 @@ impl EngineHandle {
             .send(Command::Submit { id, request: Box::new(request), events, submitted: std::time::Instant::now() })
             .is_err()
         {
-            waiting.fetch_sub(1, Ordering::SeqCst);
+            waiting.fetch_sub(n, Ordering::SeqCst);
             return Err(SubmitError::ShutDown);
         }
         Ok(RequestStream { id, rx })
@@ -137,35 +193,97 @@ impl EngineHandle {
         let _ = self.tx.send(Command::Abort(id));
     }
 
-    fn validate(&self, r: &Request) -> Result<(), String> {
+    /// Every client-controlled number is checked here, whatever the entry point (HTTP,
+    /// batch, library), with checked arithmetic and the configured caps.
+    fn validate(&self, r: &Request) -> Result<(), SubmitError> {
         let c = &self.shared.model.model.config;
+        let lim = &self.shared.config.limits;
+        let vocab = c.vocab_size;
         if r.prompt.is_empty() {
-            return Err("the prompt is empty (this model adds no BOS token, so there is nothing to continue)".into());
+            return Err(invalid(
+                "prompt",
+                "the prompt is empty (this model adds no BOS token, so there is nothing to continue)".into(),
+            ));
         }
-        if let Some(&bad) = r.prompt.iter().find(|&&t| t as usize >= c.vocab_size) {
-            return Err(format!("prompt token id {bad} is outside the vocabulary ({})", c.vocab_size));
+        if let Some(&bad) = r.prompt.iter().find(|&&t| t as usize >= vocab) {
+            return Err(invalid("prompt", format!("prompt token id {bad} is outside the vocabulary ({vocab})")));
         }
         if r.stop.max_tokens == 0 {
-            return Err("max_tokens must be at least 1".into());
+            return Err(invalid("max_tokens", "max_tokens must be at least 1".into()));
         }
-        if r.n == 0 || r.n > self.shared.config.max_num_seqs.max(1) * 4 {
-            return Err(format!("n must be between 1 and {}, got {}", self.shared.config.max_num_seqs * 4, r.n));
+        if r.n == 0 || r.n > lim.max_n {
+            return Err(invalid("n", format!("n must be between 1 and {}, got {}", lim.max_n, r.n)));
         }
-        let total = r.prompt.len() + r.stop.max_tokens;
-        if total > c.max_position_embeddings {
-            return Err(format!(
-                "the prompt ({} tokens) plus max_tokens ({}) is {total} tokens, over the model's context length of {}",
-                r.prompt.len(),
-                r.stop.max_tokens,
-                c.max_position_embeddings
+        let ctx = self.shared.max_model_len;
+        if r.prompt.len() >= ctx {
+            return Err(invalid(
+                "prompt",
+                format!("the prompt has {} tokens; this server's context length is {ctx}", r.prompt.len()),
             ));
         }
+        let total = r.prompt.len().checked_add(r.stop.max_tokens).filter(|&t| t <= ctx).ok_or_else(|| {
+            invalid(
+                "max_tokens",
+                format!(
+                    "the prompt ({} tokens) plus max_tokens ({}) is over the context length of {ctx}",
+                    r.prompt.len(),
+                    r.stop.max_tokens
+                ),
+            )
+        })?;
         if total > self.shared.capacity_tokens {
-            return Err(format!(
-                "the request needs {total} tokens of KV cache but the cache holds {} (raise --kv-cache-memory)",
-                self.shared.capacity_tokens
+            return Err(invalid(
+                "max_tokens",
+                format!(
+                    "the request needs {total} tokens of KV cache but the cache holds {} (raise --kv-cache-memory)",
+                    self.shared.capacity_tokens
+                ),
             ));
         }
-        r.sampling.validate(c.vocab_size).map_err(|e| e.to_string())
+        let stops = &r.stop.stop_strings;
+        if stops.len() > lim.max_stop_strings {
+            return Err(invalid(
+                "stop",
+                format!("at most {} stop strings are allowed, got {}", lim.max_stop_strings, stops.len()),
+            ));
+        }
+        if let Some(s) = stops.iter().find(|s| s.len() > lim.max_stop_string_bytes) {
+            return Err(invalid(
+                "stop",
+                format!("a stop string may have at most {} bytes, got {}", lim.max_stop_string_bytes, s.len()),
+            ));
+        }
+        let ids = &r.stop.stop_token_ids;
+        if ids.len() > lim.max_stop_token_ids {
+            return Err(invalid(
+                "stop_token_ids",
+                format!("at most {} stop_token_ids are allowed, got {}", lim.max_stop_token_ids, ids.len()),
+            ));
+        }
+        if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+            return Err(invalid("stop_token_ids", format!("stop token id {bad} is outside the vocabulary ({vocab})")));
+        }
+        if r.sampling.logit_bias.len() > lim.max_logit_bias {
+            return Err(invalid(
+                "logit_bias",
+                format!(
+                    "logit_bias may have at most {} entries, got {}",
+                    lim.max_logit_bias,
+                    r.sampling.logit_bias.len()
+                ),
+            ));
+        }
+        if let Some(k) = r.sampling.logprobs.filter(|&k| k > lim.max_logprobs) {
+            return Err(invalid("logprobs", format!("logprobs must be at most {}, got {k}", lim.max_logprobs)));
+        }
+        r.sampling.validate(vocab).map_err(|e| {
+            let message = e.to_string();
+            let param = SAMPLING_FIELDS.iter().copied().find(|f| message.starts_with(f));
+            SubmitError::Invalid { message, param }
+        })
     }
 }
+
+/// The sampling fields, as their errors start.
+const SAMPLING_FIELDS: &[&str] =
+    &["temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias"];

@@ -5,12 +5,14 @@
 
 mod core;
 mod handle;
+mod limits;
 mod observer;
 mod request;
 mod stats;
 mod stop;
 
 pub use handle::{EngineHandle, RequestStream, SubmitError};
+pub use limits::RequestLimits;
 pub use observer::Observer;
 pub use request::{Event, FinishReason, Request, Usage};
 pub use stats::EngineStats;
@@ -29,8 +31,13 @@ pub struct EngineConfig {
     pub kv_cache_memory: usize,
     /// Tokens per KV block.
     pub block_size: usize,
-    /// Requests allowed to wait for a place in the batch; beyond that `submit` refuses.
+    /// Sequences (prompts × `n`) allowed to wait for a place in the batch; beyond that
+    /// `submit` refuses with [`SubmitError::Overloaded`].
     pub max_waiting_requests: usize,
+    /// Longest sequence (prompt + output) served, below the model's own context (0: the model's).
+    pub max_model_len: usize,
+    /// Caps on the sizes a client controls.
+    pub limits: RequestLimits,
 }
 
 impl Default for EngineConfig {
@@ -42,6 +49,8 @@ impl Default for EngineConfig {
             kv_cache_memory: 1 << 30,
             block_size: 16,
             max_waiting_requests: 1024,
+            max_model_len: 0,
+            limits: RequestLimits::default(),
         }
     }
 }

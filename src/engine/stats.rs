@@ -5,11 +5,13 @@ use std::time::Duration;
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct EngineStats {
     pub running: usize,
-    /// Submitted requests not yet admitted to the batch.
+    /// Sequences waiting for the batch: submitted and not yet admitted, or preempted.
     pub waiting: usize,
     pub kv_blocks_used: usize,
     pub kv_blocks_total: usize,
     pub preemptions: u64,
+    /// Steps that panicked; each failed its requests and restarted the engine.
+    pub engine_failures: u64,
     pub steps: u64,
     /// Rows (tokens) in the last step.
     pub last_step_tokens: usize,

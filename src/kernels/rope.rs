@@ -1,9 +1,15 @@
 //! Rotary position embedding, Hugging Face "rotate_half" layout: dimension `i` pairs with
 //! `i + head_dim/2` (GGUF weights are un-permuted to this layout at load time).
 
+/// Positions whose cos/sin are precomputed; later ones (rare, and a context length read
+/// from a file must not size an allocation) are computed when needed, with the same
+/// arithmetic and so the same bits.
+const TABLE_POSITIONS: usize = 1 << 16;
+
 /// Precomputed cos/sin per (position, frequency), computed like HF in f32.
 pub struct Rope {
     half: usize,
+    inv_freq: Vec<f32>,
     cos: Vec<f32>,
     sin: Vec<f32>,
 }
@@ -12,27 +18,30 @@ impl Rope {
     pub fn new(head_dim: usize, theta: f32, max_positions: usize) -> Self {
         let half = head_dim / 2;
         let inv_freq: Vec<f32> = (0..half).map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32)).collect();
-        let mut cos = Vec::with_capacity(max_positions * half);
-        let mut sin = Vec::with_capacity(max_positions * half);
-        for p in 0..max_positions {
+        let table = max_positions.min(TABLE_POSITIONS);
+        let mut cos = Vec::with_capacity(table * half);
+        let mut sin = Vec::with_capacity(table * half);
+        for p in 0..table {
             for f in &inv_freq {
                 let angle = p as f32 * f;
                 cos.push(angle.cos());
                 sin.push(angle.sin());
             }
         }
-        Rope { half, cos, sin }
-    }
-
-    pub fn max_positions(&self) -> usize {
-        self.cos.len() / self.half.max(1)
+        Rope { half, inv_freq, cos, sin }
     }
 
     /// Rotates every head (width `2 * half`) of `x` in place for position `pos`.
     pub fn apply(&self, x: &mut [f32], pos: usize) {
         let h = self.half;
-        let cos = &self.cos[pos * h..(pos + 1) * h];
-        let sin = &self.sin[pos * h..(pos + 1) * h];
+        let (mut cos_buf, mut sin_buf) = (Vec::new(), Vec::new());
+        let (cos, sin) = if (pos + 1) * h <= self.cos.len() {
+            (&self.cos[pos * h..(pos + 1) * h], &self.sin[pos * h..(pos + 1) * h])
+        } else {
+            cos_buf.extend(self.inv_freq.iter().map(|f| (pos as f32 * f).cos()));
+            sin_buf.extend(self.inv_freq.iter().map(|f| (pos as f32 * f).sin()));
+            (&cos_buf[..], &sin_buf[..])
+        };
         for head in x.chunks_exact_mut(2 * h) {
             let (a, b) = head.split_at_mut(h);
             for i in 0..h {
@@ -76,6 +85,19 @@ mod tests {
         let mut y = x.clone();
         rope.apply(&mut y, 0);
         assert_eq!(x, y);
-        assert_eq!(rope.max_positions(), 4);
+    }
+
+    /// Positions past the table give the bits the table would have given.
+    #[test]
+    fn computed_positions_match_the_table() {
+        let small = Rope::new(8, 10000.0, 4);
+        let big = Rope::new(8, 10000.0, 64);
+        let x = random_vec(16, 2);
+        for pos in [3, 4, 40, 63] {
+            let (mut a, mut b) = (x.clone(), x.clone());
+            small.apply(&mut a, pos);
+            big.apply(&mut b, pos);
+            assert_eq!(a, b, "position {pos}");
+        }
     }
 }

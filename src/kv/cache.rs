@@ -22,7 +22,9 @@ impl KvCache {
 
     /// Bytes one block takes over all layers, K and V.
     pub fn bytes_per_block(num_layers: usize, block_size: usize, kv_heads: usize, head_dim: usize) -> usize {
-        2 * num_layers * block_size * kv_heads * head_dim * std::mem::size_of::<f32>()
+        [num_layers, block_size, kv_heads, head_dim, std::mem::size_of::<f32>()]
+            .iter()
+            .fold(2usize, |a, &b| a.saturating_mul(b))
     }
 
     pub fn num_blocks(&self) -> usize {

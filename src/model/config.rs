@@ -142,6 +142,17 @@ impl ModelConfig {
         );
         ensure!(self.head_dim.is_multiple_of(2), "head_dim {} must be even for RoPE", self.head_dim);
         ensure!(self.vocab_size > 0 && self.num_layers > 0, "empty model");
+        ensure!(self.max_position_embeddings > 0, "context length is 0");
+        ensure!(
+            self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0,
+            "RMSNorm epsilon {} is not a positive finite number",
+            self.rms_norm_eps
+        );
+        ensure!(
+            self.rope_theta.is_finite() && self.rope_theta > 0.0,
+            "RoPE base {} is not a positive finite number",
+            self.rope_theta
+        );
         Ok(())
     }
 

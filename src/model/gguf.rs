@@ -114,20 +114,22 @@ impl GgufFile {
     }
 
     fn parse(path: &Path, mmap: Mmap) -> Result<Self> {
-        let mut r = Reader { buf: &mmap, pos: 0 };
+        let mut r = Reader { buf: &mmap, pos: 0, values_left: MAX_VALUES };
         ensure!(r.bytes(4)? == b"GGUF", "not a GGUF file (bad magic)");
         let version = r.u32()?;
         ensure!(version == 2 || version == 3, "unsupported GGUF version {version} (need 2 or 3)");
-        let n_tensors = r.u64()? as usize;
-        let n_kv = r.u64()? as usize;
+        // Every count is checked against the bytes left before anything is allocated for it:
+        // a key/value takes at least 13 bytes, a tensor entry at least 24.
+        let n_tensors = r.count(24).context("tensor count")?;
+        let n_kv = r.count(13).context("metadata count")?;
         let mut metadata = HashMap::new();
         for _ in 0..n_kv {
             let key = r.string()?;
             let ty = r.u32()?;
-            let value = r.value(ty).with_context(|| format!("metadata key {key}"))?;
+            let value = r.value(ty, 0).with_context(|| format!("metadata key {key}"))?;
             metadata.insert(key, value);
         }
-        let mut infos = Vec::with_capacity(n_tensors.min(1 << 16));
+        let mut infos = Vec::with_capacity(n_tensors);
         for _ in 0..n_tensors {
             let name = r.string()?;
             let n_dims = r.u32()? as usize;
@@ -143,20 +145,22 @@ impl GgufFile {
         let data_start = r.pos.next_multiple_of(align);
         let mut tensors = HashMap::new();
         for (name, shape, dtype, rel) in infos {
-            let elems: usize = shape.iter().product();
+            let elems = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
+            let Some(elems) = elems else { bail!("tensor {name}: shape {shape:?} overflows") };
             let (per_block, block_bytes) = dtype.block();
             ensure!(
                 elems.is_multiple_of(per_block),
                 "tensor {name}: {elems} elements, not whole blocks of {per_block}"
             );
-            let len_bytes = elems / per_block * block_bytes;
-            let offset = data_start + rel;
-            ensure!(
-                offset + len_bytes <= mmap.len(),
-                "tensor {name} ends at byte {} but the file has {} bytes (truncated?)",
-                offset + len_bytes,
-                mmap.len()
-            );
+            let len_bytes = (elems / per_block).checked_mul(block_bytes);
+            let end = len_bytes.zip(data_start.checked_add(rel)).and_then(|(l, o)| o.checked_add(l).map(|e| (l, o, e)));
+            let Some((len_bytes, offset, end)) = end.filter(|&(_, _, e)| e <= mmap.len()) else {
+                bail!(
+                    "tensor {name} ({shape:?} of {dtype:?} at offset {rel}) ends past the {} bytes of the file (truncated?)",
+                    mmap.len()
+                );
+            };
+            debug_assert!(end <= mmap.len());
             tensors.insert(name, TensorInfo { shape, dtype, offset, len_bytes });
         }
         Ok(GgufFile { path: path.to_path_buf(), metadata, tensors, mmap })
@@ -218,9 +222,31 @@ pub fn dequantize(dtype: GgmlType, raw: &[u8]) -> Vec<f32> {
     }
 }
 
+/// Arrays of arrays are legal GGUF, but no model needs more than this.
+const MAX_NESTING: usize = 4;
+
+/// The fewest bytes a metadata value of type `ty` can take.
+fn min_value_bytes(ty: u32) -> Result<usize> {
+    Ok(match ty {
+        0 | 1 | 7 => 1,
+        2 | 3 => 2,
+        4..=6 => 4,
+        10..=12 => 8,
+        8 => 8,
+        9 => 12,
+        other => bail!("unknown metadata value type {other}"),
+    })
+}
+
+/// Metadata values (array elements included) a file may hold in all: about 20 times what
+/// the largest real vocabularies need, and at most 128 MiB of parsed values.
+const MAX_VALUES: usize = 1 << 22;
+
 struct Reader<'a> {
     buf: &'a [u8],
     pos: usize,
+    /// Array elements still allowed, so parsed metadata stays bounded whatever the file.
+    values_left: usize,
 }
 
 impl<'a> Reader<'a> {
@@ -238,10 +264,22 @@ impl<'a> Reader<'a> {
         Ok(u64::from_le_bytes(self.bytes(8)?.try_into()?))
     }
     fn string(&mut self) -> Result<String> {
-        let n = self.u64()? as usize;
+        let n = self.u64()?;
+        let n = usize::try_from(n).ok().filter(|&n| n <= self.remaining());
+        let Some(n) = n else { bail!("string at byte {} is longer than the rest of the file", self.pos) };
         Ok(String::from_utf8_lossy(self.bytes(n)?).into_owned())
     }
-    fn value(&mut self, ty: u32) -> Result<Value> {
+    fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+    /// A u64 count of items that each take at least `min_bytes`, checked to fit in the rest
+    /// of the file, so nothing is allocated for items that cannot be there.
+    fn count(&mut self, min_bytes: usize) -> Result<usize> {
+        let n = self.u64()?;
+        let fits = usize::try_from(n).ok().filter(|&n| n.checked_mul(min_bytes).is_some_and(|b| b <= self.remaining()));
+        fits.with_context(|| format!("{n} items cannot fit in the {} bytes left in the file", self.remaining()))
+    }
+    fn value(&mut self, ty: u32, depth: usize) -> Result<Value> {
         let b = |r: &mut Self, n| r.bytes(n).map(|s| s.to_vec());
         Ok(match ty {
             0 => Value::Int(b(self, 1)?[0] as i64),
@@ -254,10 +292,18 @@ impl<'a> Reader<'a> {
             7 => Value::Bool(b(self, 1)?[0] != 0),
             8 => Value::Str(self.string()?),
             9 => {
+                ensure!(depth < MAX_NESTING, "metadata arrays nested deeper than {MAX_NESTING}");
                 let ety = self.u32()?;
-                let n = self.u64()? as usize;
-                ensure!(n <= self.buf.len(), "array of {n} elements is longer than the file");
-                Value::Array((0..n).map(|_| self.value(ety)).collect::<Result<_>>()?)
+                let n = self.count(min_value_bytes(ety)?)?;
+                self.values_left = self
+                    .values_left
+                    .checked_sub(n)
+                    .with_context(|| format!("more than {MAX_VALUES} metadata values in all (an array of {n})"))?;
+                let mut items = Vec::with_capacity(n);
+                for _ in 0..n {
+                    items.push(self.value(ety, depth + 1)?);
+                }
+                Value::Array(items)
             }
             10 => Value::Int(self.u64()? as i64),
             11 => Value::Int(self.u64()? as i64),

@@ -111,7 +111,9 @@ impl Llama {
         let c = &config;
         let (d, f) = (c.hidden_size, c.intermediate_size);
         let embed = src.load("model.embed_tokens.weight", &[c.vocab_size, d])?;
-        let mut layers = Vec::with_capacity(c.num_layers);
+        // Grown layer by layer: a layer count from an untrusted file allocates nothing
+        // until that layer's tensors are found in it.
+        let mut layers = Vec::new();
         for i in 0..c.num_layers {
             let name = |s: &str| format!("model.layers.{i}.{s}.weight");
             let q = src.load(&name("self_attn.q_proj"), &[c.q_dim(), d])?;
@@ -162,7 +164,7 @@ impl Llama {
         let mut rows = Vec::with_capacity(t);
         for (si, s) in input.seqs.iter().enumerate() {
             let end = s.context_len + s.num_tokens;
-            assert!(end <= self.rope.max_positions(), "position {end} beyond the model's context");
+            assert!(end <= c.max_position_embeddings, "position {end} beyond the model's context");
             assert!(s.block_table.len() * kv.block_size() >= end, "block table too short for {end} tokens");
             rows.extend((s.context_len..end).map(|p| (si, p)));
         }

@@ -44,11 +44,9 @@ impl Default for SamplingParams {
     }
 }
 
-/// The most alternatives `logprobs` may ask for.
-pub const MAX_LOGPROBS: usize = 20;
-
 impl SamplingParams {
-    /// Checks ranges; `vocab_size` bounds `logit_bias` keys.
+    /// Checks ranges; `vocab_size` bounds `logit_bias` keys. (Sizes are capped by the
+    /// engine's [`crate::engine::RequestLimits`].)
     pub fn validate(&self, vocab_size: usize) -> Result<()> {
         let finite = |v: f32, name: &str| {
             ensure!(v.is_finite(), "{name} must be a finite number, got {v}");
@@ -77,9 +75,6 @@ impl SamplingParams {
         for (&id, &bias) in &self.logit_bias {
             ensure!((id as usize) < vocab_size, "logit_bias token id {id} is outside the vocabulary ({vocab_size})");
             ensure!((-100.0..=100.0).contains(&bias), "logit_bias for token {id} must be in [-100, 100], got {bias}");
-        }
-        if let Some(n) = self.logprobs {
-            ensure!(n <= MAX_LOGPROBS, "logprobs must be at most {MAX_LOGPROBS}, got {n}");
         }
         Ok(())
     }
@@ -114,7 +109,6 @@ mod tests {
             SamplingParams { frequency_penalty: 3.0, ..Default::default() },
             SamplingParams { presence_penalty: f32::NAN, ..Default::default() },
             SamplingParams { logit_bias: [(10, 1.0)].into(), ..Default::default() },
-            SamplingParams { logprobs: Some(21), ..Default::default() },
         ];
         let names = [
             "temperature",
@@ -124,7 +118,6 @@ mod tests {
             "frequency_penalty",
             "presence_penalty",
             "logit_bias",
-            "logprobs",
         ];
         for (p, name) in bad.iter().zip(names) {
             let err = p.validate(10).unwrap_err().to_string();

@@ -72,6 +72,11 @@ impl Scheduler {
         self.waiting.len()
     }
 
+    /// Waiting sequences that had been admitted before (preempted, or forks without room).
+    pub fn num_requeued(&self) -> usize {
+        self.waiting.iter().filter(|s| s.requeued).count()
+    }
+
     pub fn is_idle(&self) -> bool {
         self.running.is_empty() && self.waiting.is_empty()
     }
@@ -135,7 +140,8 @@ impl Scheduler {
             if seq.block_table.reserve(&mut self.alloc, target, bs).is_err() {
                 break;
             }
-            let seq = self.waiting.remove(0);
+            let mut seq = self.waiting.remove(0);
+            seq.requeued = false;
             out.push(Scheduled::chunk(&seq, n));
             budget -= n;
             let at = self.running.partition_point(|s| s.order_key() <= seq.order_key());
@@ -148,6 +154,7 @@ impl Scheduler {
         let mut seq = self.running.remove(index);
         seq.block_table.release(&mut self.alloc);
         seq.num_computed = 0;
+        seq.requeued = true;
         self.preemptions += 1;
         self.add(seq);
     }
@@ -184,6 +191,7 @@ impl Scheduler {
     pub fn fork(&mut self, parent: SeqId, mut child: Sequence, first_token: u32, copy_block: &mut dyn FnMut(u32, u32)) {
         let bs = self.cfg.block_size;
         child.tokens.push(first_token);
+        child.requeued = true;
         let Some(p) = self.running.iter().find(|s| s.id == parent) else {
             return self.add(child);
         };
@@ -206,6 +214,7 @@ impl Scheduler {
         }
         child.block_table = BlockTable::from_blocks(blocks);
         child.num_computed = computed;
+        child.requeued = false;
         let at = self.running.partition_point(|s| s.order_key() <= child.order_key());
         self.running.insert(at, child);
     }

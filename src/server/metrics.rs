@@ -14,7 +14,11 @@ const STEP_BUCKETS: &[f64] =
     &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0];
 
 pub struct Metrics {
+    /// Engine totals at the moment serving began (after the warm-up request), subtracted
+    /// from what the engine reports; observations before then are ignored.
+    baseline: std::sync::Mutex<Option<EngineStats>>,
     recorder: PrometheusRecorder,
+    engine_failures: Counter,
     handle: PrometheusHandle,
     running: Gauge,
     waiting: Gauge,
@@ -49,10 +53,17 @@ impl Metrics {
         describe("weft:generation_tokens_total", Some(Unit::Count), "Tokens generated.");
         describe("weft:num_preemptions_total", Some(Unit::Count), "Sequences preempted for lack of KV blocks.");
         describe("weft:request_success_total", Some(Unit::Count), "Finished samples, by finish reason.");
+        describe(
+            "weft:engine_failures_total",
+            Some(Unit::Count),
+            "Engine steps that failed; their requests got errors and the engine restarted.",
+        );
         let g = |n: &'static str| recorder.register_gauge(&Key::from_static_name(n), &META);
         let c = |n: &'static str| recorder.register_counter(&Key::from_static_name(n), &META);
         let h = |n: &'static str| recorder.register_histogram(&Key::from_static_name(n), &META);
         Ok(Metrics {
+            baseline: std::sync::Mutex::new(None),
+            engine_failures: c("weft:engine_failures_total"),
             running: g("weft:num_requests_running"),
             waiting: g("weft:num_requests_waiting"),
             kv_usage: g("weft:kv_cache_usage_perc"),
@@ -69,30 +80,50 @@ impl Metrics {
         })
     }
 
+    /// Starts counting: totals so far (the warm-up) are left out.
+    pub fn start(&self, stats: &EngineStats) {
+        *self.baseline.lock().unwrap_or_else(|p| p.into_inner()) = Some(stats.clone());
+    }
+
+    fn live(&self) -> bool {
+        self.baseline.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+    }
+
     /// The Prometheus text exposition, with gauges and totals taken from `stats` now.
     pub fn render(&self, stats: &EngineStats) -> String {
+        let base = self.baseline.lock().unwrap_or_else(|p| p.into_inner()).clone().unwrap_or_default();
         self.running.set(stats.running as f64);
         self.waiting.set(stats.waiting as f64);
         self.kv_usage.set(stats.kv_blocks_used as f64 / stats.kv_blocks_total.max(1) as f64);
-        self.prompt_tokens.absolute(stats.prompt_tokens_total);
-        self.generation_tokens.absolute(stats.generation_tokens_total);
-        self.preemptions.absolute(stats.preemptions);
+        self.prompt_tokens.absolute(stats.prompt_tokens_total.saturating_sub(base.prompt_tokens_total));
+        self.generation_tokens.absolute(stats.generation_tokens_total.saturating_sub(base.generation_tokens_total));
+        self.preemptions.absolute(stats.preemptions.saturating_sub(base.preemptions));
+        self.engine_failures.absolute(stats.engine_failures.saturating_sub(base.engine_failures));
         self.handle.render()
     }
 }
 
 impl Observer for Metrics {
     fn step(&self, tokens: usize, seqs: usize) {
-        self.step_tokens.record(tokens as f64);
-        self.step_seqs.record(seqs as f64);
+        if self.live() {
+            self.step_tokens.record(tokens as f64);
+            self.step_seqs.record(seqs as f64);
+        }
     }
     fn first_token(&self, ttft: Duration) {
-        self.ttft.record(ttft.as_secs_f64());
+        if self.live() {
+            self.ttft.record(ttft.as_secs_f64());
+        }
     }
     fn token(&self, gap: Duration) {
-        self.itl.record(gap.as_secs_f64());
+        if self.live() {
+            self.itl.record(gap.as_secs_f64());
+        }
     }
     fn finished(&self, reason: FinishReason, e2e: Duration) {
+        if !self.live() {
+            return;
+        }
         self.e2e.record(e2e.as_secs_f64());
         let key = Key::from_parts("weft:request_success_total", vec![Label::new("finished_reason", reason.as_str())]);
         self.recorder.register_counter(&key, &META).increment(1);

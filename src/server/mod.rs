@@ -3,6 +3,7 @@
 //! Prometheus metrics and an OpenAPI document. axum + tokio on the async side; the engine
 //! stays on its own thread behind its [`EngineHandle`].
 
+mod accept;
 mod metrics;
 mod openapi;
 mod routes;
@@ -16,8 +17,11 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+use tokio::sync::watch;
 
+use self::accept::ConnLimits;
 pub use self::metrics::Metrics;
+use sha2::Digest;
 
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
@@ -30,7 +34,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
     /// Require `Authorization: Bearer KEY` on API routes.
-    #[arg(long)]
+    #[arg(long, env = "WEFT_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
     /// Largest request body, bytes (or 512K, 4M).
     #[arg(long, default_value = "4M", value_parser = crate::cli::parse_bytes)]
@@ -44,6 +48,13 @@ pub struct ServeArgs {
     /// On SIGTERM/Ctrl-C, how long in-flight requests may take to finish, seconds.
     #[arg(long, default_value_t = 30.0)]
     pub shutdown_grace: f64,
+    /// Close a connection whose request headers (or, between requests, whose next
+    /// request) do not arrive within this many seconds.
+    #[arg(long, default_value_t = 10.0)]
+    pub header_read_timeout: f64,
+    /// Open connections at most; beyond it new ones wait in the listen backlog.
+    #[arg(long, default_value_t = 1024)]
+    pub max_connections: usize,
 }
 
 /// What every handler sees.
@@ -52,9 +63,12 @@ pub struct AppState {
     engine: OnceLock<EngineHandle>,
     metrics: Arc<Metrics>,
     shutting_down: AtomicBool,
-    api_key: Option<String>,
+    /// SHA-256 of `--api-key`, compared in constant time.
+    api_key: Option<[u8; 32]>,
     max_batch_prompts: usize,
     request_timeout: Option<Duration>,
+    /// Turns true when the shutdown grace is over.
+    grace_over: watch::Receiver<bool>,
 }
 
 impl AppState {
@@ -62,7 +76,16 @@ impl AppState {
         if self.shutting_down.load(Ordering::SeqCst) {
             return Err(crate::api::ApiError::unavailable("the server is shutting down"));
         }
-        self.engine.get().ok_or_else(|| crate::api::ApiError::unavailable("the model is still loading"))
+        let engine =
+            self.engine.get().ok_or_else(|| crate::api::ApiError::unavailable("the model is still loading"))?;
+        if !engine.is_alive() {
+            return Err(crate::api::ApiError::unavailable("the engine is down"));
+        }
+        Ok(engine)
+    }
+
+    fn stream_ctx(&self) -> stream::Ctx {
+        stream::Ctx { timeout: self.request_timeout, grace_over: self.grace_over.clone() }
     }
 }
 
@@ -73,13 +96,15 @@ pub fn run(args: ServeArgs) -> Result<()> {
         let addr: SocketAddr = format!("{}:{}", args.host, args.port).parse().context("bad --host/--port")?;
         let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
         let local = listener.local_addr()?;
+        let (grace_tx, grace_over) = watch::channel(false);
         let state = Arc::new(AppState {
             engine: OnceLock::new(),
             metrics: Arc::new(Metrics::new()?),
             shutting_down: AtomicBool::new(false),
-            api_key: args.api_key.clone(),
+            api_key: args.api_key.as_deref().map(|k| sha2::Sha256::digest(k.as_bytes()).into()),
             max_batch_prompts: args.max_batch_prompts,
             request_timeout: (args.request_timeout > 0.0).then(|| Duration::from_secs_f64(args.request_timeout)),
+            grace_over,
         });
         eprintln!("weft: listening on http://{local}");
         // Load and warm up in the background so /health can say 503 meanwhile.
@@ -88,10 +113,13 @@ pub fn run(args: ServeArgs) -> Result<()> {
         let load = tokio::task::spawn_blocking(move || -> Result<()> {
             let engine = engine_args.start_observed(loader.metrics.clone())?;
             warm_up(&engine)?;
+            // The warm-up request is not traffic: metrics start counting from here.
+            loader.metrics.start(&engine.stats());
             let _ = loader.engine.set(engine);
             eprintln!("weft: ready");
             Ok(())
         });
+        let watch_state = state.clone();
         tokio::spawn(async move {
             match load.await {
                 Ok(Ok(())) => {}
@@ -104,28 +132,44 @@ pub fn run(args: ServeArgs) -> Result<()> {
                     std::process::exit(1);
                 }
             }
+            // The engine restarts itself after a failed step; if its thread ever ends
+            // anyway, exit non-zero so a supervisor starts a fresh process.
+            loop {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let dead = watch_state.engine.get().is_some_and(|e| !e.is_alive());
+                if dead && !watch_state.shutting_down.load(Ordering::SeqCst) {
+                    eprintln!("weft: error: the engine thread ended; exiting");
+                    std::process::exit(1);
+                }
+            }
         });
         let app = routes::router(state.clone(), args.max_body_bytes);
         let grace = Duration::from_secs_f64(args.shutdown_grace.max(0.0));
-        let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+        let limits = ConnLimits {
+            header_read_timeout: Duration::from_secs_f64(args.header_read_timeout.max(0.1)),
+            max_connections: args.max_connections.max(1),
+        };
+        let (stop_tx, stop_rx) = watch::channel(false);
         let shutdown_state = state.clone();
-        // Streams are many small writes: send each at once rather than waiting for ACKs.
-        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        tokio::spawn(async move {
             shutdown_signal().await;
             eprintln!("weft: shutting down; in-flight requests have {:.0} s to finish", grace.as_secs_f64());
             shutdown_state.shutting_down.store(true, Ordering::SeqCst);
             let _ = stop_tx.send(true);
         });
-        let server = tokio::spawn(async move { server.await });
+        let mut grace_stop = stop_rx.clone();
+        let server = tokio::spawn(accept::serve(listener, app, limits, stop_rx));
         tokio::select! {
-            r = server => r?.context("server error")?,
+            r = server => r??,
             _ = async {
-                let _ = stop_rx.wait_for(|s| *s).await;
+                let _ = grace_stop.wait_for(|s| *s).await;
                 tokio::time::sleep(grace).await;
-            } => eprintln!("weft: grace period over; closing the remaining connections"),
+            } => {
+                eprintln!("weft: grace period over; ending the remaining streams");
+                let _ = grace_tx.send(true);
+                // Let the streams write their error event before the process ends.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
         }
         Ok(())
     })

@@ -52,6 +52,11 @@ impl IntoResponse for ApiError {
         if matches!(self.status, 429 | 503) {
             resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
+        // The rest of an oversized body was never read: the connection cannot carry another
+        // request, so tell the client not to reuse it.
+        if self.status == 413 {
+            resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         resp
     }
 }
@@ -74,18 +79,23 @@ fn json_body(body: Body) -> Result<Value, ApiError> {
 /// engine request) is dropped.
 pub async fn within<T>(limit: Option<Duration>, fut: impl Future<Output = Result<T, ApiError>>) -> Result<T, ApiError> {
     match limit {
-        Some(t) => tokio::time::timeout(t, fut).await.unwrap_or_else(|_| {
-            Err(ApiError {
-                status: 504,
-                ..ApiError::invalid(format!("request timed out after {:.1} s", t.as_secs_f64()), None)
-            })
-        }),
+        Some(t) => tokio::time::timeout(t, fut)
+            .await
+            .unwrap_or_else(|_| Err(ApiError::timeout(format!("request timed out after {:.1} s", t.as_secs_f64())))),
         None => fut.await,
     }
 }
 
 fn respond(r: Result<Response, ApiError>) -> Response {
     r.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// Compares digests of the two keys in constant time, so the time taken says nothing
+/// about how much of a guess was right (nor about the key's length).
+fn key_matches(given: &str, key_digest: &[u8; 32]) -> bool {
+    use sha2::{Digest, Sha256};
+    let g: [u8; 32] = Sha256::digest(given.as_bytes()).into();
+    g.iter().zip(key_digest).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
 }
 
 async fn auth(State(st): St, req: HttpRequest, next: Next) -> Response {
@@ -95,7 +105,7 @@ async fn auth(State(st): St, req: HttpRequest, next: Next) -> Response {
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
-            .is_some_and(|v| v == key);
+            .is_some_and(|v| key_matches(v, key));
         if !ok {
             let e = ApiError {
                 status: 401,
@@ -115,7 +125,7 @@ async fn completions(State(st): St, body: Body) -> Response {
             let req = CompletionRequest::parse(json_body(body)?)?;
             let id = new_id("cmpl");
             if req.gen.streaming() {
-                return stream::completions(engine, req, id, st.request_timeout);
+                return stream::completions(engine, req, id, st.stream_ctx()).await;
             }
             Ok(Json(within(st.request_timeout, openai::completions(engine, &req, &id)).await?).into_response())
         }
@@ -130,7 +140,7 @@ async fn chat_completions(State(st): St, body: Body) -> Response {
             let req = ChatRequest::parse(json_body(body)?)?;
             let id = new_id("chatcmpl");
             if req.gen.streaming() {
-                return stream::chat(engine, req, id, st.request_timeout);
+                return stream::chat(engine, req, id, st.stream_ctx()).await;
             }
             Ok(Json(within(st.request_timeout, openai::chat_completions(engine, &req, &id)).await?).into_response())
         }
@@ -142,7 +152,7 @@ async fn models(State(st): St) -> Response {
     respond(st.engine().map(|e| {
         let m = e.model();
         Json(json!({"object": "list", "data": [{"id": m.name, "object": "model", "created": unix_time(),
-            "owned_by": "weft", "max_model_len": m.model.config.max_position_embeddings}]}))
+            "owned_by": "weft", "max_model_len": e.max_model_len()}]}))
         .into_response()
     }))
 }
@@ -156,18 +166,24 @@ struct TokenizeRequest {
 }
 
 async fn tokenize(State(st): St, body: Body) -> Response {
-    respond((|| {
-        let engine = st.engine()?;
-        let req: TokenizeRequest =
-            crate::api::parse_split::<TokenizeRequest, Value>(json_body(body)?, &["model", "prompt"], &[])?.0;
-        let tokens = engine
-            .model()
-            .tokenizer
-            .encode(&req.prompt)
-            .map_err(|e| ApiError::invalid(e.to_string(), Some("prompt")))?;
-        let max = engine.model().model.config.max_position_embeddings;
-        Ok(Json(json!({"tokens": tokens, "count": tokens.len(), "max_model_len": max})).into_response())
-    })())
+    respond(
+        async {
+            let engine = st.engine()?.clone();
+            let req: TokenizeRequest =
+                crate::api::parse_split::<TokenizeRequest, Value>(json_body(body)?, &["model", "prompt"], &[])?.0;
+            let max = engine.max_model_len();
+            let tokens = crate::api::off_runtime(move || {
+                engine
+                    .model()
+                    .tokenizer
+                    .encode(&req.prompt)
+                    .map_err(|e| ApiError::invalid(e.to_string(), Some("prompt")))
+            })
+            .await?;
+            Ok(Json(json!({"tokens": tokens, "count": tokens.len(), "max_model_len": max})).into_response())
+        }
+        .await,
+    )
 }
 
 #[derive(Deserialize)]
@@ -215,8 +231,9 @@ pub struct NativeParams {
 const NATIVE_KEYS: &[&str] = &["max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream"];
 
 impl NativeParams {
-    /// An engine request for `prompt`, through the same checks as the OpenAI routes.
-    pub fn request(&self, engine: &EngineHandle, prompt: &str) -> Result<Request, ApiError> {
+    /// Engine requests for `prompts`, through the same checks as the OpenAI routes
+    /// (tokenized off the async runtime).
+    pub async fn requests(&self, engine: &EngineHandle, prompts: Vec<String>) -> Result<Vec<Request>, ApiError> {
         let fields = openai::GenerationFields {
             max_tokens: Some(self.max_tokens.unwrap_or(128)),
             temperature: self.temperature,
@@ -226,13 +243,9 @@ impl NativeParams {
             stop: self.stop.clone().map(openai::OneOrMany::Many),
             ..Default::default()
         };
-        let req = CompletionRequest {
-            prompt: openai::PromptInput::Text(prompt.to_owned()),
-            logprobs: None,
-            echo: None,
-            gen: fields,
-        };
-        Ok(req.engine_requests(engine)?.remove(0))
+        let req =
+            CompletionRequest { prompt: openai::PromptInput::Texts(prompts), logprobs: None, echo: None, gen: fields };
+        req.prepare(engine).await
     }
 }
 
@@ -248,9 +261,9 @@ async fn generate(State(st): St, body: Body) -> Response {
             let engine = st.engine()?;
             let (own, params): (GenerateOwn, NativeParams) =
                 crate::api::parse_split(json_body(body)?, &["prompt"], NATIVE_KEYS)?;
-            let req = params.request(engine, &own.prompt)?;
+            let req = params.requests(engine, vec![own.prompt]).await?.remove(0);
             if params.stream.unwrap_or(false) {
-                return stream::generate(engine, req, st.request_timeout);
+                return stream::generate(engine, req, st.stream_ctx());
             }
             let start = Instant::now();
             let s = engine.submit(req)?;
@@ -287,26 +300,24 @@ async fn generate_batch(State(st): St, body: Body) -> Response {
                     Some("prompts"),
                 ));
             }
-            let reqs = own.prompts.iter().map(|p| params.request(engine, p)).collect::<Result<Vec<_>, _>>()?;
+            let total = own.prompts.len();
+            let reqs = params.requests(engine, own.prompts).await?;
             let start = Instant::now();
             // Everything enters the engine before anything is awaited, so all prompts batch.
             let streams = reqs.into_iter().map(|r| engine.submit(r)).collect::<Result<Vec<_>, _>>()?;
-            let tasks: Vec<_> = streams
-                .into_iter()
-                .map(|s| {
-                    tokio::spawn(async move {
-                        let r = gather(s, 1).await;
-                        (r, start.elapsed())
-                    })
-                })
-                .collect();
-            let total = own.prompts.len();
-            let results = within(st.request_timeout, async {
-                let mut out = Vec::with_capacity(total);
-                for t in tasks {
-                    let (r, took) = t.await.map_err(|e| ApiError::internal(e.to_string()))?;
+            // The set owns every stream: when this handler is dropped (the client left) or
+            // times out, the set aborts its tasks, their streams drop, and the engine
+            // aborts the sequences.
+            let mut tasks = tokio::task::JoinSet::new();
+            for (i, s) in streams.into_iter().enumerate() {
+                tasks.spawn(async move { (i, gather(s, 1).await, start.elapsed()) });
+            }
+            let results = within(st.request_timeout, async move {
+                let mut out = vec![Value::Null; total];
+                while let Some(joined) = tasks.join_next().await {
+                    let (i, r, took) = joined.map_err(|e| ApiError::internal(e.to_string()))?;
                     let (c, p, n) = r?;
-                    out.push(native_result(&c[0], p, n, took));
+                    out[i] = native_result(&c[0], p, n, took);
                 }
                 Ok(out)
             })
@@ -323,10 +334,12 @@ async fn generate_batch(State(st): St, body: Body) -> Response {
 async fn health(State(st): St) -> Response {
     let status = if st.shutting_down.load(Ordering::SeqCst) {
         "shutting down"
-    } else if st.engine.get().is_none() {
-        "loading"
     } else {
-        return (StatusCode::OK, Json(json!({"status": "ok"}))).into_response();
+        match st.engine.get() {
+            None => "loading",
+            Some(e) if !e.is_alive() => "engine down",
+            Some(_) => return (StatusCode::OK, Json(json!({"status": "ok"}))).into_response(),
+        }
     };
     (StatusCode::SERVICE_UNAVAILABLE, [(header::RETRY_AFTER, "1")], Json(json!({"status": status}))).into_response()
 }

@@ -21,6 +21,13 @@ use tokio_stream::wrappers::ReceiverStream;
 
 type Tx = mpsc::Sender<Result<Sse, Infallible>>;
 
+/// What every stream needs from the server: its time limit, and the signal that the
+/// shutdown grace is over (open streams then get an error event before they close).
+pub struct Ctx {
+    pub timeout: Option<Duration>,
+    pub grace_over: tokio::sync::watch::Receiver<bool>,
+}
+
 /// Comment lines sent while nothing else is (long prefills), so proxies keep the connection.
 const KEEP_ALIVE: Duration = Duration::from_secs(2);
 
@@ -32,24 +39,32 @@ async fn send(tx: &Tx, v: Value) -> bool {
     tx.send(Ok(Sse::default().data(v.to_string()))).await.is_ok()
 }
 
-/// Forwards one engine stream through `on_event` until it ends or the client leaves.
+/// Forwards one engine stream of `n` samples through `on_event` until it ends or the
+/// client leaves. A stream that closes before all `n` finished lost its engine: an error.
 async fn forward(
     tx: Tx,
     mut stream: RequestStream,
+    n: usize,
     mut on_event: impl FnMut(Event) -> Option<Value>,
 ) -> Result<(usize, usize), String> {
-    let (mut prompt, mut completion) = (0, 0);
+    let (mut prompt, mut completion, mut finished) = (0, 0, 0);
     loop {
         let ev = tokio::select! {
             _ = tx.closed() => return Ok((prompt, completion)),
             ev = stream.recv() => ev,
         };
-        let Some(ev) = ev else { return Ok((prompt, completion)) };
+        let Some(ev) = ev else {
+            if finished < n {
+                return Err("the engine stopped before this request finished".into());
+            }
+            return Ok((prompt, completion));
+        };
         match &ev {
             Event::Error { message } => return Err(message.clone()),
             Event::Finished { usage, .. } => {
                 prompt = usage.prompt_tokens;
                 completion += usage.completion_tokens;
+                finished += 1;
             }
             Event::Token { .. } => {}
         }
@@ -61,13 +76,14 @@ async fn forward(
     }
 }
 
-/// Runs the forwarders, then the usage chunk and `[DONE]`; an error or timeout becomes an
-/// error event that ends the stream.
+/// Runs the forwarders, then the usage chunk and `[DONE]`; an error, a timeout or the end
+/// of the shutdown grace becomes an error event that ends the stream.
 fn drive(
     tx: Tx,
     forwarders: Vec<tokio::task::JoinHandle<Result<(usize, usize), String>>>,
     timeout: Option<Duration>,
     usage_chunk: Option<UsageChunk>,
+    mut grace_over: tokio::sync::watch::Receiver<bool>,
 ) {
     tokio::spawn(async move {
         let aborts: Vec<_> = forwarders.iter().map(|f| f.abort_handle()).collect();
@@ -80,7 +96,14 @@ fn drive(
             }
             Ok((p, c))
         };
-        match within(timeout, all).await {
+        let cut = async {
+            let _ = grace_over.wait_for(|over| *over).await;
+        };
+        let outcome = tokio::select! {
+            r = within(timeout, all) => r,
+            _ = cut => Err(ApiError::unavailable("the server shut down before this request finished")),
+        };
+        match outcome {
             Ok((p, c)) => {
                 if let Some(chunk) = usage_chunk {
                     send(&tx, chunk(p, c)).await;
@@ -105,13 +128,13 @@ fn usage_chunk(id: String, object: &'static str, created: u64, model: String) ->
 }
 
 /// `/v1/completions` with `stream: true`.
-pub fn completions(
+pub async fn completions(
     engine: &EngineHandle,
     req: CompletionRequest,
     id: String,
-    timeout: Option<Duration>,
+    ctx: Ctx,
 ) -> Result<Response, ApiError> {
-    let reqs = req.engine_requests(engine)?;
+    let reqs = req.prepare(engine).await?;
     let streams = submit_all(engine, &reqs)?;
     let (tx, rx) = mpsc::channel(64);
     let (model, created) = (engine.model().name.clone(), unix_time());
@@ -128,7 +151,7 @@ pub fn completions(
         .map(|(i, (s, r))| {
             let (chunk, tok, n) = (chunk.clone(), tok.clone(), r.n);
             let mut offsets = vec![0usize; n];
-            tokio::spawn(forward(tx.clone(), s, move |ev| match ev {
+            tokio::spawn(forward(tx.clone(), s, n, move |ev| match ev {
                 Event::Token { text, .. } if text.is_empty() && !with_logprobs => None,
                 Event::Token { index, id, text, logprobs } => {
                     let lp = match (with_logprobs, logprobs) {
@@ -150,18 +173,13 @@ pub fn completions(
         })
         .collect();
     let usage_chunk = req.gen.include_usage().then(|| usage_chunk(id, "text_completion", created, model));
-    drive(tx, forwarders, timeout, usage_chunk);
+    drive(tx, forwarders, ctx.timeout, usage_chunk, ctx.grace_over);
     Ok(sse_response(rx))
 }
 
 /// `/v1/chat/completions` with `stream: true`: a role chunk per choice, then content deltas.
-pub fn chat(
-    engine: &EngineHandle,
-    req: ChatRequest,
-    id: String,
-    timeout: Option<Duration>,
-) -> Result<Response, ApiError> {
-    let r = req.engine_request(engine)?;
+pub async fn chat(engine: &EngineHandle, req: ChatRequest, id: String, ctx: Ctx) -> Result<Response, ApiError> {
+    let r = req.prepare(engine).await?;
     let streams = submit_all(engine, std::slice::from_ref(&r))?;
     let (tx, rx) = mpsc::channel(64);
     let (model, created) = (engine.model().name.clone(), unix_time());
@@ -175,6 +193,7 @@ pub fn chat(
         .map(|i| chunk(json!({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null})))
         .collect();
     let chunk2 = chunk.clone();
+    let n = r.n;
     let forwarder = tokio::spawn({
         let tx = tx.clone();
         let stream = streams.into_iter().next().expect("one stream");
@@ -184,11 +203,11 @@ pub fn chat(
                     return Ok((0, 0));
                 }
             }
-            forward(tx, stream, move |ev| chat_event(&tok.tokenizer, &chunk2, with_logprobs, ev)).await
+            forward(tx, stream, n, move |ev| chat_event(&tok.tokenizer, &chunk2, with_logprobs, ev)).await
         }
     });
     let usage_chunk = req.gen.include_usage().then(|| usage_chunk(id, "chat.completion.chunk", created, model));
-    drive(tx, vec![forwarder], timeout, usage_chunk);
+    drive(tx, vec![forwarder], ctx.timeout, usage_chunk, ctx.grace_over);
     Ok(sse_response(rx))
 }
 
@@ -214,10 +233,10 @@ fn chat_event(tok: &Tokenizer, chunk: &dyn Fn(Value) -> Value, with_logprobs: bo
 
 /// `/generate` with `stream: true`: `{"text": delta}` events, then one with the finish
 /// reason and usage, then `[DONE]`.
-pub fn generate(engine: &EngineHandle, req: Request, timeout: Option<Duration>) -> Result<Response, ApiError> {
+pub fn generate(engine: &EngineHandle, req: Request, ctx: Ctx) -> Result<Response, ApiError> {
     let stream = engine.submit(req)?;
     let (tx, rx) = mpsc::channel(64);
-    let forwarder = tokio::spawn(forward(tx.clone(), stream, |ev| match ev {
+    let forwarder = tokio::spawn(forward(tx.clone(), stream, 1, |ev| match ev {
         Event::Token { text, .. } if text.is_empty() => None,
         Event::Token { text, .. } => Some(json!({"text": text})),
         Event::Finished { reason, text, usage: u, .. } => Some(
@@ -225,7 +244,7 @@ pub fn generate(engine: &EngineHandle, req: Request, timeout: Option<Duration>) 
         ),
         Event::Error { .. } => None,
     }));
-    drive(tx, vec![forwarder], timeout, None);
+    drive(tx, vec![forwarder], ctx.timeout, None, ctx.grace_over);
     Ok(sse_response(rx))
 }
 

@@ -44,9 +44,12 @@ pub fn tokenizer_json(g: &GgufFile) -> Result<Json> {
             })
             .collect()
     };
+    let token = |key: &str, id: u32| {
+        tokens.get(id as usize).with_context(|| format!("{key} {id} is outside the vocabulary ({})", tokens.len()))
+    };
     let post_processor = match (add_bos, bos) {
         (true, Some(b)) => {
-            let bt = &tokens[b as usize];
+            let bt = token("tokenizer.ggml.bos_token_id", b)?;
             json!({"type": "TemplateProcessing",
                 "single": [{"SpecialToken": {"id": bt, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
                 "pair": [{"SpecialToken": {"id": bt, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
@@ -88,7 +91,10 @@ pub fn tokenizer_json(g: &GgufFile) -> Result<Json> {
                 None => vec![0.0; tokens.len()],
             };
             let space_prefix = g.get("tokenizer.ggml.add_space_prefix").and_then(Value::as_bool).unwrap_or(true);
-            let unk = id(g, "tokenizer.ggml.unknown_token_id").map(|u| tokens[u as usize].clone());
+            let unk = match id(g, "tokenizer.ggml.unknown_token_id") {
+                Some(u) => Some(token("tokenizer.ggml.unknown_token_id", u)?.clone()),
+                None => None,
+            };
             let mut normalizers = Vec::new();
             if space_prefix {
                 normalizers.push(json!({"type": "Prepend", "prepend": "\u{2581}"}));

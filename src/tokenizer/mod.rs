@@ -1,15 +1,18 @@
 //! Text ⇄ token ids: Hugging Face `tokenizers` plus what the engine needs around it (BOS
 //! and EOS ids, the chat template, streaming detokenization).
 
+mod chat_template;
 mod detokenizer;
 mod gguf;
 
+pub use chat_template::ChatTemplate;
 pub use detokenizer::Detokenizer;
 
 use crate::model::gguf::{GgufFile, Value};
 use anyhow::{anyhow, Context, Result};
 use serde_json::Value as Json;
 use std::path::Path;
+use std::sync::OnceLock;
 
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
@@ -18,8 +21,10 @@ pub struct Tokenizer {
     pub bos_id: Option<u32>,
     /// Whether `encode` puts BOS in front of the text.
     pub adds_bos: bool,
-    /// Jinja chat template, when the model has one.
+    /// Jinja chat template source, when the model has one.
     pub chat_template: Option<String>,
+    /// The template, compiled on first use and then shared by every request.
+    compiled: OnceLock<Result<ChatTemplate, String>>,
 }
 
 fn read_json(path: &Path) -> Result<Option<Json>> {
@@ -116,7 +121,20 @@ impl Tokenizer {
         eos_ids.dedup();
         let adds_bos =
             bos_id.is_some_and(|b| inner.encode("", true).map(|e| e.get_ids().first() == Some(&b)).unwrap_or(false));
-        Tokenizer { inner, eos_ids, bos_id, adds_bos, chat_template }
+        Tokenizer { inner, eos_ids, bos_id, adds_bos, chat_template, compiled: OnceLock::new() }
+    }
+
+    /// The compiled chat template; an error when the model has none or it does not parse.
+    pub fn chat(&self) -> Result<&ChatTemplate, String> {
+        let src = self.chat_template.as_deref().ok_or("this model has no chat template; use /v1/completions")?;
+        self.compiled
+            .get_or_init(|| {
+                let name = |id: Option<u32>| id.and_then(|i| self.decode(&[i], false).ok()).unwrap_or_default();
+                ChatTemplate::new(src, name(self.bos_id), name(self.eos_ids.first().copied()))
+                    .map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(Clone::clone)
     }
 
     pub fn vocab_size(&self) -> usize {

@@ -1,6 +1,8 @@
 //! Helpers for tests that use the real models in `../shared/models`.
 #![allow(dead_code)]
 
+pub mod server;
+
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -8,13 +10,16 @@ use std::sync::{Arc, Mutex, OnceLock};
 use weft::loaded::LoadedModel;
 
 /// `$WEFT_SHARED_MODELS`, else `shared/models` beside the repository; `None` (and a note on
-/// stderr) when absent, so the suite still runs on a machine without them.
+/// stderr) when absent, so the suite still runs on a machine without them — except in CI
+/// (`CI=true`), where a missing fixture fails the test.
 pub fn shared_models() -> Option<PathBuf> {
     let dir = std::env::var_os("WEFT_SHARED_MODELS")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/models"));
     if dir.join("stories260k").exists() {
         Some(dir)
+    } else if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("CI=true but the shared models are missing at {}", dir.display());
     } else {
         eprintln!("skipping: no shared models at {}", dir.display());
         None
