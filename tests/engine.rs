@@ -205,3 +205,100 @@ fn bad_requests_and_overload_get_clear_errors() {
     let refused = results.iter().filter(|r| matches!(r, Err(SubmitError::Overloaded(2)))).count();
     assert!(refused >= 2, "queue bound of 2 not enforced: {refused} refused");
 }
+
+/// The error of a refused request: (param, message).
+fn refusal(e: &weft::engine::EngineHandle, r: Request) -> (Option<&'static str>, String) {
+    match e.submit(r) {
+        Err(SubmitError::Invalid { message, param }) => (param, message),
+        other => panic!("expected invalid, got {:?}", other.map(|s| s.id)),
+    }
+}
+
+/// Every client-controlled number is checked with checked arithmetic and capped, and the
+/// error names the field. (A `max_tokens` near 2^64 used to wrap past the context check and
+/// crash the engine at the context's end.)
+#[test]
+fn absurd_numbers_and_sizes_are_refused_naming_the_field() {
+    if shared_models().is_none() {
+        return;
+    }
+    let e = engine(STORIES, EngineConfig { max_waiting_requests: 8, ..EngineConfig::default() });
+    let with = |f: &dyn Fn(&mut Request)| {
+        let mut r = Request::new(vec![1, 5, 6], 8);
+        f(&mut r);
+        r
+    };
+    let cases: Vec<(Request, &str)> = vec![
+        (with(&|r| r.stop.max_tokens = usize::MAX), "max_tokens"),
+        (with(&|r| r.stop.max_tokens = usize::MAX - 2), "max_tokens"),
+        (with(&|r| r.stop.max_tokens = 510), "max_tokens"),
+        (Request::new(vec![1; 512], 1), "prompt"),
+        (with(&|r| r.n = 33), "n"),
+        (with(&|r| r.n = usize::MAX), "n"),
+        (with(&|r| r.n = 9), "n"), // within max_n but more than can ever wait: 400, not 429
+        (with(&|r| r.stop.stop_strings = vec!["a".into(); 17]), "stop"),
+        (with(&|r| r.stop.stop_strings = vec!["a".repeat(257)]), "stop"),
+        (with(&|r| r.stop.stop_token_ids = vec![512]), "stop_token_ids"),
+        (with(&|r| r.stop.stop_token_ids = vec![3; 65]), "stop_token_ids"),
+        (with(&|r| r.sampling.logit_bias = (0..301).map(|i| (i, 1.0)).collect()), "logit_bias"),
+        (with(&|r| r.sampling.logprobs = Some(21)), "logprobs"),
+        (with(&|r| r.sampling.temperature = f32::INFINITY), "temperature"),
+    ];
+    for (r, field) in cases {
+        let (param, message) = refusal(&e, r);
+        assert_eq!(param, Some(field), "{message}");
+    }
+    // The longest request that fits runs to the context's end and finishes with `length`.
+    let out = collect(e.submit(greedy(&[1, 5, 6], 509)).unwrap());
+    assert_eq!((out[0].tokens.len(), out[0].finish), (509, Some(FinishReason::Length)));
+    assert_all_blocks_free(&e);
+}
+
+/// With `max_model_len` below the model's context, sequences stop at it.
+#[test]
+fn max_model_len_bounds_every_sequence() {
+    if shared_models().is_none() {
+        return;
+    }
+    let e = engine(STORIES, EngineConfig { max_model_len: 40, ..EngineConfig::default() });
+    assert_eq!(e.max_model_len(), 40);
+    assert_eq!(refusal(&e, greedy(&[1; 30], 11)).0, Some("max_tokens"));
+    let out = collect(e.submit(greedy(&[1; 30], 10)).unwrap());
+    assert_eq!((out[0].tokens.len(), out[0].finish), (10, Some(FinishReason::Length)));
+}
+
+/// A step that panics (injected in this test build) fails the requests in flight with an
+/// error event, counts a failure, and the engine serves the next request with every block
+/// free and the same greedy ids as before.
+#[test]
+fn a_panicking_step_fails_its_requests_and_the_engine_restarts() {
+    if shared_models().is_none() {
+        return;
+    }
+    // Process-wide, but no other test in this binary builds a prompt starting 300, 300, 300.
+    std::env::set_var("WEFT_FAULT_PANIC_TOKEN", "300");
+    let e = engine(STORIES, EngineConfig::default());
+    let prompt = reference(STORIES)[1].prompt_ids.clone();
+    let before = collect(e.submit(greedy(&prompt, 24)).unwrap());
+    let mut bystander = e.submit(greedy(&prompt, 400)).unwrap();
+    let first = bystander.blocking_recv();
+    assert!(matches!(first, Some(weft::engine::Event::Token { .. })), "{first:?}");
+    let mut poison = e.submit(greedy(&[300, 300, 300, 7], 4)).unwrap();
+    let last_event = |s: &mut weft::engine::RequestStream| {
+        let mut last = None;
+        while let Some(ev) = s.blocking_recv() {
+            last = Some(ev);
+        }
+        last
+    };
+    for s in [&mut poison, &mut bystander] {
+        match last_event(s) {
+            Some(weft::engine::Event::Error { message }) => assert!(message.contains("injected fault"), "{message}"),
+            other => panic!("expected an error event, got {other:?}"),
+        }
+    }
+    assert_eq!(e.stats().engine_failures, 1);
+    assert!(e.is_alive());
+    assert_all_blocks_free(&e);
+    assert_eq!(collect(e.submit(greedy(&prompt, 24)).unwrap()), before);
+}

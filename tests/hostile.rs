@@ -91,6 +91,9 @@ async fn hostile_requests_get_a_quick_4xx_and_change_nothing() {
         return;
     }
     let s = Server::start(STORIES, &[]).await;
+    // The warm-up request is not traffic.
+    assert_eq!(s.metric("weft:prompt_tokens_total ").await, 0.0);
+    assert_eq!(s.metric("weft:generation_tokens_total ").await, 0.0);
     let greedy = json!({"prompt": "Once upon a time", "max_tokens": 32, "temperature": 0, "ignore_eos": true});
     let (st, before) = s.post("/v1/completions", greedy.clone()).await;
     assert_eq!(st, 200, "{before}");
@@ -118,6 +121,35 @@ async fn hostile_requests_get_a_quick_4xx_and_change_nothing() {
     assert_eq!(s.get("/health").await.0, 200);
     assert_eq!(s.metric("weft:engine_failures_total ").await, 0.0);
     s.assert_idle().await;
+}
+
+/// Tokenizing huge prompts happens off the async workers: /health answers while two
+/// 4 MB prompts are still being tokenized (it used to wait for them, ~5 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn huge_prompts_do_not_stall_the_server() {
+    if common::shared_models().is_none() {
+        return;
+    }
+    let s = Server::start(SMOL, &["--max-body-bytes", "8M"]).await;
+    let big = json!({"prompt": "Once upon a time, ".repeat(220_000), "max_tokens": 1}).to_string();
+    let pending: Vec<_> = (0..2)
+        .map(|_| {
+            let (http, base, big) = (s.http.clone(), s.base.clone(), big.clone());
+            tokio::spawn(async move {
+                let r = http.post(format!("{base}/v1/completions")).body(big).send().await.unwrap();
+                r.status().as_u16()
+            })
+        })
+        .collect();
+    // By now both are being tokenized (each takes seconds); with tokenizing on the async
+    // workers, /health could only answer once one of them had finished.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(s.get("/health").await.0, 200);
+    let unfinished = pending.iter().filter(|p| !p.is_finished()).count();
+    for p in pending {
+        assert_eq!(p.await.unwrap(), 400, "over the context");
+    }
+    assert_eq!(unfinished, 2, "/health waited for a big prompt");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -195,6 +195,8 @@ async fn disconnects_overload_and_timeouts_free_their_blocks() {
     for b in busy {
         let r = b.await.unwrap().unwrap();
         assert_eq!(r.status(), 504);
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["error"]["type"], "timeout_error", "{body}");
     }
     s.assert_idle().await;
 }

@@ -134,6 +134,22 @@ impl ModelConfig {
 
     fn validate(&self) -> Result<()> {
         ensure!(self.num_heads > 0 && self.num_kv_heads > 0, "head counts must be positive");
+        // Far above any real model, low enough that no product of these can overflow.
+        for (name, v) in [
+            ("attention heads", self.num_heads),
+            ("KV heads", self.num_kv_heads),
+            ("head_dim", self.head_dim),
+            ("hidden size", self.hidden_size),
+        ] {
+            ensure!(v <= 1 << 16, "{name} {v} is implausibly large");
+        }
+        for (name, v) in [
+            ("layers", self.num_layers),
+            ("intermediate size", self.intermediate_size),
+            ("vocabulary", self.vocab_size),
+        ] {
+            ensure!(v <= 1 << 24, "{name} {v} is implausibly large");
+        }
         ensure!(
             self.num_heads.is_multiple_of(self.num_kv_heads),
             "{} attention heads is not a multiple of {} KV heads",

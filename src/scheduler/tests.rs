@@ -71,9 +71,11 @@ fn out_of_blocks_preempts_the_newest_and_recomputes_it_later() {
     assert_eq!(s.preemptions(), 1);
     assert_eq!(s.get(2).unwrap().num_computed, 0);
     assert_eq!(s.get(2).unwrap().tokens.len(), 9, "generated tokens are kept for recompute");
+    assert_eq!(s.num_requeued(), 1, "a preempted sequence counts as waiting again");
     s.remove(1);
     let step = run(&mut s);
     assert_eq!(step, vec![Scheduled { id: 2, context_len: 0, num_tokens: 9, sample: true }]);
+    assert_eq!(s.num_requeued(), 0);
 }
 
 #[test]

@@ -117,7 +117,7 @@ pub fn tokenizer_json(g: &GgufFile) -> Result<Json> {
                 "decoder": {"type": "Sequence", "decoders": decoders},
                 "model": {"type": "BPE", "dropout": null, "unk_token": unk, "continuing_subword_prefix": null,
                           "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true,
-                          "ignore_merges": false, "vocab": vocab, "merges": spm_merges(&tokens, &scores)}
+                          "ignore_merges": false, "vocab": vocab, "merges": spm_merges(&tokens, &scores)?}
             }))
         }
         other => bail!("GGUF tokenizer model '{other}' is not supported (supported: gpt2, llama)"),
@@ -127,7 +127,12 @@ pub fn tokenizer_json(g: &GgufFile) -> Result<Json> {
 /// SentencePiece BPE merges from piece scores, as transformers' SentencePieceExtractor
 /// derives them: every split of a piece into two pieces is a merge, ranked by the merged
 /// piece's score (ties keep vocabulary order).
-fn spm_merges(tokens: &[String], scores: &[f64]) -> Vec<Json> {
+fn spm_merges(tokens: &[String], scores: &[f64]) -> Result<Vec<Json>> {
+    // Deriving merges costs the square of a piece's length; real pieces are a few dozen
+    // bytes, and a hostile file must not stall loading.
+    if let Some((i, t)) = tokens.iter().enumerate().find(|(_, t)| t.len() > MAX_SPM_PIECE_BYTES) {
+        bail!("token {i} has {} bytes; SentencePiece pieces are at most {MAX_SPM_PIECE_BYTES}", t.len());
+    }
     let ids: HashMap<&str, usize> = tokens.iter().enumerate().map(|(i, t)| (t.as_str(), i)).collect();
     let mut merges: Vec<(usize, usize, f64)> = Vec::new();
     for (piece, &score) in tokens.iter().zip(scores) {
@@ -140,5 +145,7 @@ fn spm_merges(tokens: &[String], scores: &[f64]) -> Vec<Json> {
         merges.extend(local);
     }
     merges.sort_by(|a, b| b.2.total_cmp(&a.2));
-    merges.into_iter().map(|(l, r, _)| json!([tokens[l], tokens[r]])).collect()
+    Ok(merges.into_iter().map(|(l, r, _)| json!([tokens[l], tokens[r]])).collect())
 }
+
+const MAX_SPM_PIECE_BYTES: usize = 256;
