@@ -65,3 +65,32 @@ fn batch_job_writes_one_record_per_line_in_order() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A line the engine fails (a step panic injected in this test build) is reported as a
+/// failure, never a success, and the job exits non-zero; every line still has its record.
+#[test]
+fn batch_job_reports_engine_failures_and_exits_non_zero() {
+    let Some(models) = common::shared_models() else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("weft-batch-fail-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (input, output) = (dir.join("in.jsonl"), dir.join("out.jsonl"));
+    std::fs::write(&input, "{\"prompt\": [300, 300, 300, 4], \"max_tokens\": 3}\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(["batch", "--model"])
+        .arg(models.join("stories260k"))
+        .arg("--input")
+        .arg(&input)
+        .arg("--output")
+        .arg(&output)
+        .env("WEFT_FAULT_PANIC_TOKEN", "300")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("0 succeeded") && stderr.contains("1 failed in the engine"), "{stderr}");
+    let record: Value = serde_json::from_str(std::fs::read_to_string(&output).unwrap().trim()).unwrap();
+    assert_eq!(record["response"]["status_code"], 500, "{record}");
+    std::fs::remove_dir_all(&dir).ok();
+}

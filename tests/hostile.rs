@@ -234,6 +234,27 @@ async fn a_failing_step_fails_its_requests_and_the_engine_restarts() {
     s.assert_idle().await;
 }
 
+/// `/generate/batch` aborts every one of its sequences when its client leaves and when the
+/// request timeout passes (its prompts used to run on for minutes, preempting everyone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generate_batch_is_cancelled_on_disconnect_and_timeout() {
+    if common::shared_models().is_none() {
+        return;
+    }
+    let s = Server::start(SMOL, &["--request-timeout", "2"]).await;
+    let body = json!({"prompts": vec!["Write a very long story about a dragon."; 8], "max_tokens": 500}).to_string();
+    // A client that gives up after a moment.
+    let impatient = reqwest::Client::builder().timeout(Duration::from_millis(500)).build().unwrap();
+    let r = impatient.post(format!("{}/generate/batch", s.base)).body(body.clone()).send().await;
+    assert!(r.is_err(), "the client timed out");
+    s.assert_idle().await;
+    // A client that waits, but past --request-timeout: a 504, and nothing keeps running.
+    let (st, resp) = s.post_raw("/generate/batch", body).await;
+    assert_eq!(st, 504, "{resp}");
+    assert_eq!(resp["error"]["type"], "timeout_error");
+    s.assert_idle().await;
+}
+
 /// Reads until the server closes the connection (or `limit` passes); true if it closed.
 fn closed_within(tcp: &mut std::net::TcpStream, limit: Duration) -> bool {
     tcp.set_read_timeout(Some(limit)).unwrap();
