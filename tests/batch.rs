@@ -4,17 +4,36 @@
 mod common;
 
 use serde_json::Value;
-use std::process::Command;
+use std::path::Path;
+use std::process::{Command, Output};
+
+/// Runs `weft batch` on stories260k over `lines`: the command's output and the records.
+fn run_batch(models: &Path, name: &str, lines: &[String], args: &[&str], env: &[(&str, &str)]) -> (Output, Vec<Value>) {
+    let dir = std::env::temp_dir().join(format!("weft-batch-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (input, output) = (dir.join("in.jsonl"), dir.join("out.jsonl"));
+    std::fs::write(&input, lines.join("\n") + "\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(["batch", "--model"])
+        .arg(models.join("stories260k"))
+        .arg("--input")
+        .arg(&input)
+        .arg("--output")
+        .arg(&output)
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let records = std::fs::read_to_string(&output).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    std::fs::remove_dir_all(&dir).ok();
+    (out, records)
+}
 
 #[test]
 fn batch_job_writes_one_record_per_line_in_order() {
     let Some(models) = common::shared_models() else {
         return;
     };
-    let dir = std::env::temp_dir().join(format!("weft-batch-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let input = dir.join("in.jsonl");
-    let output = dir.join("out.jsonl");
     let mut lines = vec![
         r#"{"custom_id": "c1", "method": "POST", "url": "/v1/completions", "body": {"prompt": "Once upon a time", "max_tokens": 32, "temperature": 0, "ignore_eos": true}}"#.to_string(),
         r#"{"prompt": ["Tom and Lily", "The dog"], "max_tokens": 4, "n": 2, "seed": 3, "stop": ["zzz"]}"#.into(),
@@ -28,20 +47,8 @@ fn batch_job_writes_one_record_per_line_in_order() {
         lines.push(format!(r#"{{"custom_id": "many-{i}", "body": {{"prompt": "One day", "max_tokens": {}, "temperature": 0.8, "seed": {i}}}}}"#, 1 + i % 7));
     }
     lines.push(String::new());
-    std::fs::write(&input, lines.join("\n") + "\n").unwrap();
-    let status = Command::new(env!("CARGO_BIN_EXE_weft"))
-        .args(["batch", "--model"])
-        .arg(models.join("stories260k"))
-        .arg("--input")
-        .arg(&input)
-        .arg("--output")
-        .arg(&output)
-        .args(["--max-waiting-requests", "8"])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let records: Vec<Value> =
-        std::fs::read_to_string(&output).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let (out, records) = run_batch(&models, "ok", &lines, &["--max-waiting-requests", "8"], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(records.len(), lines.len());
     for (i, r) in records.iter().enumerate() {
         assert_eq!(r["id"], format!("batch_req_{i}"));
@@ -63,7 +70,6 @@ fn batch_job_writes_one_record_per_line_in_order() {
     for r in &records[7..records.len() - 1] {
         assert_eq!(r["response"]["status_code"], 200, "queued lines wait for room instead of failing: {r}");
     }
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// A line the engine fails (a step panic injected in this test build) is reported as a
@@ -73,24 +79,10 @@ fn batch_job_reports_engine_failures_and_exits_non_zero() {
     let Some(models) = common::shared_models() else {
         return;
     };
-    let dir = std::env::temp_dir().join(format!("weft-batch-fail-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (input, output) = (dir.join("in.jsonl"), dir.join("out.jsonl"));
-    std::fs::write(&input, "{\"prompt\": [300, 300, 300, 4], \"max_tokens\": 3}\n").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_weft"))
-        .args(["batch", "--model"])
-        .arg(models.join("stories260k"))
-        .arg("--input")
-        .arg(&input)
-        .arg("--output")
-        .arg(&output)
-        .env("WEFT_FAULT_PANIC_TOKEN", "300")
-        .output()
-        .unwrap();
+    let poison = vec![r#"{"prompt": [300, 300, 300, 4], "max_tokens": 3}"#.to_string()];
+    let (out, records) = run_batch(&models, "fail", &poison, &[], &[("WEFT_FAULT_PANIC_TOKEN", "300")]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("0 succeeded") && stderr.contains("1 failed in the engine"), "{stderr}");
-    let record: Value = serde_json::from_str(std::fs::read_to_string(&output).unwrap().trim()).unwrap();
-    assert_eq!(record["response"]["status_code"], 500, "{record}");
-    std::fs::remove_dir_all(&dir).ok();
+    assert_eq!(records[0]["response"]["status_code"], 500, "{}", records[0]);
 }

@@ -59,7 +59,8 @@ pub struct GenerationFields {
     pub skip_special_tokens: Option<bool>,
 }
 
-const GENERATION_KEYS: &[&str] = &[
+/// The keys of [`GenerationFields`], as they appear in a request body.
+pub const GENERATION_KEYS: &[&str] = &[
     "model",
     "max_tokens",
     "temperature",

@@ -86,22 +86,28 @@ fn drive(
     mut grace_over: tokio::sync::watch::Receiver<bool>,
 ) {
     tokio::spawn(async move {
-        let aborts: Vec<_> = forwarders.iter().map(|f| f.abort_handle()).collect();
-        let all = async {
-            let (mut p, mut c) = (0, 0);
-            for f in forwarders {
-                let (fp, fc) = f.await.map_err(|e| ApiError::internal(e.to_string()))?.map_err(ApiError::internal)?;
-                p += fp;
-                c += fc;
+        let mut forwarders = forwarders;
+        // Forwarders already joined (a JoinHandle must not be awaited twice).
+        let mut joined = 0;
+        let outcome = {
+            let all = async {
+                let (mut p, mut c) = (0, 0);
+                for f in forwarders.iter_mut() {
+                    let r = f.await;
+                    joined += 1;
+                    let (fp, fc) = r.map_err(|e| ApiError::internal(e.to_string()))?.map_err(ApiError::internal)?;
+                    p += fp;
+                    c += fc;
+                }
+                Ok((p, c))
+            };
+            let cut = async {
+                let _ = grace_over.wait_for(|over| *over).await;
+            };
+            tokio::select! {
+                r = within(timeout, all) => r,
+                _ = cut => Err(ApiError::unavailable("the server shut down before this request finished")),
             }
-            Ok((p, c))
-        };
-        let cut = async {
-            let _ = grace_over.wait_for(|over| *over).await;
-        };
-        let outcome = tokio::select! {
-            r = within(timeout, all) => r,
-            _ = cut => Err(ApiError::unavailable("the server shut down before this request finished")),
         };
         match outcome {
             Ok((p, c)) => {
@@ -111,7 +117,13 @@ fn drive(
                 let _ = tx.send(Ok(Sse::default().data("[DONE]"))).await;
             }
             Err(e) => {
-                aborts.iter().for_each(|a| a.abort());
+                // Stop every forwarder and wait until each has ended, so no chunk can
+                // follow the error event.
+                let running = forwarders.split_off(joined);
+                running.iter().for_each(|f| f.abort());
+                for f in running {
+                    let _ = f.await;
+                }
                 send(&tx, e.body()).await;
             }
         }
