@@ -1,4 +1,5 @@
-//! Numeric kernels over plain `f32` slices. Each has a test against a naive version.
+//! Numeric kernels over plain `f32` slices and GGML quantized blocks. Each has a test
+//! against a naive version.
 
 pub mod attention;
 pub mod buffer;
@@ -6,6 +7,7 @@ mod dot;
 mod exp;
 pub mod matmul;
 pub mod norm;
+pub mod quant;
 pub mod rope;
 
 pub use matmul::{matmul, PackedMatrix};

@@ -1,8 +1,10 @@
-//! A GGUF (v2/v3) file reader: metadata, tensor directory, and dequantization of the tensor
-//! types llama.cpp ships most (F32, F16, BF16, Q8_0, Q4_0, Q4_1) to f32.
+//! A GGUF (v2/v3) file reader: metadata and tensor directory, every count, length and offset
+//! checked against the file. Tensor data stays in the file's block formats
+//! ([`crate::kernels::quant`]).
 
+use crate::kernels::quant::dequantize;
+pub use crate::kernels::quant::GgmlType;
 use anyhow::{bail, ensure, Context, Result};
-use half::{bf16, f16};
 use memmap2::Mmap;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -51,17 +53,6 @@ impl Value {
     }
 }
 
-/// GGML tensor element types this reader can dequantize.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GgmlType {
-    F32,
-    F16,
-    Bf16,
-    Q4_0,
-    Q4_1,
-    Q8_0,
-}
-
 impl GgmlType {
     fn from_id(id: u32) -> Result<Self> {
         Ok(match id {
@@ -69,21 +60,19 @@ impl GgmlType {
             1 => GgmlType::F16,
             2 => GgmlType::Q4_0,
             3 => GgmlType::Q4_1,
+            6 => GgmlType::Q5_0,
+            7 => GgmlType::Q5_1,
             8 => GgmlType::Q8_0,
+            10 => GgmlType::Q2K,
+            11 => GgmlType::Q3K,
+            12 => GgmlType::Q4K,
+            13 => GgmlType::Q5K,
+            14 => GgmlType::Q6K,
             30 => GgmlType::Bf16,
-            other => bail!("unsupported GGML tensor type {other} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)"),
+            other => bail!(
+                "unsupported GGML tensor type {other} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)"
+            ),
         })
-    }
-
-    /// (elements per block, bytes per block)
-    fn block(self) -> (usize, usize) {
-        match self {
-            GgmlType::F32 => (1, 4),
-            GgmlType::F16 | GgmlType::Bf16 => (1, 2),
-            GgmlType::Q4_0 => (32, 18),
-            GgmlType::Q4_1 => (32, 20),
-            GgmlType::Q8_0 => (32, 34),
-        }
     }
 }
 
@@ -178,47 +167,6 @@ impl GgufFile {
     /// A tensor dequantized to f32, row-major.
     pub fn dequantize(&self, info: &TensorInfo) -> Vec<f32> {
         dequantize(info.dtype, self.raw(info))
-    }
-}
-
-/// Converts raw GGML data to f32 exactly as ggml's reference dequantization does
-/// (`d * q + m` in f32, no fused multiply-add).
-pub fn dequantize(dtype: GgmlType, raw: &[u8]) -> Vec<f32> {
-    let f16_at = |b: &[u8], i: usize| f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
-    match dtype {
-        GgmlType::F32 => raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
-        GgmlType::F16 => raw.chunks_exact(2).map(|c| f16_at(c, 0)).collect(),
-        GgmlType::Bf16 => raw.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
-        GgmlType::Q8_0 => {
-            let mut out = Vec::with_capacity(raw.len() / 34 * 32);
-            for b in raw.chunks_exact(34) {
-                let d = f16_at(b, 0);
-                out.extend(b[2..].iter().map(|&q| d * (q as i8) as f32));
-            }
-            out
-        }
-        GgmlType::Q4_0 => {
-            let mut out = vec![0f32; raw.len() / 18 * 32];
-            for (b, o) in raw.chunks_exact(18).zip(out.chunks_exact_mut(32)) {
-                let d = f16_at(b, 0);
-                for (j, &q) in b[2..].iter().enumerate() {
-                    o[j] = d * ((q & 0x0F) as i32 - 8) as f32;
-                    o[j + 16] = d * ((q >> 4) as i32 - 8) as f32;
-                }
-            }
-            out
-        }
-        GgmlType::Q4_1 => {
-            let mut out = vec![0f32; raw.len() / 20 * 32];
-            for (b, o) in raw.chunks_exact(20).zip(out.chunks_exact_mut(32)) {
-                let (d, m) = (f16_at(b, 0), f16_at(b, 2));
-                for (j, &q) in b[4..].iter().enumerate() {
-                    o[j] = d * (q & 0x0F) as f32 + m;
-                    o[j + 16] = d * (q >> 4) as f32 + m;
-                }
-            }
-            out
-        }
     }
 }
 
@@ -376,29 +324,6 @@ pub(crate) mod tests {
             out.resize(out.len().next_multiple_of(32), 0);
         }
         std::fs::write(path, out).unwrap();
-    }
-
-    #[test]
-    fn dequantizes_quantized_blocks() {
-        let d = f16::from_f32(0.5).to_le_bytes();
-        let m = f16::from_f32(-1.0).to_le_bytes();
-        let mut q41 = vec![d[0], d[1], m[0], m[1]];
-        q41.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
-        let got = dequantize(GgmlType::Q4_1, &q41);
-        assert_eq!(got[0], -1.0);
-        assert_eq!(got[15], 0.5 * 15.0 - 1.0);
-        assert_eq!(got[16], 0.5 * 15.0 - 1.0);
-        assert_eq!(got[31], -1.0);
-
-        let mut q40 = vec![d[0], d[1]];
-        q40.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
-        let got = dequantize(GgmlType::Q4_0, &q40);
-        assert_eq!((got[0], got[16], got[15]), (-4.0, 3.5, 3.5));
-
-        let mut q80 = vec![d[0], d[1]];
-        q80.extend((0..32).map(|j| (j as i8 - 16) as u8));
-        let got = dequantize(GgmlType::Q8_0, &q80);
-        assert_eq!((got[0], got[31]), (-8.0, 7.5));
     }
 
     #[test]

@@ -1,0 +1,266 @@
+//! GGML block formats: their sizes and their exact dequantization to f32, with ggml's
+//! reference arithmetic (`d * q`, then `- m` or `+ m`, in f32, never fused), so an f32 path
+//! over a quantized file reproduces what transformers computes from the same file.
+
+use half::{bf16, f16};
+
+/// Super-block length of the K-quants.
+pub const QK_K: usize = 256;
+
+/// GGML tensor element types this engine reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GgmlType {
+    F32,
+    F16,
+    Bf16,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q8_0,
+    Q2K,
+    Q3K,
+    Q4K,
+    Q5K,
+    Q6K,
+}
+
+impl GgmlType {
+    /// (elements per block, bytes per block)
+    pub fn block(self) -> (usize, usize) {
+        match self {
+            GgmlType::F32 => (1, 4),
+            GgmlType::F16 | GgmlType::Bf16 => (1, 2),
+            GgmlType::Q4_0 => (32, 18),
+            GgmlType::Q4_1 => (32, 20),
+            GgmlType::Q5_0 => (32, 22),
+            GgmlType::Q5_1 => (32, 24),
+            GgmlType::Q8_0 => (32, 34),
+            GgmlType::Q2K => (QK_K, 84),
+            GgmlType::Q3K => (QK_K, 110),
+            GgmlType::Q4K => (QK_K, 144),
+            GgmlType::Q5K => (QK_K, 176),
+            GgmlType::Q6K => (QK_K, 210),
+        }
+    }
+}
+
+fn f16_at(b: &[u8], i: usize) -> f32 {
+    f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+}
+
+/// Converts raw GGML data (whole blocks) to f32.
+pub fn dequantize(dtype: GgmlType, raw: &[u8]) -> Vec<f32> {
+    let (per_block, block_bytes) = dtype.block();
+    let mut out = vec![0f32; raw.len() / block_bytes * per_block];
+    let blocks = raw.chunks_exact(block_bytes).zip(out.chunks_exact_mut(per_block));
+    match dtype {
+        GgmlType::F32 => blocks.for_each(|(b, o)| o[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        GgmlType::F16 => blocks.for_each(|(b, o)| o[0] = f16_at(b, 0)),
+        GgmlType::Bf16 => blocks.for_each(|(b, o)| o[0] = bf16::from_le_bytes([b[0], b[1]]).to_f32()),
+        GgmlType::Q8_0 => blocks.for_each(|(b, o)| {
+            let d = f16_at(b, 0);
+            o.iter_mut().zip(&b[2..]).for_each(|(y, &q)| *y = d * (q as i8) as f32);
+        }),
+        GgmlType::Q4_0 => blocks.for_each(|(b, o)| {
+            let d = f16_at(b, 0);
+            for (j, &q) in b[2..].iter().enumerate() {
+                o[j] = d * ((q & 0x0F) as i32 - 8) as f32;
+                o[j + 16] = d * ((q >> 4) as i32 - 8) as f32;
+            }
+        }),
+        GgmlType::Q4_1 => blocks.for_each(|(b, o)| {
+            let (d, m) = (f16_at(b, 0), f16_at(b, 2));
+            for (j, &q) in b[4..].iter().enumerate() {
+                o[j] = d * (q & 0x0F) as f32 + m;
+                o[j + 16] = d * (q >> 4) as f32 + m;
+            }
+        }),
+        GgmlType::Q5_0 => blocks.for_each(|(b, o)| {
+            let d = f16_at(b, 0);
+            let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+            for (j, &q) in b[6..].iter().enumerate() {
+                let (lo, hi) = five_bit(q, qh, j);
+                o[j] = d * (lo - 16) as f32;
+                o[j + 16] = d * (hi - 16) as f32;
+            }
+        }),
+        GgmlType::Q5_1 => blocks.for_each(|(b, o)| {
+            let (d, m) = (f16_at(b, 0), f16_at(b, 2));
+            let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+            for (j, &q) in b[8..].iter().enumerate() {
+                let (lo, hi) = five_bit(q, qh, j);
+                o[j] = d * lo as f32 + m;
+                o[j + 16] = d * hi as f32 + m;
+            }
+        }),
+        GgmlType::Q2K => blocks.for_each(|(b, o)| dequant_q2k(b, o)),
+        GgmlType::Q3K => blocks.for_each(|(b, o)| dequant_q3k(b, o)),
+        GgmlType::Q4K => blocks.for_each(|(b, o)| dequant_q45k(b, o, false)),
+        GgmlType::Q5K => blocks.for_each(|(b, o)| dequant_q45k(b, o, true)),
+        GgmlType::Q6K => blocks.for_each(|(b, o)| dequant_q6k(b, o)),
+    }
+    out
+}
+
+/// The 5-bit values at `j` and `j + 16` of a Q5 block: low nibbles plus a bit from `qh`.
+fn five_bit(q: u8, qh: u32, j: usize) -> (i32, i32) {
+    let h0 = ((qh >> j) << 4) & 0x10;
+    let h1 = (qh >> (j + 12)) & 0x10;
+    ((q & 0x0F) as i32 | h0 as i32, (q >> 4) as i32 | h1 as i32)
+}
+
+/// Scale and min `j` (of 8) from the 12 packed 6-bit bytes of Q4_K / Q5_K.
+pub fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (s[j] & 63, s[j + 4] & 63)
+    } else {
+        ((s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4), (s[j + 4] >> 4) | ((s[j] >> 6) << 4))
+    }
+}
+
+/// Q4_K (`d, dmin, scales[12], qs[128]`) and Q5_K (`d, dmin, scales[12], qh[32], qs[128]`):
+/// eight 32-value sub-blocks, each `d*sc * q - dmin*m`.
+fn dequant_q45k(b: &[u8], o: &mut [f32], five: bool) {
+    let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+    let scales = &b[4..16];
+    let (qh, qs) = if five { (&b[16..48], &b[48..176]) } else { (&b[0..0], &b[16..144]) };
+    for pair in 0..4 {
+        let ql = &qs[pair * 32..pair * 32 + 32];
+        for half in 0..2 {
+            let (sc, m) = scale_min_k4(2 * pair + half, scales);
+            let (d1, m1) = (d * sc as f32, dmin * m as f32);
+            let bit = 1u8 << (2 * pair + half);
+            for l in 0..32 {
+                let mut q = if half == 0 { ql[l] & 0xF } else { ql[l] >> 4 };
+                if five && qh[l] & bit != 0 {
+                    q += 16;
+                }
+                o[pair * 64 + half * 32 + l] = d1 * q as f32 - m1;
+            }
+        }
+    }
+}
+
+/// Q6_K (`ql[128], qh[64], scales[16] i8, d`): sixteen 16-value groups, `d*sc * (q - 32)`.
+fn dequant_q6k(b: &[u8], o: &mut [f32]) {
+    let d = f16_at(b, 208);
+    for n in 0..2 {
+        let ql = &b[n * 64..n * 64 + 64];
+        let qh = &b[128 + n * 32..128 + n * 32 + 32];
+        let sc = &b[192 + n * 8..192 + n * 8 + 8];
+        let y = &mut o[n * 128..n * 128 + 128];
+        for l in 0..32 {
+            let is = l / 16;
+            let q1 = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) as i32 - 32;
+            let q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
+            let q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
+            let q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
+            let s = |k: usize| d * (sc[is + k] as i8) as f32;
+            y[l] = s(0) * q1 as f32;
+            y[l + 32] = s(2) * q2 as f32;
+            y[l + 64] = s(4) * q3 as f32;
+            y[l + 96] = s(6) * q4 as f32;
+        }
+    }
+}
+
+/// Q2_K (`scales[16], qs[64], d, dmin`): sixteen 16-value groups, `d*sc * q - dmin*m`.
+fn dequant_q2k(b: &[u8], o: &mut [f32]) {
+    let (scales, qs) = (&b[0..16], &b[16..80]);
+    let (d, dmin) = (f16_at(b, 80), f16_at(b, 82));
+    let mut y = 0;
+    let mut is = 0;
+    for n in 0..2 {
+        let q = &qs[n * 32..n * 32 + 32];
+        for shift in [0, 2, 4, 6] {
+            for half in 0..2 {
+                let sc = scales[is];
+                is += 1;
+                let (dl, ml) = (d * (sc & 0xF) as f32, dmin * (sc >> 4) as f32);
+                for l in 0..16 {
+                    o[y] = dl * ((q[l + 16 * half] >> shift) & 3) as f32 - ml;
+                    y += 1;
+                }
+            }
+        }
+    }
+}
+
+/// Q3_K (`hmask[32], qs[64], scales[12], d`): sixteen 16-value groups of 3-bit values with
+/// 6-bit signed scales, `d*(sc - 32) * (q - 4 unless the high bit is set)`.
+fn dequant_q3k(b: &[u8], o: &mut [f32]) {
+    let (hm, qs, packed) = (&b[0..32], &b[32..96], &b[96..108]);
+    let d = f16_at(b, 108);
+    let scales: [i32; 16] = std::array::from_fn(|i| {
+        let low = if i < 8 { packed[i] & 0xF } else { packed[i - 8] >> 4 };
+        let high = (packed[8 + i % 4] >> (2 * (i / 4))) & 3;
+        (low | (high << 4)) as i32 - 32
+    });
+    let mut y = 0;
+    let mut is = 0;
+    let mut m = 1u8;
+    for n in 0..2 {
+        let q = &qs[n * 32..n * 32 + 32];
+        for shift in [0, 2, 4, 6] {
+            for half in 0..2 {
+                let dl = d * scales[is] as f32;
+                is += 1;
+                for l in 0..16 {
+                    let i = l + 16 * half;
+                    let v = ((q[i] >> shift) & 3) as i32 - if hm[i] & m != 0 { 0 } else { 4 };
+                    o[y] = dl * v as f32;
+                    y += 1;
+                }
+            }
+            m <<= 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn legacy_blocks() {
+        let d = f16::from_f32(0.5).to_le_bytes();
+        let m = f16::from_f32(-1.0).to_le_bytes();
+        let mut q41 = vec![d[0], d[1], m[0], m[1]];
+        q41.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+        let got = dequantize(GgmlType::Q4_1, &q41);
+        assert_eq!((got[0], got[15], got[16], got[31]), (-1.0, 6.5, 6.5, -1.0));
+
+        let mut q40 = vec![d[0], d[1]];
+        q40.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+        let got = dequantize(GgmlType::Q4_0, &q40);
+        assert_eq!((got[0], got[16], got[15]), (-4.0, 3.5, 3.5));
+
+        let mut q80 = vec![d[0], d[1]];
+        q80.extend((0..32).map(|j| (j as i8 - 16) as u8));
+        let got = dequantize(GgmlType::Q8_0, &q80);
+        assert_eq!((got[0], got[31]), (-8.0, 7.5));
+
+        // Q5_0: value j's fifth bit is bit j of qh; value j+16's is bit j+16.
+        let mut q50 = vec![d[0], d[1]];
+        q50.extend(0x8000_0001u32.to_le_bytes());
+        q50.extend([0x21u8; 16]);
+        let got = dequantize(GgmlType::Q5_0, &q50);
+        assert_eq!((got[0], got[1], got[16], got[31]), (0.5 * (17 - 16) as f32, 0.5 * (1 - 16) as f32, -7.0, 1.0));
+        let mut q51 = vec![d[0], d[1], m[0], m[1]];
+        q51.extend(0x8000_0001u32.to_le_bytes());
+        q51.extend([0x21u8; 16]);
+        let got = dequantize(GgmlType::Q5_1, &q51);
+        assert_eq!((got[0], got[1], got[31]), (0.5 * 17.0 - 1.0, 0.5 - 1.0, 0.5 * 18.0 - 1.0));
+    }
+
+    #[test]
+    fn packed_k_scales() {
+        // Sub-blocks 0..4 keep 6 bits in bytes 0..8; 4..8 split across bytes 8..12 and the top bits.
+        let s = [1, 2, 3, 4 | 0xC0, 5, 6, 7, 8 | 0x40, 0x9A, 0xBC, 0xDE, 0xF1];
+        assert_eq!(scale_min_k4(0, &s), (1, 5));
+        assert_eq!(scale_min_k4(3, &s), (4, 8));
+        assert_eq!(scale_min_k4(4, &s), (0xA, 0x9));
+        assert_eq!(scale_min_k4(7, &s), (0x1 | (3 << 4), 0xF | (1 << 4)));
+    }
+}
