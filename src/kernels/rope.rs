@@ -14,10 +14,20 @@ pub struct Rope {
     sin: Vec<f32>,
 }
 
+/// The unscaled inverse frequencies `1 / theta^(2i/d)`, in f32 as Hugging Face computes them.
+pub fn inv_freq(head_dim: usize, theta: f32) -> Vec<f32> {
+    (0..head_dim / 2).map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32)).collect()
+}
+
 impl Rope {
     pub fn new(head_dim: usize, theta: f32, max_positions: usize) -> Self {
-        let half = head_dim / 2;
-        let inv_freq: Vec<f32> = (0..half).map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32)).collect();
+        Self::with_inv_freq(inv_freq(head_dim, theta), max_positions)
+    }
+
+    /// A rotation with given inverse frequencies (one per pair of dimensions), for scaled
+    /// variants (Llama 3, linear) computed by the model's configuration.
+    pub fn with_inv_freq(inv_freq: Vec<f32>, max_positions: usize) -> Self {
+        let half = inv_freq.len();
         let table = max_positions.min(TABLE_POSITIONS);
         let mut cos = Vec::with_capacity(table * half);
         let mut sin = Vec::with_capacity(table * half);

@@ -17,7 +17,75 @@ pub struct ModelConfig {
     pub max_position_embeddings: usize,
     pub rms_norm_eps: f32,
     pub rope_theta: f32,
+    pub rope_scaling: RopeScaling,
     pub tie_word_embeddings: bool,
+}
+
+/// How positions are stretched beyond the trained context.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// Every frequency divided by `factor`.
+    Linear(f32),
+    /// Llama 3.x: low frequencies divided by `factor`, high ones kept, a smooth blend between.
+    Llama3 {
+        factor: f32,
+        low_freq_factor: f32,
+        high_freq_factor: f32,
+        original_max_position_embeddings: f32,
+    },
+}
+
+impl RopeScaling {
+    /// From a Hugging Face `rope_scaling` object; unknown kinds are an error, never ignored.
+    fn from_hf(v: &serde_json::Value) -> Result<Self> {
+        let kind = v.get("rope_type").or_else(|| v.get("type")).and_then(|t| t.as_str()).unwrap_or("default");
+        let num = |k: &str| -> Result<f32> {
+            let x = v.get(k).and_then(|x| x.as_f64()).with_context(|| format!("rope_scaling needs a number `{k}`"))?;
+            ensure!(x.is_finite() && x > 0.0, "rope_scaling `{k}` must be positive, got {x}");
+            Ok(x as f32)
+        };
+        Ok(match kind {
+            "default" => RopeScaling::None,
+            "linear" => RopeScaling::Linear(num("factor")?),
+            "llama3" => {
+                let s = RopeScaling::Llama3 {
+                    factor: num("factor")?,
+                    low_freq_factor: num("low_freq_factor")?,
+                    high_freq_factor: num("high_freq_factor")?,
+                    original_max_position_embeddings: num("original_max_position_embeddings")?,
+                };
+                if let RopeScaling::Llama3 { low_freq_factor: lo, high_freq_factor: hi, .. } = s {
+                    ensure!(hi > lo, "rope_scaling high_freq_factor {hi} must exceed low_freq_factor {lo}");
+                }
+                s
+            }
+            other => bail!("rope_scaling type '{other}' is not supported (supported: linear, llama3)"),
+        })
+    }
+
+    /// Applies the scaling to unscaled inverse frequencies, with Hugging Face's f32 arithmetic.
+    pub fn apply(&self, inv_freq: &mut [f32]) {
+        match *self {
+            RopeScaling::None => {}
+            RopeScaling::Linear(factor) => inv_freq.iter_mut().for_each(|f| *f /= factor),
+            RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => {
+                let two_pi = (2.0 * std::f64::consts::PI) as f32;
+                let low_wavelen = original_max_position_embeddings / low_freq_factor;
+                let high_wavelen = original_max_position_embeddings / high_freq_factor;
+                for f in inv_freq.iter_mut() {
+                    let wavelen = (1.0 / *f) * two_pi;
+                    if wavelen > low_wavelen {
+                        *f /= factor;
+                    } else if wavelen >= high_wavelen {
+                        let smooth = (original_max_position_embeddings * (1.0 / wavelen) - low_freq_factor)
+                            / (high_freq_factor - low_freq_factor);
+                        *f = (1.0 - smooth) * *f / factor + smooth * *f;
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Model families whose weights follow the Llama layout.
@@ -65,9 +133,10 @@ impl ModelConfig {
             ensure!(act == "silu", "{}: unsupported hidden_act '{act}' (need silu)", path.display());
         }
         ensure!(!c.attention_bias, "{}: attention_bias is not supported yet", path.display());
-        if let Some(scaling) = c.rope_scaling.filter(|v| !v.is_null()) {
-            bail!("{}: rope_scaling {scaling} is not supported yet", path.display());
-        }
+        let rope_scaling = match c.rope_scaling.filter(|v| !v.is_null()) {
+            Some(v) => RopeScaling::from_hf(&v).with_context(|| path.display().to_string())?,
+            None => RopeScaling::None,
+        };
         if let Some(w) = c.sliding_window.filter(|&w| w < c.max_position_embeddings) {
             bail!("{}: sliding_window {w} is not supported yet", path.display());
         }
@@ -82,6 +151,7 @@ impl ModelConfig {
             max_position_embeddings: c.max_position_embeddings,
             rms_norm_eps: c.rms_norm_eps,
             rope_theta: c.rope_theta,
+            rope_scaling,
             tie_word_embeddings: c.tie_word_embeddings,
         };
         cfg.validate().with_context(|| path.display().to_string())?;
@@ -115,6 +185,19 @@ impl ModelConfig {
                 .map(|a| a.len())
                 .context("GGUF has neither vocab_size nor tokenizer.ggml.tokens")?,
         };
+        // Llama 3's scaling comes as a `rope_freqs` tensor (applied by the model at load);
+        // of the metadata kinds, only linear is understood, and the rest are refused.
+        let rope_scaling = match g.get(&format!("{arch}.rope.scaling.type")).and_then(Value::as_str) {
+            None | Some("none") => RopeScaling::None,
+            Some("linear") => {
+                let f = float("rope.scaling.factor", 1.0);
+                ensure!(f.is_finite() && f > 0.0, "{}: rope.scaling.factor {f} is not positive", g.path.display());
+                RopeScaling::Linear(f)
+            }
+            Some(other) => {
+                bail!("{}: RoPE scaling '{other}' is not supported (supported: linear, llama3)", g.path.display())
+            }
+        };
         let cfg = ModelConfig {
             hidden_size: hidden,
             intermediate_size: int("feed_forward_length")?,
@@ -126,6 +209,7 @@ impl ModelConfig {
             max_position_embeddings: int("context_length")?,
             rms_norm_eps: float("attention.layer_norm_rms_epsilon", 1e-5),
             rope_theta: float("rope.freq_base", 10000.0),
+            rope_scaling,
             tie_word_embeddings: !g.tensors.contains_key("output.weight"),
         };
         cfg.validate().with_context(|| g.path.display().to_string())?;

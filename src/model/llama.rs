@@ -136,7 +136,17 @@ impl Llama {
         } else {
             (Some(embed), pack(&[src.load("lm_head.weight", &[c.vocab_size, d])?]))
         };
-        let rope = Rope::new(c.head_dim, c.rope_theta, c.max_position_embeddings);
+        let mut inv_freq = crate::kernels::rope::inv_freq(c.head_dim, c.rope_theta);
+        c.rope_scaling.apply(&mut inv_freq);
+        // GGUF files of Llama 3.x carry the scaling as per-frequency divisors.
+        if src.contains("rope_freqs.weight") {
+            let divisors = src.load("rope_freqs.weight", &[c.head_dim / 2])?;
+            for (f, &d) in inv_freq.iter_mut().zip(divisors.data()) {
+                anyhow::ensure!(d.is_finite() && d > 0.0, "rope_freqs holds {d}, not a positive divisor");
+                *f /= d;
+            }
+        }
+        let rope = Rope::with_inv_freq(inv_freq, c.max_position_embeddings);
         Ok(Llama { config, embed, layers, norm, lm_head, rope })
     }
 

@@ -7,5 +7,5 @@ pub mod llama;
 pub mod loader;
 mod tensor;
 
-pub use config::ModelConfig;
+pub use config::{ModelConfig, RopeScaling};
 pub use llama::{Llama, SeqStep, StepInput, Workspace};

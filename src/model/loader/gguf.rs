@@ -23,6 +23,7 @@ fn gguf_name(hf: &str) -> Option<String> {
         "model.embed_tokens.weight" => Some("token_embd.weight"),
         "model.norm.weight" => Some("output_norm.weight"),
         "lm_head.weight" => Some("output.weight"),
+        "rope_freqs.weight" => Some("rope_freqs.weight"),
         _ => None,
     };
     if let Some(f) = fixed {
