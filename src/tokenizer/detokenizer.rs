@@ -1,9 +1,12 @@
 //! Streaming detokenization: text deltas that concatenate to exactly the full decode.
 //!
-//! Decoding tokens one by one is wrong for two reasons: a token can end inside a UTF-8
-//! character (byte-level BPE, byte fallback), and SentencePiece decoders strip a leading
-//! space only at the start of a text. So each step decodes a short window of recent tokens
-//! twice, with and without the new ones, and emits the difference once it is whole.
+//! Decoding tokens one by one is wrong for three reasons: a token can end inside a UTF-8
+//! character (byte-level BPE, byte fallback); SentencePiece decoders strip a leading space
+//! only at the start of a text; and a byte-fallback decoder turns a whole run of byte
+//! tokens into U+FFFD when the run is not valid UTF-8, so a byte that decoded as a letter
+//! can become U+FFFD when the next byte arrives. So each step decodes a short window of
+//! recent tokens twice, with and without the new ones, and emits the difference once it is
+//! whole and no run of byte tokens is still open.
 
 use super::Tokenizer;
 use anyhow::Result;
@@ -33,12 +36,16 @@ impl Detokenizer {
     /// incomplete).
     pub fn push(&mut self, tok: &Tokenizer, id: u32) -> Result<String> {
         self.ids.push(id);
+        if tok.is_byte_token(id) {
+            return Ok(String::new());
+        }
         let before = tok.decode(&self.ids[self.prefix..self.read], self.skip_special_tokens)?;
         let after = tok.decode(&self.ids[self.prefix..], self.skip_special_tokens)?;
-        let delta = match after.get(before.len()..) {
-            Some(d) if !d.is_empty() && !d.ends_with('\u{FFFD}') => d.to_owned(),
-            _ => return Ok(String::new()),
-        };
+        let delta = after_common_prefix(&before, &after);
+        if delta.is_empty() || delta.ends_with('\u{FFFD}') {
+            return Ok(String::new());
+        }
+        let delta = delta.to_owned();
         self.prefix = self.read;
         self.read = self.ids.len();
         if self.prefix > 4 * WINDOW {
@@ -54,6 +61,16 @@ impl Detokenizer {
         let before = tok.decode(&self.ids[self.prefix..self.read], self.skip_special_tokens)?;
         let after = tok.decode(&self.ids[self.prefix..], self.skip_special_tokens)?;
         self.read = self.ids.len();
-        Ok(after.get(before.len()..).unwrap_or("").to_owned())
+        Ok(after_common_prefix(&before, &after).to_owned())
     }
+}
+
+/// `after` past `before`. (Should the decoder ever rewrite text already emitted, this goes
+/// on from where the two agree, so the stream never stalls.)
+fn after_common_prefix<'a>(before: &str, after: &'a str) -> &'a str {
+    if let Some(rest) = after.strip_prefix(before) {
+        return rest;
+    }
+    let common: usize = before.chars().zip(after.chars()).take_while(|(a, b)| a == b).map(|(a, _)| a.len_utf8()).sum();
+    &after[common..]
 }

@@ -25,6 +25,8 @@ pub struct Tokenizer {
     pub chat_template: Option<String>,
     /// The template, compiled on first use and then shared by every request.
     compiled: OnceLock<Result<ChatTemplate, String>>,
+    /// Token ids of byte-fallback pieces (`<0x41>`), by id.
+    byte_tokens: Vec<bool>,
 }
 
 fn read_json(path: &Path) -> Result<Option<Json>> {
@@ -121,7 +123,21 @@ impl Tokenizer {
         eos_ids.dedup();
         let adds_bos =
             bos_id.is_some_and(|b| inner.encode("", true).map(|e| e.get_ids().first() == Some(&b)).unwrap_or(false));
-        Tokenizer { inner, eos_ids, bos_id, adds_bos, chat_template, compiled: OnceLock::new() }
+        let mut byte_tokens = vec![false; inner.get_vocab_size(true)];
+        for (piece, id) in inner.get_vocab(true) {
+            let b = piece.as_bytes();
+            let is_byte =
+                b.len() == 6 && b.starts_with(b"<0x") && b[5] == b'>' && b[3..5].iter().all(u8::is_ascii_hexdigit);
+            if let Some(slot) = byte_tokens.get_mut(id as usize) {
+                *slot = is_byte;
+            }
+        }
+        Tokenizer { inner, eos_ids, bos_id, adds_bos, chat_template, compiled: OnceLock::new(), byte_tokens }
+    }
+
+    /// A byte-fallback piece (`<0x41>`): its text depends on the bytes next to it.
+    pub fn is_byte_token(&self, id: u32) -> bool {
+        self.byte_tokens.get(id as usize).copied().unwrap_or(false)
     }
 
     /// The compiled chat template; an error when the model has none or it does not parse.
@@ -143,7 +159,13 @@ impl Tokenizer {
 
     /// Token ids of `text`, with the model's special tokens (BOS) added.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let enc = self.inner.encode(text, true).map_err(|e| anyhow!("tokenizing: {e}"))?;
+        self.encode_with(text, true)
+    }
+
+    /// Token ids of `text`, with or without the special tokens the tokenizer adds (without,
+    /// for text a chat template already began with BOS).
+    pub fn encode_with(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        let enc = self.inner.encode(text, add_special_tokens).map_err(|e| anyhow!("tokenizing: {e}"))?;
         Ok(enc.get_ids().to_vec())
     }
 

@@ -28,6 +28,9 @@ pub fn shared_models() -> Option<PathBuf> {
 
 pub struct Case {
     pub id: String,
+    /// Whether the prompt ids include the tokenizer's special tokens (false for chat cases,
+    /// whose template writes them).
+    pub add_special_tokens: bool,
     pub prompt: String,
     pub prompt_ids: Vec<u32>,
     pub generated_ids: Vec<u32>,
@@ -40,8 +43,10 @@ fn ids(v: &Value) -> Vec<u32> {
     v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
 }
 
-pub fn reference(model_dir: &str) -> Vec<Case> {
-    let path = shared_models().unwrap().join(model_dir).join("reference.json");
+/// The cases of `rel`: a `.json` file, or a folder's `reference.json`.
+pub fn reference(rel: &str) -> Vec<Case> {
+    let base = shared_models().unwrap().join(rel);
+    let path = if rel.ends_with(".json") { base } else { base.join("reference.json") };
     let doc: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     doc["cases"]
         .as_array()
@@ -49,6 +54,7 @@ pub fn reference(model_dir: &str) -> Vec<Case> {
         .iter()
         .map(|c| Case {
             id: c["id"].as_str().unwrap().into(),
+            add_special_tokens: c["add_special_tokens"].as_bool().unwrap_or(true),
             prompt: c["prompt"].as_str().unwrap().into(),
             prompt_ids: ids(&c["prompt_token_ids"]),
             generated_ids: ids(&c["generated_token_ids"]),
@@ -78,11 +84,20 @@ pub fn model(rel: &str) -> Arc<LoadedModel> {
         .clone()
 }
 
-/// The model variants under test: (path relative to shared/models, reference folder).
+/// The model variants under test on the exact f32 path: (path relative to shared/models,
+/// its reference folder or file).
 pub const VARIANTS: &[(&str, &str)] = &[
     ("stories260k", "stories260k"),
     ("stories260k/stories260k.gguf", "stories260k"),
     ("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m-instruct"),
+    ("tiny-llama3", "tiny-llama3"),
+    ("tiny-llama3/tiny-llama3.gguf", "tiny-llama3"),
+    ("tiny-llama3-q/tiny-llama3-q.Q8_0.gguf", "tiny-llama3-q/reference.Q8_0.json"),
+    ("tiny-llama3-q/tiny-llama3-q.Q4_0.gguf", "tiny-llama3-q/reference.Q4_0.json"),
+    ("tiny-llama3-q/tiny-llama3-q.Q4_1.gguf", "tiny-llama3-q/reference.Q4_1.json"),
+    ("tiny-llama3-q/tiny-llama3-q.Q4_K_M.gguf", "tiny-llama3-q/reference.Q4_K_M.json"),
+    ("tiny-llama3-q/tiny-llama3-q.Q5_K_M.gguf", "tiny-llama3-q/reference.Q5_K_M.json"),
+    ("tiny-llama3-q/tiny-llama3-q.Q6_K.gguf", "tiny-llama3-q/reference.Q6_K.json"),
 ];
 
 use weft::engine::{EngineConfig, EngineHandle, Event, FinishReason, Request, RequestStream};
