@@ -7,6 +7,7 @@ mod dot;
 mod exp;
 pub mod matmul;
 pub mod norm;
+pub mod qmatmul;
 pub mod quant;
 pub mod rope;
 

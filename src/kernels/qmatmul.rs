@@ -1,0 +1,615 @@
+//! `Y = X · Wᵀ` with `W` kept in a GGML block format, as llama.cpp computes it: each row of
+//! `X` is quantized to int8 per 32 values (one f32 scale per block, plus the integer sums
+//! of each half block for the formats with an offset), each 32-value block of `W` is
+//! decoded to int8 lanes with one scale per 16 values, and their dot products are integer
+//! (`maddubs`/`madd` on AVX2) with one f32 multiply-add per block.
+//!
+//! **Batch invariance.** A row's result is the same chain of operations whatever else is
+//! in the step: rows are quantized on their own, and a row tile only shares the decoded
+//! weights between rows, never a sum. **Bandwidth.** Weights are read in their file's size
+//! (a Q4 model reads about a seventh of its f32 bytes per token), which is what bounds
+//! decode at one sequence.
+
+use super::quant::{dequantize, scale_min_k4, GgmlType};
+use rayon::prelude::*;
+
+/// Values per activation block (and per decoded weight block).
+const QB: usize = 32;
+/// Activation rows that share one decoded weight block.
+const TILE: usize = 4;
+/// Weight rows per parallel task.
+const ROWS_PER_TASK: usize = 16;
+
+/// One run of rows of a single block format.
+struct Part {
+    dtype: GgmlType,
+    rows: usize,
+    row_bytes: usize,
+    data: Vec<u8>,
+}
+
+/// A weight `[n, k]` in GGML block formats, row-major blocks; stacked projections of
+/// different formats (say Q4_K q/k and Q6_K v) are parts that follow each other.
+pub struct QMatrix {
+    n: usize,
+    k: usize,
+    parts: Vec<Part>,
+}
+
+impl QMatrix {
+    /// Stacks parts `(format, rows, raw bytes)` of `k` columns each.
+    pub fn new(k: usize, parts: Vec<(GgmlType, usize, Vec<u8>)>) -> anyhow::Result<Self> {
+        let mut out = Vec::with_capacity(parts.len());
+        for (dtype, rows, data) in parts {
+            let (per_block, block_bytes) = dtype.block();
+            anyhow::ensure!(
+                k.is_multiple_of(per_block) && k.is_multiple_of(QB) && dtype.block().0 >= QB,
+                "{dtype:?} rows of {k} values are not whole blocks of {per_block}"
+            );
+            let row_bytes = k / per_block * block_bytes;
+            anyhow::ensure!(data.len() == rows * row_bytes, "{dtype:?} [{rows}, {k}]: {} bytes", data.len());
+            out.push(Part { dtype, rows, row_bytes, data });
+        }
+        Ok(QMatrix { n: out.iter().map(|p| p.rows).sum(), k, parts: out })
+    }
+
+    /// Whether `dtype` can be computed quantized (block formats; floats stay f32).
+    pub fn supports(dtype: GgmlType) -> bool {
+        dtype.block().0 >= QB
+    }
+
+    /// Bytes of weights one pass over the matrix reads.
+    pub fn bytes(&self) -> usize {
+        self.parts.iter().map(|p| p.data.len()).sum()
+    }
+
+    /// Row `r`, dequantized (an embedding, when the LM head is tied to it).
+    pub fn row_into(&self, mut r: usize, out: &mut [f32]) {
+        for p in &self.parts {
+            if r < p.rows {
+                let row = dequantize(p.dtype, &p.data[r * p.row_bytes..(r + 1) * p.row_bytes]);
+                out[..self.k].copy_from_slice(&row);
+                return;
+            }
+            r -= p.rows;
+        }
+        panic!("row {r} past the end of the matrix");
+    }
+}
+
+/// `X`'s rows quantized for [`qmatmul`].
+#[derive(Default)]
+pub struct QActs {
+    q: Vec<i8>,
+    /// One scale per 32 values.
+    d: Vec<f32>,
+    /// Integer sums of each 16-value half block, for the formats with an offset.
+    sums: Vec<i32>,
+}
+
+/// Quantizes `m` rows of `k` values: per 32, `d = max|x| / 127`, `q = round(x / d)`.
+pub fn quantize_rows(x: &[f32], m: usize, k: usize, out: &mut QActs) {
+    let blocks = m * k / QB;
+    out.q.resize(m * k, 0);
+    out.d.resize(blocks, 0.0);
+    out.sums.resize(2 * blocks, 0);
+    let work = x[..m * k].par_chunks(QB * 64).zip(out.q.par_chunks_mut(QB * 64));
+    let work = work.zip(out.d.par_chunks_mut(64)).zip(out.sums.par_chunks_mut(128));
+    work.for_each(|(((x, q), d), sums)| {
+        for (((x, q), d), s) in x.chunks_exact(QB).zip(q.chunks_exact_mut(QB)).zip(d).zip(sums.chunks_exact_mut(2)) {
+            let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+            *d = amax / 127.0;
+            let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+            for (q, &v) in q.iter_mut().zip(x) {
+                *q = (v * id).round() as i8;
+            }
+            s[0] = q[..16].iter().map(|&v| v as i32).sum();
+            s[1] = q[16..].iter().map(|&v| v as i32).sum();
+        }
+    });
+}
+
+/// `y[i, j] = Σ_k x[i, k] · w[j, k]` for `i < m`; `y` is `[m, n]` row-major; `xq` holds
+/// `X` quantized by [`quantize_rows`].
+pub fn qmatmul(xq: &QActs, w: &QMatrix, y: &mut [f32], m: usize) {
+    let (n, k) = (w.n, w.k);
+    assert!(xq.q.len() >= m * k && y.len() >= m * n, "qmatmul: buffers too small");
+    let out = SharedOut(y.as_mut_ptr());
+    let mut first_row = 0;
+    for p in &w.parts {
+        let tasks = p.rows.div_ceil(ROWS_PER_TASK);
+        let run = |t: usize| {
+            let rows = t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(p.rows);
+            // SAFETY: tasks write disjoint columns `first_row + rows` of `y`, checked above.
+            unsafe { rows_task(xq, p, k, rows, first_row, n, m, out) };
+        };
+        if m * p.rows * k < 1 << 16 {
+            (0..tasks).for_each(run);
+        } else {
+            (0..tasks).into_par_iter().for_each(run);
+        }
+        first_row += p.rows;
+    }
+}
+
+#[derive(Clone, Copy)]
+struct SharedOut(*mut f32);
+// SAFETY: tasks write disjoint elements.
+unsafe impl Send for SharedOut {}
+unsafe impl Sync for SharedOut {}
+
+/// Weight rows `rows` of part `p` against every row of `X`, written to column
+/// `col0 + row` of `y` (row stride `n`).
+///
+/// # Safety
+/// `y` must hold `m × n` values and no other task may write these columns.
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows_task(
+    xq: &QActs,
+    p: &Part,
+    k: usize,
+    rows: std::ops::Range<usize>,
+    col0: usize,
+    n: usize,
+    m: usize,
+    y: SharedOut,
+) {
+    let blocks = k / QB;
+    for r in rows {
+        let row = &p.data[r * p.row_bytes..(r + 1) * p.row_bytes];
+        let mut i = 0;
+        while i < m {
+            let tile = TILE.min(m - i);
+            let mut acc = [0f32; TILE];
+            #[cfg(target_arch = "x86_64")]
+            if avx2::available() {
+                // SAFETY: AVX2 and FMA were detected; the row and activations hold `blocks` blocks.
+                unsafe { avx2::dot_rows(p.dtype, row, xq, i, tile, blocks, &mut acc) };
+                write(y, n, col0 + r, i, &acc[..tile]);
+                i += tile;
+                continue;
+            }
+            portable::dot_rows(p.dtype, row, xq, i, tile, blocks, &mut acc);
+            write(y, n, col0 + r, i, &acc[..tile]);
+            i += tile;
+        }
+    }
+}
+
+fn write(y: SharedOut, n: usize, col: usize, first: usize, vals: &[f32]) {
+    for (t, &v) in vals.iter().enumerate() {
+        // SAFETY: the caller owns column `col` of rows `first..first + vals.len()`.
+        unsafe { *y.0.add((first + t) * n + col) = v };
+    }
+}
+
+/// A decoded 32-value weight block: `w_i · scale[i / 16] + offset[i / 16]`.
+struct Block {
+    q: [i8; QB],
+    scale: [f32; 2],
+    offset: [f32; 2],
+}
+
+fn f16_at(b: &[u8], i: usize) -> f32 {
+    half::f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+}
+
+/// The bytes of the block holding 32-block `b` of a row, and which 32-block of it that is.
+fn locate(dtype: GgmlType, row: &[u8], b: usize) -> (&[u8], usize) {
+    let (per, bytes) = dtype.block();
+    let per_super = per / QB;
+    let s = b / per_super;
+    (&row[s * bytes..(s + 1) * bytes], b % per_super)
+}
+
+/// Decodes 32-block `sub` of one GGML block (any format), scalar.
+fn decode(dtype: GgmlType, blk: &[u8], sub: usize) -> Block {
+    let mut q = [0i8; QB];
+    let same = |s: f32, o: f32| ([s, s], [o, o]);
+    let (scale, offset) = match dtype {
+        GgmlType::Q8_0 => {
+            q.iter_mut().zip(&blk[2..34]).for_each(|(q, &b)| *q = b as i8);
+            same(f16_at(blk, 0), 0.0)
+        }
+        GgmlType::Q4_0 | GgmlType::Q4_1 => {
+            let (base, bias) = if dtype == GgmlType::Q4_0 { (2, 8) } else { (4, 0) };
+            for (j, &b) in blk[base..base + 16].iter().enumerate() {
+                q[j] = (b & 0xF) as i8 - bias;
+                q[j + 16] = (b >> 4) as i8 - bias;
+            }
+            if dtype == GgmlType::Q4_0 {
+                same(f16_at(blk, 0), 0.0)
+            } else {
+                same(f16_at(blk, 0), f16_at(blk, 2))
+            }
+        }
+        GgmlType::Q5_0 | GgmlType::Q5_1 => {
+            let (h, base, bias) = if dtype == GgmlType::Q5_0 { (2, 6, 16) } else { (4, 8, 0) };
+            let qh = u32::from_le_bytes([blk[h], blk[h + 1], blk[h + 2], blk[h + 3]]);
+            for (j, &b) in blk[base..base + 16].iter().enumerate() {
+                q[j] = ((b & 0xF) | ((((qh >> j) & 1) as u8) << 4)) as i8 - bias;
+                q[j + 16] = ((b >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4)) as i8 - bias;
+            }
+            if dtype == GgmlType::Q5_0 {
+                same(f16_at(blk, 0), 0.0)
+            } else {
+                same(f16_at(blk, 0), f16_at(blk, 2))
+            }
+        }
+        GgmlType::Q4K | GgmlType::Q5K => {
+            let (pair, half) = (sub / 2, sub % 2);
+            let five = dtype == GgmlType::Q5K;
+            let qs = if five { &blk[48 + pair * 32..80 + pair * 32] } else { &blk[16 + pair * 32..48 + pair * 32] };
+            for (l, &b) in qs.iter().enumerate() {
+                let mut v = if half == 0 { b & 0xF } else { b >> 4 };
+                if five && blk[16 + l] & (1 << sub) != 0 {
+                    v += 16;
+                }
+                q[l] = v as i8;
+            }
+            let (sc, m) = scale_min_k4(sub, &blk[4..16]);
+            same(f16_at(blk, 0) * sc as f32, -(f16_at(blk, 2) * m as f32))
+        }
+        GgmlType::Q6K => {
+            let (n, part) = (sub / 4, sub % 4);
+            let ql = &blk[n * 64 + (part % 2) * 32..n * 64 + (part % 2) * 32 + 32];
+            let qh = &blk[128 + n * 32..160 + n * 32];
+            for l in 0..QB {
+                let low = if part < 2 { ql[l] & 0xF } else { ql[l] >> 4 };
+                q[l] = (low | (((qh[l] >> (2 * part)) & 3) << 4)) as i8 - 32;
+            }
+            let d = f16_at(blk, 208);
+            let sc = &blk[192 + n * 8..200 + n * 8];
+            ([d * (sc[2 * part] as i8) as f32, d * (sc[2 * part + 1] as i8) as f32], [0.0, 0.0])
+        }
+        GgmlType::Q2K => {
+            let (n, shift) = (sub / 4, 2 * (sub % 4));
+            for (l, q) in q.iter_mut().enumerate() {
+                *q = ((blk[16 + n * 32 + l] >> shift) & 3) as i8;
+            }
+            let (d, dmin) = (f16_at(blk, 80), f16_at(blk, 82));
+            let sc = [blk[2 * sub], blk[2 * sub + 1]];
+            (
+                [d * (sc[0] & 0xF) as f32, d * (sc[1] & 0xF) as f32],
+                [-(dmin * (sc[0] >> 4) as f32), -(dmin * (sc[1] >> 4) as f32)],
+            )
+        }
+        GgmlType::Q3K => {
+            let (n, j) = (sub / 4, sub % 4);
+            let m = 1u8 << (4 * n + j);
+            for (l, q) in q.iter_mut().enumerate() {
+                let low = ((blk[32 + n * 32 + l] >> (2 * j)) & 3) as i8;
+                *q = low - if blk[l] & m != 0 { 0 } else { 4 };
+            }
+            let packed = &blk[96..108];
+            let scale = |i: usize| {
+                let low = if i < 8 { packed[i] & 0xF } else { packed[i - 8] >> 4 };
+                let high = (packed[8 + i % 4] >> (2 * (i / 4))) & 3;
+                f16_at(blk, 108) * ((low | (high << 4)) as i32 - 32) as f32
+            };
+            ([scale(2 * sub), scale(2 * sub + 1)], [0.0, 0.0])
+        }
+        GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => unreachable!("float weights are not block formats"),
+    };
+    Block { q, scale, offset }
+}
+
+mod portable {
+    use super::*;
+
+    /// Rows `first..first + tile` of `X` against one weight row, every 32-block in order.
+    pub fn dot_rows(
+        dtype: GgmlType,
+        row: &[u8],
+        xq: &QActs,
+        first: usize,
+        tile: usize,
+        blocks: usize,
+        acc: &mut [f32; TILE],
+    ) {
+        for b in 0..blocks {
+            let (blk, sub) = locate(dtype, row, b);
+            let w = decode(dtype, blk, sub);
+            for (t, acc) in acc[..tile].iter_mut().enumerate() {
+                let xb = (first + t) * blocks + b;
+                let x = &xq.q[xb * QB..(xb + 1) * QB];
+                let half = |h: usize| -> i32 { (h * 16..h * 16 + 16).map(|i| w.q[i] as i32 * x[i] as i32).sum() };
+                let s = &xq.sums[2 * xb..2 * xb + 2];
+                let block = w.scale[0] * half(0) as f32
+                    + w.scale[1] * half(1) as f32
+                    + (w.offset[0] * s[0] as f32 + w.offset[1] * s[1] as f32);
+                *acc += xq.d[xb] * block;
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::*;
+    use std::arch::x86_64::*;
+
+    pub fn available() -> bool {
+        crate::kernels::matmul::avx2::available()
+    }
+
+    /// Weights of one 32-block as int8 lanes, plus its scales and offsets.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn decode_vec(dtype: GgmlType, blk: &[u8], sub: usize) -> (__m256i, [f32; 2], [f32; 2]) {
+        let p = blk.as_ptr();
+        let low4 = _mm256_set1_epi8(0xF);
+        // The 16 bytes at `at` as 32 nibbles: low nibbles first, then high ones.
+        let nibbles = |at: usize| {
+            let b = _mm_loadu_si128(p.add(at).cast());
+            let lo = _mm_and_si128(b, _mm_set1_epi8(0xF));
+            let hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0xF));
+            _mm256_set_m128i(hi, lo)
+        };
+        // Bit i of the u32 at `at` as byte i: 0x10 where set.
+        let fifth_bits = |at: usize| {
+            let bits = u32::from_le_bytes([blk[at], blk[at + 1], blk[at + 2], blk[at + 3]]);
+            let spread = _mm256_shuffle_epi8(
+                _mm256_set1_epi32(bits as i32),
+                _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0),
+            );
+            let mask = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe_u64 as i64);
+            let set = _mm256_cmpeq_epi8(_mm256_or_si256(spread, mask), _mm256_set1_epi64x(-1));
+            _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+        };
+        let same = |s: f32, o: f32| ([s, s], [o, o]);
+        match dtype {
+            GgmlType::Q8_0 => (_mm256_loadu_si256(p.add(2).cast()), [f16_at(blk, 0); 2], [0.0; 2]),
+            GgmlType::Q4_0 => {
+                let (s, o) = same(f16_at(blk, 0), 0.0);
+                (_mm256_sub_epi8(nibbles(2), _mm256_set1_epi8(8)), s, o)
+            }
+            GgmlType::Q4_1 => {
+                let (s, o) = same(f16_at(blk, 0), f16_at(blk, 2));
+                (nibbles(4), s, o)
+            }
+            GgmlType::Q5_0 => {
+                let q = _mm256_or_si256(nibbles(6), fifth_bits(2));
+                let (s, o) = same(f16_at(blk, 0), 0.0);
+                (_mm256_sub_epi8(q, _mm256_set1_epi8(16)), s, o)
+            }
+            GgmlType::Q5_1 => {
+                let (s, o) = same(f16_at(blk, 0), f16_at(blk, 2));
+                (_mm256_or_si256(nibbles(8), fifth_bits(4)), s, o)
+            }
+            GgmlType::Q4K | GgmlType::Q5K => {
+                let (pair, half) = (sub / 2, sub % 2);
+                let five = dtype == GgmlType::Q5K;
+                let at = if five { 48 } else { 16 } + pair * 32;
+                let v = _mm256_loadu_si256(p.add(at).cast());
+                let mut q = if half == 0 { v } else { _mm256_srli_epi16(v, 4) };
+                q = _mm256_and_si256(q, low4);
+                if five {
+                    let bit = _mm256_set1_epi8(1 << sub);
+                    let h = _mm256_loadu_si256(p.add(16).cast());
+                    let set = _mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit);
+                    q = _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+                }
+                let (sc, m) = scale_min_k4(sub, &blk[4..16]);
+                let (s, o) = same(f16_at(blk, 0) * sc as f32, -(f16_at(blk, 2) * m as f32));
+                (q, s, o)
+            }
+            GgmlType::Q6K => {
+                let (n, part) = (sub / 4, sub % 4);
+                let ql = _mm256_loadu_si256(p.add(n * 64 + (part % 2) * 32).cast());
+                let low = if part < 2 { ql } else { _mm256_srli_epi16(ql, 4) };
+                let qh = _mm256_loadu_si256(p.add(128 + n * 32).cast());
+                let high =
+                    _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * part as i32)), _mm256_set1_epi8(3));
+                let q = _mm256_or_si256(_mm256_and_si256(low, low4), _mm256_slli_epi16(high, 4));
+                let d = f16_at(blk, 208);
+                let sc = &blk[192 + n * 8..200 + n * 8];
+                let s = [d * (sc[2 * part] as i8) as f32, d * (sc[2 * part + 1] as i8) as f32];
+                (_mm256_sub_epi8(q, _mm256_set1_epi8(32)), s, [0.0; 2])
+            }
+            _ => {
+                let b = decode(dtype, blk, sub);
+                (_mm256_loadu_si256(b.q.as_ptr().cast()), b.scale, b.offset)
+            }
+        }
+    }
+
+    /// Rows `first..first + tile` of `X` against one weight row; each weight block is
+    /// decoded once and used for every row of the tile.
+    ///
+    /// # Safety
+    /// AVX2 and FMA must be available.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot_rows(
+        dtype: GgmlType,
+        row: &[u8],
+        xq: &QActs,
+        first: usize,
+        tile: usize,
+        blocks: usize,
+        acc_out: &mut [f32; TILE],
+    ) {
+        let mut acc = [_mm256_setzero_ps(); TILE];
+        let mut acc_off = [0f32; TILE];
+        let ones = _mm256_set1_epi16(1);
+        for b in 0..blocks {
+            let (blk, sub) = locate(dtype, row, b);
+            let (w, scale, offset) = decode_vec(dtype, blk, sub);
+            let aw = _mm256_sign_epi8(w, w);
+            let scales = _mm256_setr_ps(scale[0], scale[0], scale[0], scale[0], scale[1], scale[1], scale[1], scale[1]);
+            let has_offset = offset != [0.0; 2];
+            for t in 0..tile {
+                let xb = (first + t) * blocks + b;
+                let x = _mm256_loadu_si256(xq.q.as_ptr().add(xb * QB).cast());
+                // |w| · (x with w's sign): products as pairs of i16, then sums of 4 as i32.
+                let prod = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w)), ones);
+                let d = _mm256_set1_ps(*xq.d.get_unchecked(xb));
+                acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, scales), _mm256_cvtepi32_ps(prod), acc[t]);
+                if has_offset {
+                    let s = xq.sums.get_unchecked(2 * xb..2 * xb + 2);
+                    acc_off[t] += xq.d[xb] * (offset[0] * s[0] as f32 + offset[1] * s[1] as f32);
+                }
+            }
+        }
+        for t in 0..tile {
+            let v = acc[t];
+            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+            acc_out[t] = _mm_cvtss_f32(s) + acc_off[t];
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::testing::random_vec;
+
+    /// Random blocks of `dtype` with sane scales (random bytes, then every f16 scale field
+    /// rewritten to a small positive value).
+    fn random_blocks(dtype: GgmlType, n_blocks: usize, seed: u64) -> Vec<u8> {
+        let (_, bytes) = dtype.block();
+        let noise = random_vec(n_blocks * bytes, seed);
+        let mut raw: Vec<u8> = noise.iter().map(|v| ((v + 1.0) * 127.5) as u8).collect();
+        let scale_at: &[usize] = match dtype {
+            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => &[0],
+            GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
+            GgmlType::Q6K => &[208],
+            GgmlType::Q2K => &[80, 82],
+            GgmlType::Q3K => &[108],
+            _ => &[],
+        };
+        for (i, blk) in raw.chunks_exact_mut(bytes).enumerate() {
+            for &at in scale_at {
+                let v = half::f16::from_f32(0.01 + 0.001 * ((i + at) % 7) as f32).to_le_bytes();
+                blk[at..at + 2].copy_from_slice(&v);
+            }
+        }
+        raw
+    }
+
+    const TYPES: [GgmlType; 10] = [
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q2K,
+        GgmlType::Q3K,
+        GgmlType::Q4K,
+        GgmlType::Q5K,
+        GgmlType::Q6K,
+    ];
+
+    /// Every format against the naive version: dequantize the weights, dequantize the
+    /// quantized activations, dot in f64.
+    #[test]
+    fn matches_dequantize_then_dot_for_every_format() {
+        for dtype in TYPES {
+            let per = dtype.block().0;
+            let (m, n, k) = (5, 19, 2 * per.max(64));
+            let raw = random_blocks(dtype, n * k / per, 3);
+            let w = QMatrix::new(k, vec![(dtype, n, raw.clone())]).unwrap();
+            let wf = dequantize(dtype, &raw);
+            let x = random_vec(m * k, 4);
+            let mut xq = QActs::default();
+            quantize_rows(&x, m, k, &mut xq);
+            let mut y = vec![0f32; m * n];
+            qmatmul(&xq, &w, &mut y, m);
+            for i in 0..m {
+                for j in 0..n {
+                    let want: f64 = (0..k)
+                        .map(|c| wf[j * k + c] as f64 * xq.q[i * k + c] as f64 * xq.d[(i * k + c) / QB] as f64)
+                        .sum();
+                    let got = y[i * n + j] as f64;
+                    assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()), "{dtype:?} [{i},{j}] {got} vs {want}");
+                }
+            }
+            // The int8 activations stay close to the f32 ones.
+            let exact: f64 = (0..k).map(|c| wf[c] as f64 * x[c] as f64).sum();
+            assert!((y[0] as f64 - exact).abs() < 0.05 * (1.0 + exact.abs()), "{dtype:?} {} vs {exact}", y[0]);
+        }
+    }
+
+    /// The AVX2 decoders give the scalar ones' lanes, scales and offsets, and both dot
+    /// paths agree.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn vector_decoding_matches_scalar() {
+        if !avx2::available() {
+            return;
+        }
+        for dtype in TYPES {
+            let (per, bytes) = dtype.block();
+            let raw = random_blocks(dtype, 3, 12);
+            for blk in raw.chunks_exact(bytes) {
+                for sub in 0..per / QB {
+                    let want = decode(dtype, blk, sub);
+                    // SAFETY: AVX2 was detected above.
+                    let (v, scale, offset) = unsafe { avx2::decode_vec(dtype, blk, sub) };
+                    let mut lanes = [0i8; QB];
+                    // SAFETY: 32 bytes into a 32-byte array.
+                    unsafe { std::arch::x86_64::_mm256_storeu_si256(lanes.as_mut_ptr().cast(), v) };
+                    assert_eq!((lanes, scale, offset), (want.q, want.scale, want.offset), "{dtype:?} {sub}");
+                }
+            }
+            let k = raw.len() / bytes * per;
+            let x = random_vec(2 * k, 13);
+            let mut xq = QActs::default();
+            quantize_rows(&x, 2, k, &mut xq);
+            let (mut a, mut b) = ([0f32; TILE], [0f32; TILE]);
+            portable::dot_rows(dtype, &raw, &xq, 0, 2, k / QB, &mut a);
+            // SAFETY: AVX2 was detected above.
+            unsafe { avx2::dot_rows(dtype, &raw, &xq, 0, 2, k / QB, &mut b) };
+            for t in 0..2 {
+                assert!((a[t] - b[t]).abs() <= 1e-5 * (1.0 + a[t].abs()), "{dtype:?}: {} vs {}", a[t], b[t]);
+            }
+        }
+    }
+
+    /// A row's result is bit-identical alone or inside any batch.
+    #[test]
+    fn rows_are_bit_identical_whatever_the_batch() {
+        for dtype in [GgmlType::Q4_1, GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q8_0] {
+            let per = dtype.block().0;
+            let (n, k) = (40, 2 * per.max(64));
+            let w = QMatrix::new(k, vec![(dtype, n, random_blocks(dtype, n * k / per, 5))]).unwrap();
+            let x = random_vec(9 * k, 6);
+            let run = |rows: &[f32], m: usize| {
+                let mut xq = QActs::default();
+                quantize_rows(rows, m, k, &mut xq);
+                let mut y = vec![0f32; m * n];
+                qmatmul(&xq, &w, &mut y, m);
+                y
+            };
+            let all = run(&x, 9);
+            for i in 0..9 {
+                assert_eq!(run(&x[i * k..(i + 1) * k], 1), all[i * n..(i + 1) * n], "{dtype:?} row {i}");
+            }
+        }
+    }
+
+    /// Stacked parts of different formats write their own columns; rows read back.
+    #[test]
+    fn mixed_parts_and_row_reads() {
+        let k = 256;
+        let a = random_blocks(GgmlType::Q4K, 3, 8);
+        let b = random_blocks(GgmlType::Q6K, 2, 9);
+        let w = QMatrix::new(k, vec![(GgmlType::Q4K, 3, a.clone()), (GgmlType::Q6K, 2, b.clone())]).unwrap();
+        let x = random_vec(k, 10);
+        let mut xq = QActs::default();
+        quantize_rows(&x, 1, k, &mut xq);
+        let mut y = vec![0f32; 5];
+        qmatmul(&xq, &w, &mut y, 1);
+        let single = |dtype, raw: Vec<u8>, rows| {
+            let mut out = vec![0f32; rows];
+            qmatmul(&xq, &QMatrix::new(k, vec![(dtype, rows, raw)]).unwrap(), &mut out, 1);
+            out
+        };
+        assert_eq!(y[..3], single(GgmlType::Q4K, a.clone(), 3)[..]);
+        assert_eq!(y[3..], single(GgmlType::Q6K, b.clone(), 2)[..]);
+        let mut row = vec![0f32; k];
+        w.row_into(4, &mut row);
+        assert_eq!(row, dequantize(GgmlType::Q6K, &b[210..]));
+    }
+}
