@@ -3,7 +3,7 @@
 
 use crate::model::gguf::GgufFile;
 use crate::model::loader::{GgufWeights, SafetensorsWeights};
-use crate::model::{Llama, ModelConfig};
+use crate::model::{Llama, ModelConfig, WeightDtype};
 use crate::tokenizer::Tokenizer;
 use anyhow::{bail, Result};
 use std::path::Path;
@@ -16,7 +16,8 @@ pub struct LoadedModel {
 }
 
 impl LoadedModel {
-    pub fn open(path: &Path) -> Result<Self> {
+    /// Opens a model, its weights computed in the form `dtype` asks for.
+    pub fn open(path: &Path, dtype: WeightDtype) -> Result<Self> {
         let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
         let (model, tokenizer) = if path.is_dir() {
             let cfg_path = path.join("config.json");
@@ -26,13 +27,13 @@ impl LoadedModel {
             let config = ModelConfig::from_hf_json(&cfg_path)?;
             let weights = SafetensorsWeights::open_dir(path)?;
             let tokenizer = Tokenizer::from_dir(path)?;
-            (Llama::load(config, &weights)?, tokenizer)
+            (Llama::load(config, &weights, dtype)?, tokenizer)
         } else if path.is_file() {
             let g = GgufFile::open(path)?;
             let config = ModelConfig::from_gguf(&g)?;
             let weights = GgufWeights::new(&g, config.num_heads, config.num_kv_heads);
             let tokenizer = Tokenizer::from_gguf(&g)?;
-            (Llama::load(config, &weights)?, tokenizer)
+            (Llama::load(config, &weights, dtype)?, tokenizer)
         } else {
             bail!("model path {} does not exist", path.display());
         };

@@ -186,7 +186,9 @@ fn mutated_gguf_headers_never_panic() {
         }
         let path = dir.join(format!("m{runs}.gguf"));
         std::fs::write(&path, &b).unwrap();
-        let outcome = std::panic::catch_unwind(|| weft::loaded::LoadedModel::open(&path).map(|_| ()));
+        let outcome = std::panic::catch_unwind(|| {
+            weft::loaded::LoadedModel::open(&path, weft::model::WeightDtype::Auto).map(|_| ())
+        });
         match outcome {
             Ok(Ok(())) => loaded += 1,
             Ok(Err(_)) => refused += 1,

@@ -9,6 +9,7 @@ mod plot;
 
 use crate::engine::{EngineConfig, EngineHandle, RequestLimits};
 use crate::loaded::LoadedModel;
+use crate::model::WeightDtype;
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -48,6 +49,11 @@ pub struct EngineArgs {
     /// A Hugging Face model directory or a .gguf file [default: SmolLM2-135M-Instruct, cached].
     #[arg(long)]
     pub model: Option<PathBuf>,
+    /// Weights widened to f32 (`f32`: the exact reference path, fastest batched) or
+    /// computed as stored (`auto`: block formats stay quantized with int8 activations, at
+    /// the file's size in memory, fastest for one stream).
+    #[arg(long, default_value = "f32")]
+    pub dtype: WeightDtype,
     /// Worker threads (0: one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
@@ -141,12 +147,13 @@ impl EngineArgs {
             None => model_cache::default_model()?,
         };
         let t0 = std::time::Instant::now();
-        let loaded = LoadedModel::open(&path)?;
+        let loaded = LoadedModel::open(&path, self.dtype)?;
         eprintln!(
-            "weft: loaded {} in {:.2} s ({} MB of f32 weights)",
+            "weft: loaded {} in {:.2} s ({} MB of weights, {:?})",
             loaded.name,
             t0.elapsed().as_secs_f64(),
-            loaded.model.weight_bytes() / 1_000_000
+            loaded.model.weight_bytes() / 1_000_000,
+            self.dtype
         );
         Ok(loaded)
     }

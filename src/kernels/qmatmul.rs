@@ -16,7 +16,7 @@ use rayon::prelude::*;
 /// Values per activation block (and per decoded weight block).
 const QB: usize = 32;
 /// Activation rows that share one decoded weight block.
-const TILE: usize = 4;
+const TILE: usize = 8;
 /// Weight rows per parallel task.
 const ROWS_PER_TASK: usize = 16;
 
@@ -58,6 +58,11 @@ impl QMatrix {
         dtype.block().0 >= QB
     }
 
+    /// Values per row (`k`).
+    pub fn cols(&self) -> usize {
+        self.k
+    }
+
     /// Bytes of weights one pass over the matrix reads.
     pub fn bytes(&self) -> usize {
         self.parts.iter().map(|p| p.data.len()).sum()
@@ -85,6 +90,8 @@ pub struct QActs {
     d: Vec<f32>,
     /// Integer sums of each 16-value half block, for the formats with an offset.
     sums: Vec<i32>,
+    /// `d · (sum of the block)`, for the formats with one offset per 32 values.
+    dsum: Vec<f32>,
 }
 
 /// Quantizes `m` rows of `k` values: per 32, `d = max|x| / 127`, `q = round(x / d)`.
@@ -93,10 +100,12 @@ pub fn quantize_rows(x: &[f32], m: usize, k: usize, out: &mut QActs) {
     out.q.resize(m * k, 0);
     out.d.resize(blocks, 0.0);
     out.sums.resize(2 * blocks, 0);
+    out.dsum.resize(blocks, 0.0);
     let work = x[..m * k].par_chunks(QB * 64).zip(out.q.par_chunks_mut(QB * 64));
-    let work = work.zip(out.d.par_chunks_mut(64)).zip(out.sums.par_chunks_mut(128));
-    work.for_each(|(((x, q), d), sums)| {
-        for (((x, q), d), s) in x.chunks_exact(QB).zip(q.chunks_exact_mut(QB)).zip(d).zip(sums.chunks_exact_mut(2)) {
+    let work = work.zip(out.d.par_chunks_mut(64)).zip(out.sums.par_chunks_mut(128)).zip(out.dsum.par_chunks_mut(64));
+    work.for_each(|((((x, q), d), sums), dsum)| {
+        let blocks = x.chunks_exact(QB).zip(q.chunks_exact_mut(QB)).zip(d).zip(sums.chunks_exact_mut(2)).zip(dsum);
+        for ((((x, q), d), s), ds) in blocks {
             let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
             *d = amax / 127.0;
             let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
@@ -105,6 +114,7 @@ pub fn quantize_rows(x: &[f32], m: usize, k: usize, out: &mut QActs) {
             }
             s[0] = q[..16].iter().map(|&v| v as i32).sum();
             s[1] = q[16..].iter().map(|&v| v as i32).sum();
+            *ds = *d * (s[0] + s[1]) as f32;
         }
     });
 }
@@ -155,24 +165,25 @@ unsafe fn rows_task(
     y: SharedOut,
 ) {
     let blocks = k / QB;
-    for r in rows {
-        let row = &p.data[r * p.row_bytes..(r + 1) * p.row_bytes];
-        let mut i = 0;
-        while i < m {
-            let tile = TILE.min(m - i);
+    // Activation tile outer, weight rows inner: a tile (8 rows) and the task's weight rows
+    // both stay in L1 however long the step is.
+    let mut i = 0;
+    while i < m {
+        let tile = TILE.min(m - i);
+        for r in rows.clone() {
+            let row = &p.data[r * p.row_bytes..(r + 1) * p.row_bytes];
             let mut acc = [0f32; TILE];
             #[cfg(target_arch = "x86_64")]
             if avx2::available() {
-                // SAFETY: AVX2 and FMA were detected; the row and activations hold `blocks` blocks.
+                // SAFETY: AVX2, FMA and F16C were detected; the row and activations hold `blocks` blocks.
                 unsafe { avx2::dot_rows(p.dtype, row, xq, i, tile, blocks, &mut acc) };
                 write(y, n, col0 + r, i, &acc[..tile]);
-                i += tile;
                 continue;
             }
             portable::dot_rows(p.dtype, row, xq, i, tile, blocks, &mut acc);
             write(y, n, col0 + r, i, &acc[..tile]);
-            i += tile;
         }
+        i += tile;
     }
 }
 
@@ -294,6 +305,17 @@ fn decode(dtype: GgmlType, blk: &[u8], sub: usize) -> Block {
     Block { q, scale, offset }
 }
 
+/// The offsets' share of a block's dot product: one offset for all 32 values uses the
+/// precomputed `d · Σq`; two use the half sums.
+#[inline]
+fn offset_term(xq: &QActs, xb: usize, offset: [f32; 2]) -> f32 {
+    if offset[0] == offset[1] {
+        offset[0] * xq.dsum[xb]
+    } else {
+        xq.d[xb] * (offset[0] * xq.sums[2 * xb] as f32 + offset[1] * xq.sums[2 * xb + 1] as f32)
+    }
+}
+
 mod portable {
     use super::*;
 
@@ -314,11 +336,8 @@ mod portable {
                 let xb = (first + t) * blocks + b;
                 let x = &xq.q[xb * QB..(xb + 1) * QB];
                 let half = |h: usize| -> i32 { (h * 16..h * 16 + 16).map(|i| w.q[i] as i32 * x[i] as i32).sum() };
-                let s = &xq.sums[2 * xb..2 * xb + 2];
-                let block = w.scale[0] * half(0) as f32
-                    + w.scale[1] * half(1) as f32
-                    + (w.offset[0] * s[0] as f32 + w.offset[1] * s[1] as f32);
-                *acc += xq.d[xb] * block;
+                *acc += xq.d[xb] * (w.scale[0] * half(0) as f32 + w.scale[1] * half(1) as f32);
+                *acc += offset_term(xq, xb, w.offset);
             }
         }
     }
@@ -330,32 +349,50 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     pub fn available() -> bool {
-        crate::kernels::matmul::avx2::available()
+        static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *AVAILABLE.get_or_init(|| crate::kernels::matmul::avx2::available() && is_x86_feature_detected!("f16c"))
+    }
+
+    /// The f16 at byte `i` of `b`, converted by the F16C unit.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn f16_at(b: &[u8], i: usize) -> f32 {
+        let h = u16::from_le_bytes([*b.get_unchecked(i), *b.get_unchecked(i + 1)]);
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+    }
+
+    /// The 16 bytes at `at` as 32 nibbles: low nibbles first, then high ones.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn nibbles(p: *const u8, at: usize) -> __m256i {
+        let b = _mm_loadu_si128(p.add(at).cast());
+        let lo = _mm_and_si128(b, _mm_set1_epi8(0xF));
+        let hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0xF));
+        _mm256_set_m128i(hi, lo)
+    }
+
+    /// Bit i of the u32 at `at` as byte i: 0x10 where set.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn fifth_bits(blk: &[u8], at: usize) -> __m256i {
+        let bits = u32::from_le_bytes([blk[at], blk[at + 1], blk[at + 2], blk[at + 3]]);
+        let spread = _mm256_shuffle_epi8(
+            _mm256_set1_epi32(bits as i32),
+            _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0),
+        );
+        let mask = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe_u64 as i64);
+        let set = _mm256_cmpeq_epi8(_mm256_or_si256(spread, mask), _mm256_set1_epi64x(-1));
+        _mm256_and_si256(set, _mm256_set1_epi8(0x10))
     }
 
     /// Weights of one 32-block as int8 lanes, plus its scales and offsets.
-    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn decode_vec(dtype: GgmlType, blk: &[u8], sub: usize) -> (__m256i, [f32; 2], [f32; 2]) {
         let p = blk.as_ptr();
         let low4 = _mm256_set1_epi8(0xF);
-        // The 16 bytes at `at` as 32 nibbles: low nibbles first, then high ones.
-        let nibbles = |at: usize| {
-            let b = _mm_loadu_si128(p.add(at).cast());
-            let lo = _mm_and_si128(b, _mm_set1_epi8(0xF));
-            let hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0xF));
-            _mm256_set_m128i(hi, lo)
-        };
-        // Bit i of the u32 at `at` as byte i: 0x10 where set.
-        let fifth_bits = |at: usize| {
-            let bits = u32::from_le_bytes([blk[at], blk[at + 1], blk[at + 2], blk[at + 3]]);
-            let spread = _mm256_shuffle_epi8(
-                _mm256_set1_epi32(bits as i32),
-                _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0),
-            );
-            let mask = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe_u64 as i64);
-            let set = _mm256_cmpeq_epi8(_mm256_or_si256(spread, mask), _mm256_set1_epi64x(-1));
-            _mm256_and_si256(set, _mm256_set1_epi8(0x10))
-        };
+        let nibbles = |at: usize| nibbles(p, at);
+        let fifth_bits = |at: usize| fifth_bits(blk, at);
         let same = |s: f32, o: f32| ([s, s], [o, o]);
         match dtype {
             GgmlType::Q8_0 => (_mm256_loadu_si256(p.add(2).cast()), [f16_at(blk, 0); 2], [0.0; 2]),
@@ -417,8 +454,7 @@ mod avx2 {
     /// decoded once and used for every row of the tile.
     ///
     /// # Safety
-    /// AVX2 and FMA must be available.
-    #[target_feature(enable = "avx2,fma")]
+    /// AVX2, FMA and F16C must be available.
     pub unsafe fn dot_rows(
         dtype: GgmlType,
         row: &[u8],
@@ -428,15 +464,75 @@ mod avx2 {
         blocks: usize,
         acc_out: &mut [f32; TILE],
     ) {
-        let mut acc = [_mm256_setzero_ps(); TILE];
-        let mut acc_off = [0f32; TILE];
+        // One copy of the loop per format and tile height, so decoding compiles to
+        // straight-line code and the accumulators stay in registers.
+        macro_rules! by_tile {
+            ($f:literal) => {
+                match tile {
+                    1 => dot_rows_as::<$f, 1>,
+                    2 => dot_rows_as::<$f, 2>,
+                    3 => dot_rows_as::<$f, 3>,
+                    4 => dot_rows_as::<$f, 4>,
+                    5 => dot_rows_as::<$f, 5>,
+                    6 => dot_rows_as::<$f, 6>,
+                    7 => dot_rows_as::<$f, 7>,
+                    _ => dot_rows_as::<$f, 8>,
+                }
+            };
+        }
+        let f = match dtype {
+            GgmlType::Q8_0 => by_tile!(0),
+            GgmlType::Q4_0 => by_tile!(1),
+            GgmlType::Q4_1 => by_tile!(2),
+            GgmlType::Q5_0 => by_tile!(3),
+            GgmlType::Q5_1 => by_tile!(4),
+            GgmlType::Q2K => by_tile!(5),
+            GgmlType::Q3K => by_tile!(6),
+            GgmlType::Q4K => by_tile!(7),
+            GgmlType::Q5K => by_tile!(8),
+            GgmlType::Q6K => by_tile!(9),
+            GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => unreachable!("float weights are not block formats"),
+        };
+        debug_assert!((1..=TILE).contains(&tile));
+        f(row, xq, first, blocks, acc_out)
+    }
+
+    const FORMATS: [GgmlType; 10] = [
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q2K,
+        GgmlType::Q3K,
+        GgmlType::Q4K,
+        GgmlType::Q5K,
+        GgmlType::Q6K,
+    ];
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot_rows_as<const F: usize, const R: usize>(
+        row: &[u8],
+        xq: &QActs,
+        first: usize,
+        blocks: usize,
+        acc_out: &mut [f32; TILE],
+    ) {
+        let dtype = FORMATS[F];
+        let tile = R;
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mut acc_off = [0f32; R];
         let ones = _mm256_set1_epi16(1);
         for b in 0..blocks {
             let (blk, sub) = locate(dtype, row, b);
             let (w, scale, offset) = decode_vec(dtype, blk, sub);
             let aw = _mm256_sign_epi8(w, w);
-            let scales = _mm256_setr_ps(scale[0], scale[0], scale[0], scale[0], scale[1], scale[1], scale[1], scale[1]);
-            let has_offset = offset != [0.0; 2];
+            let one_scale = scale[0] == scale[1];
+            let scales = if one_scale {
+                _mm256_set1_ps(scale[0])
+            } else {
+                _mm256_setr_ps(scale[0], scale[0], scale[0], scale[0], scale[1], scale[1], scale[1], scale[1])
+            };
             for t in 0..tile {
                 let xb = (first + t) * blocks + b;
                 let x = _mm256_loadu_si256(xq.q.as_ptr().add(xb * QB).cast());
@@ -444,9 +540,10 @@ mod avx2 {
                 let prod = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w)), ones);
                 let d = _mm256_set1_ps(*xq.d.get_unchecked(xb));
                 acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, scales), _mm256_cvtepi32_ps(prod), acc[t]);
-                if has_offset {
-                    let s = xq.sums.get_unchecked(2 * xb..2 * xb + 2);
-                    acc_off[t] += xq.d[xb] * (offset[0] * s[0] as f32 + offset[1] * s[1] as f32);
+            }
+            if offset != [0.0; 2] {
+                for (t, acc_off) in acc_off[..tile].iter_mut().enumerate() {
+                    *acc_off += offset_term(xq, (first + t) * blocks + b, offset);
                 }
             }
         }

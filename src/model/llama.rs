@@ -6,9 +6,11 @@
 use super::config::ModelConfig;
 use super::loader::WeightSource;
 use super::tensor::Tensor;
+use super::weight::{Weight, WeightDtype};
 use crate::kernels::attention::{attend, KvSpan, Scratch};
+use crate::kernels::qmatmul::QActs;
 use crate::kernels::rope::Rope;
-use crate::kernels::{matmul, rmsnorm, silu_mul, PackedMatrix};
+use crate::kernels::{rmsnorm, silu_mul};
 use crate::kv::KvCache;
 use anyhow::Result;
 use rayon::prelude::*;
@@ -16,21 +18,21 @@ use rayon::prelude::*;
 struct Layer {
     attn_norm: Tensor,
     /// q, k and v projections stacked: `[q_dim + 2 kv_dim, hidden]`.
-    wqkv: PackedMatrix,
-    wo: PackedMatrix,
+    wqkv: Weight,
+    wo: Weight,
     ffn_norm: Tensor,
     /// gate and up projections stacked: `[2 intermediate, hidden]`.
-    w_gate_up: PackedMatrix,
-    w_down: PackedMatrix,
+    w_gate_up: Weight,
+    w_down: Weight,
 }
 
 pub struct Llama {
     pub config: ModelConfig,
-    /// Row-major embeddings; `None` when tied, then rows come from the packed LM head.
-    embed: Option<Tensor>,
+    /// Embeddings; `None` when tied, then rows come from the LM head.
+    embed: Option<Weight>,
     layers: Vec<Layer>,
     norm: Tensor,
-    lm_head: PackedMatrix,
+    lm_head: Weight,
     rope: Rope,
 }
 
@@ -63,6 +65,8 @@ pub struct Workspace {
     act: Vec<f32>,
     last: Vec<f32>,
     logits: Vec<f32>,
+    /// Activations quantized for block-format weights.
+    xq: QActs,
 }
 
 /// Rows per task when row-wise work (norms, RoPE, SwiGLU) is spread over the pool.
@@ -92,49 +96,34 @@ fn resize(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
     &mut v[..n]
 }
 
-/// Packs weights `[n_i, k]` stacked along the output dimension.
-fn pack(parts: &[Tensor]) -> PackedMatrix {
-    let k = parts[0].shape[1];
-    let rows: usize = parts.iter().map(|t| t.shape[0]).sum();
-    if let [one] = parts {
-        return PackedMatrix::pack(one.data(), rows, k);
-    }
-    let mut v = Vec::with_capacity(rows * k);
-    for t in parts {
-        v.extend_from_slice(t.data());
-    }
-    PackedMatrix::pack(&v, rows, k)
-}
-
 impl Llama {
-    pub fn load(config: ModelConfig, src: &dyn WeightSource) -> Result<Self> {
+    /// Loads the weights, keeping block formats when `dtype` is `Auto`.
+    pub fn load(config: ModelConfig, src: &dyn WeightSource, dtype: WeightDtype) -> Result<Self> {
         let c = &config;
         let (d, f) = (c.hidden_size, c.intermediate_size);
-        let embed = src.load("model.embed_tokens.weight", &[c.vocab_size, d])?;
+        let embed = Weight::load(src, &[("model.embed_tokens.weight", [c.vocab_size, d])], dtype)?;
         // Grown layer by layer: a layer count from an untrusted file allocates nothing
         // until that layer's tensors are found in it.
         let mut layers = Vec::new();
         for i in 0..c.num_layers {
             let name = |s: &str| format!("model.layers.{i}.{s}.weight");
-            let q = src.load(&name("self_attn.q_proj"), &[c.q_dim(), d])?;
-            let k = src.load(&name("self_attn.k_proj"), &[c.kv_dim(), d])?;
-            let v = src.load(&name("self_attn.v_proj"), &[c.kv_dim(), d])?;
-            let gate = src.load(&name("mlp.gate_proj"), &[f, d])?;
-            let up = src.load(&name("mlp.up_proj"), &[f, d])?;
+            let (q, k, v) = (name("self_attn.q_proj"), name("self_attn.k_proj"), name("self_attn.v_proj"));
+            let (gate, up) = (name("mlp.gate_proj"), name("mlp.up_proj"));
+            let wqkv = [(q.as_str(), [c.q_dim(), d]), (k.as_str(), [c.kv_dim(), d]), (v.as_str(), [c.kv_dim(), d])];
             layers.push(Layer {
                 attn_norm: src.load(&name("input_layernorm"), &[d])?,
-                wqkv: pack(&[q, k, v]),
-                wo: pack(&[src.load(&name("self_attn.o_proj"), &[d, c.q_dim()])?]),
+                wqkv: Weight::load(src, &wqkv, dtype)?,
+                wo: Weight::load(src, &[(&name("self_attn.o_proj"), [d, c.q_dim()])], dtype)?,
                 ffn_norm: src.load(&name("post_attention_layernorm"), &[d])?,
-                w_gate_up: pack(&[gate, up]),
-                w_down: pack(&[src.load(&name("mlp.down_proj"), &[d, f])?]),
+                w_gate_up: Weight::load(src, &[(&gate, [f, d]), (&up, [f, d])], dtype)?,
+                w_down: Weight::load(src, &[(&name("mlp.down_proj"), [d, f])], dtype)?,
             });
         }
         let norm = src.load("model.norm.weight", &[d])?;
         let (embed, lm_head) = if c.tie_word_embeddings && !src.contains("lm_head.weight") {
-            (None, pack(&[embed]))
+            (None, embed)
         } else {
-            (Some(embed), pack(&[src.load("lm_head.weight", &[c.vocab_size, d])?]))
+            (Some(embed), Weight::load(src, &[("lm_head.weight", [c.vocab_size, d])], dtype)?)
         };
         let mut inv_freq = crate::kernels::rope::inv_freq(c.head_dim, c.rope_theta);
         c.rope_scaling.apply(&mut inv_freq);
@@ -183,10 +172,7 @@ impl Llama {
         for (row, &tok) in h.chunks_exact_mut(d).zip(input.tokens) {
             let tok = tok as usize;
             assert!(tok < c.vocab_size, "token id {tok} outside the vocabulary");
-            match &self.embed {
-                Some(e) => row.copy_from_slice(&e.data()[tok * d..(tok + 1) * d]),
-                None => self.lm_head.row_into(tok, row),
-            }
+            self.embed.as_ref().unwrap_or(&self.lm_head).row_into(tok, row);
         }
         let xn = resize(&mut ws.xn, t * d);
         let qkv = resize(&mut ws.qkv, t * (qd + 2 * kvd));
@@ -202,7 +188,7 @@ impl Llama {
             .zip(rows_par_mut(xn, d))
             .for_each(|(h, xn)| rmsnorm(h, self.layers[0].attn_norm.data(), eps, xn));
         for (li, layer) in self.layers.iter().enumerate() {
-            matmul(xn, &layer.wqkv, qkv, t);
+            layer.wqkv.matmul(xn, &mut ws.xq, qkv, t);
             rows_par_mut(qkv, width).zip(rows.par_chunks(ROWS_PER_TASK)).for_each(|(chunk, rows)| {
                 for (row, &(_, pos)) in chunk.chunks_exact_mut(width).zip(rows) {
                     let (q, k) = row[..qd + kvd].split_at_mut(qd);
@@ -221,12 +207,12 @@ impl Llama {
                 let span = KvSpan { block_table: input.seqs[si].block_table, last_pos: pos };
                 attend(&qkv_ro[r * width..r * width + qd], view, span, scale, scratch, out);
             });
-            matmul(attn, &layer.wo, tmp, t);
+            layer.wo.matmul(attn, &mut ws.xq, tmp, t);
             add_and_norm(h, tmp, Some(layer.ffn_norm.data()), eps, xn, d);
 
-            matmul(xn, &layer.w_gate_up, gate_up, t);
+            layer.w_gate_up.matmul(xn, &mut ws.xq, gate_up, t);
             rows_par(gate_up, 2 * f).zip(rows_par_mut(act, f)).for_each(|(gu, act)| silu_mul(gu, f, act));
-            matmul(act, &layer.w_down, tmp, t);
+            layer.w_down.matmul(act, &mut ws.xq, tmp, t);
             // The next layer's input norm, fused with the residual add.
             add_and_norm(h, tmp, self.layers.get(li + 1).map(|l| l.attn_norm.data()), eps, xn, d);
         }
@@ -245,7 +231,7 @@ impl Llama {
             rmsnorm(&h[r * d..(r + 1) * d], self.norm.data(), c.rms_norm_eps, dst);
         }
         let logits = resize(&mut ws.logits, sampled.len() * c.vocab_size);
-        matmul(last, &self.lm_head, logits, sampled.len());
+        self.lm_head.matmul(last, &mut ws.xq, logits, sampled.len());
         logits
     }
 }

@@ -6,6 +6,8 @@ pub mod gguf;
 pub mod llama;
 pub mod loader;
 mod tensor;
+pub mod weight;
 
 pub use config::{ModelConfig, RopeScaling};
 pub use llama::{Llama, SeqStep, StepInput, Workspace};
+pub use weight::WeightDtype;

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use weft::loaded::LoadedModel;
+use weft::model::WeightDtype;
 
 /// `$WEFT_SHARED_MODELS`, else `shared/models` beside the repository; `None` (and a note on
 /// stderr) when absent, so the suite still runs on a machine without them — except in CI
@@ -75,12 +76,17 @@ pub fn reference(rel: &str) -> Vec<Case> {
         .collect()
 }
 
-/// Each model is loaded once per test binary and shared by its tests.
+/// Each model is loaded once per test binary and shared by its tests, on the exact f32 path.
 pub fn model(rel: &str) -> Arc<LoadedModel> {
-    static CACHE: OnceLock<Mutex<HashMap<String, Arc<LoadedModel>>>> = OnceLock::new();
+    model_as(rel, WeightDtype::F32)
+}
+
+/// A shared model with its weights in the form `dtype` asks for.
+pub fn model_as(rel: &str, dtype: WeightDtype) -> Arc<LoadedModel> {
+    static CACHE: OnceLock<Mutex<HashMap<(String, WeightDtype), Arc<LoadedModel>>>> = OnceLock::new();
     let mut map = CACHE.get_or_init(Default::default).lock().unwrap();
-    map.entry(rel.to_string())
-        .or_insert_with(|| Arc::new(LoadedModel::open(&shared_models().unwrap().join(rel)).unwrap()))
+    map.entry((rel.to_string(), dtype))
+        .or_insert_with(|| Arc::new(LoadedModel::open(&shared_models().unwrap().join(rel), dtype).unwrap()))
         .clone()
 }
 

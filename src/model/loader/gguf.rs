@@ -2,7 +2,9 @@
 //! for interleaved RoPE mapped back to the Hugging Face rotate_half order.
 
 use super::{check_shape, Tensor, WeightSource};
-use crate::model::gguf::GgufFile;
+use crate::kernels::qmatmul::QMatrix;
+use crate::kernels::quant::GgmlType;
+use crate::model::gguf::{GgufFile, TensorInfo};
 use anyhow::{Context, Result};
 
 pub struct GgufWeights<'a> {
@@ -47,9 +49,10 @@ fn gguf_name(hf: &str) -> Option<String> {
 }
 
 /// Row `h*hd + half*(hd/2) + i` of the HF layout is row `h*hd + 2i + half` in llama.cpp's.
-fn unpermute_rows(data: &[f32], heads: usize, cols: usize) -> Vec<f32> {
+/// Rows are `cols` elements (floats, or the bytes of a row of quantized blocks).
+fn unpermute_rows<T: Copy + Default>(data: &[T], heads: usize, cols: usize) -> Vec<T> {
     let hd = data.len() / cols / heads;
-    let mut out = vec![0f32; data.len()];
+    let mut out = vec![T::default(); data.len()];
     for h in 0..heads {
         for half in 0..2 {
             for i in 0..hd / 2 {
@@ -62,12 +65,8 @@ fn unpermute_rows(data: &[f32], heads: usize, cols: usize) -> Vec<f32> {
     out
 }
 
-impl WeightSource for GgufWeights<'_> {
-    fn contains(&self, name: &str) -> bool {
-        gguf_name(name).is_some_and(|g| self.file.tensors.contains_key(&g))
-    }
-
-    fn load(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+impl GgufWeights<'_> {
+    fn info(&self, name: &str, shape: &[usize]) -> Result<&TensorInfo> {
         let gname = gguf_name(name).with_context(|| format!("no GGUF name for tensor {name}"))?;
         let info = self
             .file
@@ -75,15 +74,40 @@ impl WeightSource for GgufWeights<'_> {
             .get(&gname)
             .with_context(|| format!("{}: tensor {gname} ({name}) not found", self.file.path.display()))?;
         check_shape(&self.file.path, &gname, shape, &info.shape)?;
-        let data = self.file.dequantize(info);
-        let data = if name.ends_with("q_proj.weight") {
-            unpermute_rows(&data, self.num_heads, shape[1])
+        Ok(info)
+    }
+
+    /// llama.cpp's q/k row order undone; `cols` elements per row.
+    fn hf_rows<T: Copy + Default>(&self, name: &str, data: Vec<T>, cols: usize) -> Vec<T> {
+        if name.ends_with("q_proj.weight") {
+            unpermute_rows(&data, self.num_heads, cols)
         } else if name.ends_with("k_proj.weight") {
-            unpermute_rows(&data, self.num_kv_heads, shape[1])
+            unpermute_rows(&data, self.num_kv_heads, cols)
         } else {
             data
-        };
+        }
+    }
+}
+
+impl WeightSource for GgufWeights<'_> {
+    fn contains(&self, name: &str) -> bool {
+        gguf_name(name).is_some_and(|g| self.file.tensors.contains_key(&g))
+    }
+
+    fn load(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        let info = self.info(name, shape)?;
+        let data = self.hf_rows(name, self.file.dequantize(info), shape[1..].iter().product());
         Ok(Tensor::owned(shape.to_vec(), data))
+    }
+
+    fn load_blocks(&self, name: &str, shape: &[usize]) -> Result<Option<(GgmlType, Vec<u8>)>> {
+        let info = self.info(name, shape)?;
+        if !QMatrix::supports(info.dtype) || shape.len() != 2 {
+            return Ok(None);
+        }
+        let raw = self.file.raw(info).to_vec();
+        let row_bytes = raw.len() / shape[0];
+        Ok(Some((info.dtype, self.hf_rows(name, raw, row_bytes))))
     }
 }
 

@@ -8,12 +8,18 @@ pub use gguf::GgufWeights;
 pub use safetensors::SafetensorsWeights;
 
 use super::tensor::Tensor;
+use crate::kernels::quant::GgmlType;
 use anyhow::Result;
 
 pub trait WeightSource {
     /// The tensor `name`, checked to have `shape` (row-major, `[out, in]` for linear layers).
     fn load(&self, name: &str, shape: &[usize]) -> Result<Tensor>;
     fn contains(&self, name: &str) -> bool;
+    /// The tensor's raw blocks when it is stored in a GGML block format (row-major rows of
+    /// whole blocks, in Hugging Face row order), so it can be computed without widening.
+    fn load_blocks(&self, _name: &str, _shape: &[usize]) -> Result<Option<(GgmlType, Vec<u8>)>> {
+        Ok(None)
+    }
 }
 
 fn check_shape(file: &std::path::Path, name: &str, want: &[usize], found: &[usize]) -> Result<()> {

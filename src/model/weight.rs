@@ -1,0 +1,89 @@
+//! A linear layer's weight in the form it is computed in: f32 packed panels (the exact
+//! reference path), or the file's GGML block formats computed with int8 activations.
+
+use super::loader::WeightSource;
+use crate::kernels::qmatmul::{qmatmul, quantize_rows, QActs, QMatrix};
+use crate::kernels::{matmul, PackedMatrix};
+use anyhow::Result;
+
+/// Which form weights are computed in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WeightDtype {
+    /// Block-format weights stay in their format; float weights are computed in f32.
+    Auto,
+    /// Everything widened to f32 at load: the exact reference path.
+    F32,
+}
+
+impl std::str::FromStr for WeightDtype {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(WeightDtype::Auto),
+            "f32" => Ok(WeightDtype::F32),
+            other => Err(format!("unknown dtype {other:?} (auto or f32)")),
+        }
+    }
+}
+
+pub enum Weight {
+    F32(PackedMatrix),
+    Quant(QMatrix),
+}
+
+impl Weight {
+    /// Stacks `parts` (tensor names with their `[rows, k]` shapes) along the output
+    /// dimension: kept in their block formats when `dtype` is `Auto` and every part is
+    /// stored in one, else widened to f32 and packed.
+    pub fn load(src: &dyn WeightSource, parts: &[(&str, [usize; 2])], dtype: WeightDtype) -> Result<Self> {
+        let k = parts[0].1[1];
+        if dtype == WeightDtype::Auto {
+            let mut blocks = Vec::with_capacity(parts.len());
+            for (name, shape) in parts {
+                match src.load_blocks(name, shape)? {
+                    Some((t, raw)) => blocks.push((t, shape[0], raw)),
+                    None => break,
+                }
+            }
+            if blocks.len() == parts.len() {
+                return Ok(Weight::Quant(QMatrix::new(k, blocks)?));
+            }
+        }
+        let rows: usize = parts.iter().map(|(_, s)| s[0]).sum();
+        if let [(name, shape)] = parts {
+            return Ok(Weight::F32(PackedMatrix::pack(src.load(name, shape)?.data(), rows, k)));
+        }
+        let mut all = Vec::with_capacity(rows * k);
+        for (name, shape) in parts {
+            all.extend_from_slice(src.load(name, shape)?.data());
+        }
+        Ok(Weight::F32(PackedMatrix::pack(&all, rows, k)))
+    }
+
+    /// Bytes of weights one pass over the matrix reads.
+    pub fn bytes(&self) -> usize {
+        match self {
+            Weight::F32(w) => w.bytes(),
+            Weight::Quant(w) => w.bytes(),
+        }
+    }
+
+    /// Row `r` as f32 (an embedding lookup).
+    pub fn row_into(&self, r: usize, out: &mut [f32]) {
+        match self {
+            Weight::F32(w) => w.row_into(r, out),
+            Weight::Quant(w) => w.row_into(r, out),
+        }
+    }
+
+    /// `y = x · Wᵀ` for `m` rows; `xq` is scratch for the quantized activations.
+    pub fn matmul(&self, x: &[f32], xq: &mut QActs, y: &mut [f32], m: usize) {
+        match self {
+            Weight::F32(w) => matmul(x, w, y, m),
+            Weight::Quant(w) => {
+                quantize_rows(x, m, w.cols(), xq);
+                qmatmul(xq, w, y, m);
+            }
+        }
+    }
+}
