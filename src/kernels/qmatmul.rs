@@ -519,7 +519,6 @@ mod avx2 {
         acc_out: &mut [f32; TILE],
     ) {
         let dtype = FORMATS[F];
-        let tile = R;
         let mut acc = [_mm256_setzero_ps(); R];
         let mut acc_off = [0f32; R];
         let ones = _mm256_set1_epi16(1);
@@ -533,26 +532,25 @@ mod avx2 {
             } else {
                 _mm256_setr_ps(scale[0], scale[0], scale[0], scale[0], scale[1], scale[1], scale[1], scale[1])
             };
-            for t in 0..tile {
+            for (t, acc) in acc.iter_mut().enumerate() {
                 let xb = (first + t) * blocks + b;
                 let x = _mm256_loadu_si256(xq.q.as_ptr().add(xb * QB).cast());
                 // |w| · (x with w's sign): products as pairs of i16, then sums of 4 as i32.
                 let prod = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w)), ones);
                 let d = _mm256_set1_ps(*xq.d.get_unchecked(xb));
-                acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, scales), _mm256_cvtepi32_ps(prod), acc[t]);
+                *acc = _mm256_fmadd_ps(_mm256_mul_ps(d, scales), _mm256_cvtepi32_ps(prod), *acc);
             }
             if offset != [0.0; 2] {
-                for (t, acc_off) in acc_off[..tile].iter_mut().enumerate() {
+                for (t, acc_off) in acc_off.iter_mut().enumerate() {
                     *acc_off += offset_term(xq, (first + t) * blocks + b, offset);
                 }
             }
         }
-        for t in 0..tile {
-            let v = acc[t];
+        for ((out, v), off) in acc_out.iter_mut().zip(acc).zip(acc_off) {
             let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
             let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
             let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-            acc_out[t] = _mm_cvtss_f32(s) + acc_off[t];
+            *out = _mm_cvtss_f32(s) + off;
         }
     }
 }

@@ -83,7 +83,8 @@ pub fn model(rel: &str) -> Arc<LoadedModel> {
 
 /// A shared model with its weights in the form `dtype` asks for.
 pub fn model_as(rel: &str, dtype: WeightDtype) -> Arc<LoadedModel> {
-    static CACHE: OnceLock<Mutex<HashMap<(String, WeightDtype), Arc<LoadedModel>>>> = OnceLock::new();
+    type Cache = Mutex<HashMap<(String, WeightDtype), Arc<LoadedModel>>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
     let mut map = CACHE.get_or_init(Default::default).lock().unwrap();
     map.entry((rel.to_string(), dtype))
         .or_insert_with(|| Arc::new(LoadedModel::open(&shared_models().unwrap().join(rel), dtype).unwrap()))

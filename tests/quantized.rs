@@ -1,0 +1,96 @@
+//! The quantized path (`--dtype auto`: block-format weights, int8 activations) against the
+//! exact f32 path on the same file: per-step KL divergence and top-1 agreement over the
+//! reference cases, teacher-forced; and batching still changes nothing.
+
+mod common;
+
+use common::{collect, greedy, model_as, reference, shared_models};
+use weft::engine::{EngineConfig, EngineHandle};
+use weft::kv::{BlockAllocator, BlockTable, KvCache};
+use weft::loaded::LoadedModel;
+use weft::model::{SeqStep, StepInput, WeightDtype, Workspace};
+use weft::sampling::argmax;
+
+/// Logits at every step of `prompt` followed by `generated`, one token at a time after
+/// the prompt.
+fn teacher_forced(m: &LoadedModel, prompt: &[u32], generated: &[u32]) -> Vec<Vec<f32>> {
+    let llama = &m.model;
+    let c = &llama.config;
+    let n = prompt.len() + generated.len();
+    let mut kv = KvCache::new(c.num_layers, n.div_ceil(16), 16, c.num_kv_heads, c.head_dim);
+    let mut alloc = BlockAllocator::new(kv.num_blocks());
+    let mut table = BlockTable::default();
+    table.reserve(&mut alloc, n, 16).unwrap();
+    let mut ws = Workspace::default();
+    let (mut ctx, mut feed, mut out) = (0, prompt.to_vec(), Vec::new());
+    for &next in generated {
+        let seq = [SeqStep { context_len: ctx, num_tokens: feed.len(), block_table: table.blocks(), sample: true }];
+        out.push(llama.forward(&StepInput { tokens: &feed, seqs: &seq }, &mut kv, &mut ws).to_vec());
+        ctx += feed.len();
+        feed = vec![next];
+    }
+    out
+}
+
+fn log_softmax(x: &[f32]) -> Vec<f64> {
+    let max = x.iter().fold(f32::MIN, |a, &b| a.max(b)) as f64;
+    let lse = x.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln() + max;
+    x.iter().map(|&v| v as f64 - lse).collect()
+}
+
+/// (mean KL(f32 ‖ quantized), top-1 agreement) over every step of every case.
+fn compare(path: &str, refs: &str) -> (f64, f64) {
+    let (exact, quant) = (model_as(path, WeightDtype::F32), model_as(path, WeightDtype::Auto));
+    let (mut kl, mut agree, mut steps) = (0.0, 0, 0);
+    for case in reference(refs) {
+        let a = teacher_forced(&exact, &case.prompt_ids, &case.generated_ids);
+        let b = teacher_forced(&quant, &case.prompt_ids, &case.generated_ids);
+        for (p, q) in a.iter().zip(&b) {
+            let (lp, lq) = (log_softmax(p), log_softmax(q));
+            kl += lp.iter().zip(&lq).map(|(x, y)| x.exp() * (x - y)).sum::<f64>();
+            agree += (argmax(p) == argmax(q)) as usize;
+            steps += 1;
+        }
+    }
+    (kl / steps as f64, agree as f64 / steps as f64)
+}
+
+#[test]
+fn quantized_path_stays_close_to_f32_for_every_format() {
+    if shared_models().is_none() {
+        return;
+    }
+    // The weights are the same on both paths, so this measures the int8 activations alone.
+    // (Random weights: many steps are near-ties, hence the lower bar than SmolLM2's.)
+    for t in ["Q8_0", "Q4_0", "Q4_1", "Q4_K_M", "Q5_K_M", "Q6_K"] {
+        let path = format!("tiny-llama3-q/tiny-llama3-q.{t}.gguf");
+        let (kl, agree) = compare(&path, &format!("tiny-llama3-q/reference.{t}.json"));
+        eprintln!("tiny-llama3-q {t}: mean KLD {kl:.5}, top-1 agreement {:.1}%", agree * 100.0);
+        assert!(agree >= 0.9 && kl < 0.02, "{t}: KLD {kl}, agreement {agree}");
+    }
+    let smol = "smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf";
+    let (kl, agree) = compare(smol, "smollm2-135m-instruct");
+    eprintln!("SmolLM2 Q4_1: mean KLD {kl:.5}, top-1 agreement {:.1}%", agree * 100.0);
+    assert!(agree >= 0.95 && kl < 0.01, "SmolLM2: KLD {kl}, agreement {agree}");
+}
+
+/// On the quantized path too, the reference prompts give the same greedy ids alone and in
+/// one ragged batch.
+#[test]
+fn quantized_batching_changes_nothing() {
+    if shared_models().is_none() {
+        return;
+    }
+    let path = "smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf";
+    let m = model_as(path, WeightDtype::Auto);
+    let cases = reference("smollm2-135m-instruct");
+    let busy = EngineHandle::start(m.clone(), EngineConfig::default()).unwrap();
+    let streams: Vec<_> =
+        cases.iter().enumerate().map(|(i, c)| busy.submit(greedy(&c.prompt_ids, 16 + 2 * i)).unwrap()).collect();
+    let together: Vec<_> = streams.into_iter().map(collect).collect();
+    let alone = EngineHandle::start(m, EngineConfig { max_num_seqs: 1, ..EngineConfig::default() }).unwrap();
+    for (i, c) in cases.iter().enumerate() {
+        let one = collect(alone.submit(greedy(&c.prompt_ids, 16 + 2 * i)).unwrap());
+        assert_eq!(together[i][0].tokens, one[0].tokens, "{}", c.id);
+    }
+}
