@@ -10,7 +10,7 @@
 //! (a Q4 model reads about a seventh of its f32 bytes per token), which is what bounds
 //! decode at one sequence.
 
-use super::quant::{dequantize, scale_min_k4, GgmlType};
+use super::quant::{dequantize, scale_min_k4, GgmlType, BLOCK_FORMATS};
 use rayon::prelude::*;
 
 /// Values per activation block (and per decoded weight block).
@@ -497,19 +497,6 @@ mod avx2 {
         f(row, xq, first, blocks, acc_out)
     }
 
-    const FORMATS: [GgmlType; 10] = [
-        GgmlType::Q8_0,
-        GgmlType::Q4_0,
-        GgmlType::Q4_1,
-        GgmlType::Q5_0,
-        GgmlType::Q5_1,
-        GgmlType::Q2K,
-        GgmlType::Q3K,
-        GgmlType::Q4K,
-        GgmlType::Q5K,
-        GgmlType::Q6K,
-    ];
-
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn dot_rows_as<const F: usize, const R: usize>(
         row: &[u8],
@@ -518,7 +505,7 @@ mod avx2 {
         blocks: usize,
         acc_out: &mut [f32; TILE],
     ) {
-        let dtype = FORMATS[F];
+        let dtype = BLOCK_FORMATS[F];
         let mut acc = [_mm256_setzero_ps(); R];
         let mut acc_off = [0f32; R];
         let ones = _mm256_set1_epi16(1);
@@ -583,18 +570,7 @@ mod tests {
         raw
     }
 
-    const TYPES: [GgmlType; 10] = [
-        GgmlType::Q8_0,
-        GgmlType::Q4_0,
-        GgmlType::Q4_1,
-        GgmlType::Q5_0,
-        GgmlType::Q5_1,
-        GgmlType::Q2K,
-        GgmlType::Q3K,
-        GgmlType::Q4K,
-        GgmlType::Q5K,
-        GgmlType::Q6K,
-    ];
+    const TYPES: [GgmlType; 10] = BLOCK_FORMATS;
 
     /// Every format against the naive version: dequantize the weights, dequantize the
     /// quantized activations, dot in f64.

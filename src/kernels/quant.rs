@@ -25,6 +25,20 @@ pub enum GgmlType {
     Q6K,
 }
 
+/// The block formats (quantized, computed with int8 activations), in a fixed order.
+pub const BLOCK_FORMATS: [GgmlType; 10] = [
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q2K,
+    GgmlType::Q3K,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+];
+
 impl GgmlType {
     /// (elements per block, bytes per block)
     pub fn block(self) -> (usize, usize) {
