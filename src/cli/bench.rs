@@ -159,6 +159,37 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
     v[((v.len() - 1) as f64 * p).round() as usize]
 }
 
+/// Decode next to this machine's limits, measured now: weight bytes read per token and the
+/// bandwidth that makes at B=1 against a streaming read; matrix GFLOP/s at the largest
+/// batch against the FMA peak.
+fn print_limits(model: &crate::loaded::LoadedModel, rows: &[Value], threads: usize) -> Result<Value> {
+    let pool = crate::engine::thread_pool(threads)?;
+    let (read_gbs, peak_gflops) = pool.install(|| (super::machine::read_bandwidth(), super::machine::fma_peak()));
+    let bytes = model.model.weight_bytes() as f64;
+    let flops_per_token = 2.0 * model.model.config.matmul_params() as f64;
+    let tok_s = |b: u64| rows.iter().find(|r| r["batch"] == b).and_then(|r| r["tg_tok_s"].as_f64());
+    let mut out = json!({"weight_bytes_per_token": bytes, "read_gb_s": read_gbs, "fma_peak_gflop_s": peak_gflops});
+    println!("  weights read per decoded token at B=1: {:.1} MB", bytes / 1e6);
+    if let Some(t) = tok_s(1) {
+        let gbs = bytes * t / 1e9;
+        println!(
+            "  B=1: {gbs:.1} GB/s of weights, {:.0}% of a streaming read ({read_gbs:.1} GB/s)",
+            100.0 * gbs / read_gbs
+        );
+        out["b1_gb_s"] = json!(gbs);
+    }
+    if let Some(r) = rows.iter().max_by_key(|r| r["batch"].as_u64()) {
+        let (b, t) = (r["batch"].as_u64().unwrap_or(0), r["tg_tok_s"].as_f64().unwrap_or(0.0));
+        let gflops = flops_per_token * t / 1e9;
+        println!(
+            "  B={b}: {gflops:.1} GFLOP/s in matrix multiplies, {:.0}% of the f32 FMA peak ({peak_gflops:.0} GFLOP/s)",
+            100.0 * gflops / peak_gflops
+        );
+        out["max_batch_gflop_s"] = json!(gflops);
+    }
+    Ok(out)
+}
+
 pub fn run(args: BenchArgs) -> Result<()> {
     if let Some(BenchTarget::Serve(a)) = args.against {
         return super::bench_serve::run(a);
@@ -169,7 +200,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let vocab = model.model.config.vocab_size;
     let base = args.engine.config();
     let threads = crate::engine::thread_pool(base.threads)?.current_num_threads();
-    println!("model {} ({} MB f32 weights), {threads} threads", model.name, model.model.weight_bytes() / 1_000_000);
+    println!(
+        "model {} ({} MB of weights, {:?}), {threads} threads",
+        model.name,
+        model.model.weight_bytes() / 1_000_000,
+        args.engine.dtype
+    );
     let mut rng = Rng(args.seed ^ 0x9E37_79B9_7F4A_7C15);
     let mut report = json!({"model": model.name, "threads": threads});
 
@@ -237,6 +273,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let b = r["batch"].as_u64().unwrap_or(0);
             println!("  decode at B={b}: {:.2}x B={}", r["tg_tok_s"].as_f64().unwrap_or(0.0) / first, batch_sizes[0]);
         }
+        report["limits"] = print_limits(&model, &rows, base.threads)?;
         report["batched"] = Value::Array(rows);
     }
 

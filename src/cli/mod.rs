@@ -4,6 +4,7 @@ pub mod batch;
 pub mod bench;
 mod bench_serve;
 pub mod generate;
+mod machine;
 pub mod model_cache;
 mod plot;
 

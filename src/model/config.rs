@@ -256,6 +256,14 @@ impl ModelConfig {
         Ok(())
     }
 
+    /// Weights multiplied per token (every linear layer and the LM head): a token costs
+    /// twice this many FLOPs in matrix multiplies.
+    pub fn matmul_params(&self) -> usize {
+        let (d, f) = (self.hidden_size, self.intermediate_size);
+        let layer = d * (self.q_dim() + 2 * self.kv_dim()) + self.q_dim() * d + 3 * d * f;
+        self.num_layers * layer + self.vocab_size * d
+    }
+
     pub fn q_dim(&self) -> usize {
         self.num_heads * self.head_dim
     }

@@ -1,0 +1,67 @@
+//! Quick measurements of this machine's limits, taken in the benchmark's own run so its
+//! numbers can be read against them (the VM's speed drifts from day to day).
+
+use rayon::prelude::*;
+use std::time::Instant;
+
+/// Streaming-read bandwidth over 256 MiB, all pool threads, GB/s (best of 3).
+pub fn read_bandwidth() -> f64 {
+    let buf = vec![1f32; 64 << 20];
+    let mut best = 0f64;
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        let sum: f32 = buf.par_chunks(1 << 16).map(sum_lanes).sum();
+        std::hint::black_box(sum);
+        best = best.max((buf.len() * 4) as f64 / t0.elapsed().as_secs_f64() / 1e9);
+    }
+    best
+}
+
+/// A sum with 32 independent lanes, so the loads, not the adds' latency, set the pace.
+fn sum_lanes(c: &[f32]) -> f32 {
+    let mut acc = [0f32; 32];
+    for chunk in c.chunks_exact(32) {
+        acc.iter_mut().zip(chunk).for_each(|(a, &b)| *a += b);
+    }
+    acc.iter().sum()
+}
+
+/// f32 fused multiply-add peak of all pool threads, GFLOP/s.
+pub fn fma_peak() -> f64 {
+    const ITERS: usize = 1 << 22;
+    let threads = rayon::current_num_threads();
+    let t0 = Instant::now();
+    let sink: f32 = (0..threads).into_par_iter().map(|i| fma_chains(ITERS, i as f32)).sum();
+    std::hint::black_box(sink);
+    // 12 independent chains of 8 lanes, one FMA (2 FLOPs) per lane per step.
+    (threads * ITERS * 12 * 8 * 2) as f64 / t0.elapsed().as_secs_f64() / 1e9
+}
+
+fn fma_chains(iters: usize, seed: f32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::matmul::avx2::available() {
+        // SAFETY: AVX2 and FMA were detected.
+        return unsafe { avx2_chains(iters, seed) };
+    }
+    let mut acc = [seed; 96];
+    for _ in 0..iters {
+        acc.iter_mut().for_each(|a| *a = a.mul_add(0.999_999, 1e-7));
+    }
+    acc.iter().sum()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn avx2_chains(iters: usize, seed: f32) -> f32 {
+    use std::arch::x86_64::*;
+    let (m, c) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
+    let mut acc = [_mm256_set1_ps(seed); 12];
+    for _ in 0..iters {
+        for a in acc.iter_mut() {
+            *a = _mm256_fmadd_ps(*a, m, c);
+        }
+    }
+    let mut out = [0f32; 8];
+    _mm256_storeu_ps(out.as_mut_ptr(), acc.iter().fold(_mm256_setzero_ps(), |s, &a| _mm256_add_ps(s, a)));
+    out.iter().sum()
+}
