@@ -94,3 +94,27 @@ fn quantized_batching_changes_nothing() {
         assert_eq!(together[i][0].tokens, one[0].tokens, "{}", c.id);
     }
 }
+
+/// `weft perplexity`'s evaluation: a model against itself is a perfect match; the quantized
+/// path against f32 is close, with a finite perplexity.
+#[test]
+fn perplexity_and_kl_against_a_base_model() {
+    if shared_models().is_none() {
+        return;
+    }
+    use weft::cli::perplexity::evaluate;
+    let path = "stories260k/stories260k.gguf";
+    let m = model_as(path, WeightDtype::F32);
+    let text: String = reference("stories260k").iter().map(|c| c.prompt.clone() + " ").collect::<String>().repeat(3);
+    let tokens = m.tokenizer.encode(&text).unwrap();
+    let same = evaluate(&m, Some(&m), &tokens, 32).unwrap();
+    assert!(same.scored > 0 && same.perplexity.is_finite() && same.perplexity > 1.0, "{same:?}");
+    assert_eq!((same.base_perplexity, same.top1_agreement), (Some(same.perplexity), Some(1.0)));
+    assert!(same.mean_kld.unwrap().abs() < 1e-12, "{same:?}");
+
+    let q = "tiny-llama3-q/tiny-llama3-q.Q8_0.gguf";
+    let (exact, quant) = (model_as(q, WeightDtype::F32), model_as(q, WeightDtype::Auto));
+    let r = evaluate(&quant, Some(&exact), &tokens, 32).unwrap();
+    assert!(r.mean_kld.unwrap() < 0.02 && r.top1_agreement.unwrap() > 0.9, "{r:?}");
+    assert!((r.perplexity / r.base_perplexity.unwrap() - 1.0).abs() < 0.05, "{r:?}");
+}

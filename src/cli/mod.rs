@@ -6,6 +6,7 @@ mod bench_serve;
 pub mod generate;
 mod machine;
 pub mod model_cache;
+pub mod perplexity;
 mod plot;
 
 use crate::engine::{EngineConfig, EngineHandle, RequestLimits};
@@ -32,6 +33,9 @@ pub enum Command {
     Batch(batch::BatchArgs),
     /// Measure throughput: a batched table and a serving-style run.
     Bench(Box<bench::BenchArgs>),
+    /// Perplexity over a text file; with --kl-base, KL divergence and top-1 agreement
+    /// against a base model.
+    Perplexity(perplexity::PerplexityArgs),
 }
 
 /// Runs the command line.
@@ -41,6 +45,7 @@ pub fn run() -> anyhow::Result<()> {
         Command::Generate(args) => generate::run(args),
         Command::Batch(args) => batch::run(args),
         Command::Bench(args) => bench::run(*args),
+        Command::Perplexity(args) => perplexity::run(args),
     }
 }
 
@@ -142,7 +147,8 @@ impl EngineArgs {
         EngineHandle::start_observed(Arc::new(loaded), self.config(), observer)
     }
 
-    fn load(&self) -> anyhow::Result<LoadedModel> {
+    /// Loads the model (the cached default when `--model` is absent).
+    pub fn load(&self) -> anyhow::Result<LoadedModel> {
         let path = match &self.model {
             Some(p) => p.clone(),
             None => model_cache::default_model()?,
