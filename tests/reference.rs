@@ -165,3 +165,37 @@ fn gguf_metadata_tokenizer_matches_tokenizer_json() {
         }
     }
 }
+
+/// A chat request renders the model's template and tokenizes it as transformers'
+/// `apply_chat_template` does (no second BOS): the prompt ids of the reference chat cases.
+/// Without `max_tokens`, it may use the rest of a small KV cache rather than be refused.
+#[test]
+fn chat_prompt_ids_match_reference() {
+    if shared_models().is_none() {
+        return;
+    }
+    use weft::api::openai::ChatRequest;
+    for (path, refs) in
+        [("tiny-llama3", "tiny-llama3"), ("tiny-llama3-q/tiny-llama3-q.Q8_0.gguf", "tiny-llama3-q/reference.Q8_0.json")]
+    {
+        let e = engine(path, EngineConfig { kv_cache_memory: 16 << 20, ..EngineConfig::default() });
+        let chats: Vec<_> = common::reference_json(refs)["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c.get("messages").is_some())
+            .cloned()
+            .collect();
+        assert!(!chats.is_empty(), "{path}: no chat case");
+        for c in chats {
+            let body =
+                serde_json::json!({"messages": c["messages"], "add_generation_prompt": c["add_generation_prompt"]});
+            let req = ChatRequest::parse(body).unwrap().engine_request(&e).unwrap();
+            let want: Vec<u32> =
+                c["prompt_token_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+            assert_eq!(req.prompt, want, "{path}");
+            assert_eq!(req.prompt.len() + req.stop.max_tokens, e.capacity_tokens().min(e.max_model_len()), "{path}");
+            drop(e.submit(req).unwrap());
+        }
+    }
+}

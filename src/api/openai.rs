@@ -193,7 +193,9 @@ impl ChatRequest {
                 self.add_generation_prompt.unwrap_or(true),
             )
             .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
-        tok.encode(&text).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))
+        // The template writes every special token itself (BOS included), so none is added,
+        // as transformers' apply_chat_template tokenizes.
+        tok.encode_with(&text, false).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))
     }
 
     pub fn engine_request(&self, engine: &EngineHandle) -> Result<Request, ApiError> {
@@ -215,10 +217,12 @@ impl ChatRequest {
         self.gen.precheck(engine, self.max_completion_tokens.or(self.gen.max_tokens))?;
         engine.check_fan_out(self.gen.n.unwrap_or(1))?;
         let prompt = self.prompt(engine)?;
-        let ctx = engine.max_model_len();
+        // Without max_tokens, the rest of what one sequence can hold: the context, or the
+        // KV cache when that is smaller (a 128k-context model on a 1 GB cache).
+        let room = engine.max_model_len().min(engine.capacity_tokens());
         let mut gen = self.gen.clone();
         gen.max_tokens = self.max_completion_tokens.or(gen.max_tokens);
-        gen.request(prompt.clone(), ctx.saturating_sub(prompt.len()).max(1), logprobs, engine)
+        gen.request(prompt.clone(), room.saturating_sub(prompt.len()).max(1), logprobs, engine)
     }
 
     /// [`ChatRequest::engine_request`] (template rendering and tokenizing) off the async runtime.

@@ -146,6 +146,11 @@ impl EngineHandle {
         self.shared.max_model_len
     }
 
+    /// Tokens the whole KV cache holds: no one sequence can be longer.
+    pub fn capacity_tokens(&self) -> usize {
+        self.shared.capacity_tokens
+    }
+
     /// Refuses a call that would submit `sequences` at once (prompts × `n`) if it could
     /// never be queued, so the client gets a 400 rather than a 429 that invites retrying.
     pub fn check_fan_out(&self, sequences: usize) -> Result<(), SubmitError> {

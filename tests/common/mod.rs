@@ -44,11 +44,16 @@ fn ids(v: &Value) -> Vec<u32> {
     v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
 }
 
-/// The cases of `rel`: a `.json` file, or a folder's `reference.json`.
-pub fn reference(rel: &str) -> Vec<Case> {
+/// The reference document `rel`: a `.json` file, or a folder's `reference.json`.
+pub fn reference_json(rel: &str) -> Value {
     let base = shared_models().unwrap().join(rel);
     let path = if rel.ends_with(".json") { base } else { base.join("reference.json") };
-    let doc: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// The cases of `rel` (see [`reference_json`]).
+pub fn reference(rel: &str) -> Vec<Case> {
+    let doc = reference_json(rel);
     doc["cases"]
         .as_array()
         .unwrap()
