@@ -156,12 +156,12 @@ impl EngineHandle {
     pub fn check_fan_out(&self, sequences: usize) -> Result<(), SubmitError> {
         let max = self.shared.config.max_waiting_requests;
         if sequences > max {
-            return Err(SubmitError::Invalid {
-                message: format!(
+            return Err(invalid(
+                "n",
+                format!(
                     "the request asks for {sequences} sequences (prompts × n), more than the {max} this server queues at once"
                 ),
-                param: Some("n"),
-            });
+            ));
         }
         Ok(())
     }

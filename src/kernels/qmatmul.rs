@@ -10,7 +10,7 @@
 //! (a Q4 model reads about a seventh of its f32 bytes per token), which is what bounds
 //! decode at one sequence.
 
-use super::quant::{dequantize, scale_min_k4, GgmlType, BLOCK_FORMATS};
+use super::quant::{dequantize, f16_at, scale_min_k4, GgmlType, BLOCK_FORMATS};
 use rayon::prelude::*;
 
 /// Values per activation block (and per decoded weight block).
@@ -199,10 +199,6 @@ struct Block {
     q: [i8; QB],
     scale: [f32; 2],
     offset: [f32; 2],
-}
-
-fn f16_at(b: &[u8], i: usize) -> f32 {
-    half::f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
 }
 
 /// The bytes of the block holding 32-block `b` of a row, and which 32-block of it that is.

@@ -49,16 +49,17 @@ impl RopeScaling {
             "default" => RopeScaling::None,
             "linear" => RopeScaling::Linear(num("factor")?),
             "llama3" => {
-                let s = RopeScaling::Llama3 {
+                let (low_freq_factor, high_freq_factor) = (num("low_freq_factor")?, num("high_freq_factor")?);
+                ensure!(
+                    high_freq_factor > low_freq_factor,
+                    "rope_scaling high_freq_factor {high_freq_factor} must exceed low_freq_factor {low_freq_factor}"
+                );
+                RopeScaling::Llama3 {
                     factor: num("factor")?,
-                    low_freq_factor: num("low_freq_factor")?,
-                    high_freq_factor: num("high_freq_factor")?,
+                    low_freq_factor,
+                    high_freq_factor,
                     original_max_position_embeddings: num("original_max_position_embeddings")?,
-                };
-                if let RopeScaling::Llama3 { low_freq_factor: lo, high_freq_factor: hi, .. } = s {
-                    ensure!(hi > lo, "rope_scaling high_freq_factor {hi} must exceed low_freq_factor {lo}");
                 }
-                s
             }
             other => bail!("rope_scaling type '{other}' is not supported (supported: linear, llama3)"),
         })

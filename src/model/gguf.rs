@@ -142,14 +142,14 @@ impl GgufFile {
                 "tensor {name}: {elems} elements, not whole blocks of {per_block}"
             );
             let len_bytes = (elems / per_block).checked_mul(block_bytes);
-            let end = len_bytes.zip(data_start.checked_add(rel)).and_then(|(l, o)| o.checked_add(l).map(|e| (l, o, e)));
-            let Some((len_bytes, offset, end)) = end.filter(|&(_, _, e)| e <= mmap.len()) else {
+            let placed = len_bytes.zip(data_start.checked_add(rel));
+            let fits = |&(l, o): &(usize, usize)| o.checked_add(l).is_some_and(|end| end <= mmap.len());
+            let Some((len_bytes, offset)) = placed.filter(fits) else {
                 bail!(
                     "tensor {name} ({shape:?} of {dtype:?} at offset {rel}) ends past the {} bytes of the file (truncated?)",
                     mmap.len()
                 );
             };
-            debug_assert!(end <= mmap.len());
             tensors.insert(name, TensorInfo { shape, dtype, offset, len_bytes });
         }
         Ok(GgufFile { path: path.to_path_buf(), metadata, tensors, mmap })
@@ -179,8 +179,7 @@ fn min_value_bytes(ty: u32) -> Result<usize> {
         0 | 1 | 7 => 1,
         2 | 3 => 2,
         4..=6 => 4,
-        10..=12 => 8,
-        8 => 8,
+        8 | 10..=12 => 8,
         9 => 12,
         other => bail!("unknown metadata value type {other}"),
     })

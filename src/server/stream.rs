@@ -81,10 +81,10 @@ async fn forward(
 fn drive(
     tx: Tx,
     forwarders: Vec<tokio::task::JoinHandle<Result<(usize, usize), String>>>,
-    timeout: Option<Duration>,
     usage_chunk: Option<UsageChunk>,
-    mut grace_over: tokio::sync::watch::Receiver<bool>,
+    ctx: Ctx,
 ) {
+    let Ctx { timeout, mut grace_over } = ctx;
     tokio::spawn(async move {
         let mut forwarders = forwarders;
         // Forwarders already joined (a JoinHandle must not be awaited twice).
@@ -185,7 +185,7 @@ pub async fn completions(
         })
         .collect();
     let usage_chunk = req.gen.include_usage().then(|| usage_chunk(id, "text_completion", created, model));
-    drive(tx, forwarders, ctx.timeout, usage_chunk, ctx.grace_over);
+    drive(tx, forwarders, usage_chunk, ctx);
     Ok(sse_response(rx))
 }
 
@@ -219,7 +219,7 @@ pub async fn chat(engine: &EngineHandle, req: ChatRequest, id: String, ctx: Ctx)
         }
     });
     let usage_chunk = req.gen.include_usage().then(|| usage_chunk(id, "chat.completion.chunk", created, model));
-    drive(tx, vec![forwarder], ctx.timeout, usage_chunk, ctx.grace_over);
+    drive(tx, vec![forwarder], usage_chunk, ctx);
     Ok(sse_response(rx))
 }
 
@@ -256,7 +256,7 @@ pub fn generate(engine: &EngineHandle, req: Request, ctx: Ctx) -> Result<Respons
         ),
         Event::Error { .. } => None,
     }));
-    drive(tx, vec![forwarder], ctx.timeout, None, ctx.grace_over);
+    drive(tx, vec![forwarder], None, ctx);
     Ok(sse_response(rx))
 }
 
