@@ -277,9 +277,8 @@ impl EngineLoop {
         self.sched.step_done(&plan);
         let vocab = model.model.config.vocab_size;
         let sampled: Vec<&Scheduled> = plan.iter().filter(|s| s.sample).collect();
-        let mut generated = 0;
         for (row, s) in sampled.iter().enumerate() {
-            generated += self.on_logits(s.id, &logits[row * vocab..(row + 1) * vocab]);
+            self.on_logits(s.id, &logits[row * vocab..(row + 1) * vocab]);
         }
         self.ws = ws;
         let t3 = Instant::now();
@@ -287,7 +286,6 @@ impl EngineLoop {
         st.steps += 1;
         st.last_step_tokens = tokens.len();
         st.last_step_seqs = plan.len();
-        st.generation_tokens_total += generated as u64;
         st.forward_time += t2 - t1;
         st.overhead_time += (t1 - t0) + (t3 - t2);
         drop(st);
@@ -312,14 +310,13 @@ impl EngineLoop {
     }
 
     /// Samples the sequence's next token (and, for an `n > 1` request's first sample, its
-    /// siblings' first tokens from the same logits). Returns tokens generated.
-    fn on_logits(&mut self, seq: SeqId, logits: &[f32]) -> usize {
+    /// siblings' first tokens from the same logits).
+    fn on_logits(&mut self, seq: SeqId, logits: &[f32]) {
         let Some(state) = self.seqs.get_mut(&seq) else {
-            return 0;
+            return;
         };
         let req_id = state.request;
         let sampled = state.sampler.sample(logits);
-        let mut count = 1;
         let fork = self.requests.get(&req_id).is_some_and(|r| !r.forked && r.request.n > 1);
         if fork {
             let req = self.requests.get_mut(&req_id).expect("checked");
@@ -333,11 +330,9 @@ impl EngineLoop {
                 let seq_meta = Sequence::new(child, request.prompt.clone(), request.priority, req_id);
                 self.sched.fork(seq, seq_meta, first.id, &mut |src, dst| kv.copy_block(src, dst));
                 self.emit(child, first, false);
-                count += 1;
             }
         }
         self.emit(seq, sampled, true);
-        count
     }
 
     /// Handles a sampled token: stop checks, text, events; finishes the sequence if done.
@@ -365,6 +360,9 @@ impl EngineLoop {
         }
         s.last_token = Some(now);
         s.generated += 1;
+        // Counted before the token's events go out, so whoever reads the stats after a
+        // stream ends sees its tokens.
+        self.shared.stats.lock().unwrap_or_else(|p| p.into_inner()).generation_tokens_total += 1;
         let index = s.index;
         // max_tokens, or the context: a sequence never asks the model for a position past it.
         let at_limit = s.generated >= req.request.stop.max_tokens
