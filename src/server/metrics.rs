@@ -16,7 +16,7 @@ const STEP_BUCKETS: &[f64] =
 pub struct Metrics {
     /// Engine totals at the moment serving began (after the warm-up request), subtracted
     /// from what the engine reports; observations before then are ignored.
-    baseline: std::sync::Mutex<Option<EngineStats>>,
+    baseline: std::sync::OnceLock<EngineStats>,
     recorder: PrometheusRecorder,
     engine_failures: Counter,
     handle: PrometheusHandle,
@@ -62,7 +62,7 @@ impl Metrics {
         let c = |n: &'static str| recorder.register_counter(&Key::from_static_name(n), &META);
         let h = |n: &'static str| recorder.register_histogram(&Key::from_static_name(n), &META);
         Ok(Metrics {
-            baseline: std::sync::Mutex::new(None),
+            baseline: std::sync::OnceLock::new(),
             engine_failures: c("weft:engine_failures_total"),
             running: g("weft:num_requests_running"),
             waiting: g("weft:num_requests_waiting"),
@@ -82,16 +82,16 @@ impl Metrics {
 
     /// Starts counting: totals so far (the warm-up) are left out.
     pub fn start(&self, stats: &EngineStats) {
-        *self.baseline.lock().unwrap_or_else(|p| p.into_inner()) = Some(stats.clone());
+        let _ = self.baseline.set(stats.clone());
     }
 
     fn live(&self) -> bool {
-        self.baseline.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+        self.baseline.get().is_some()
     }
 
     /// The Prometheus text exposition, with gauges and totals taken from `stats` now.
     pub fn render(&self, stats: &EngineStats) -> String {
-        let base = self.baseline.lock().unwrap_or_else(|p| p.into_inner()).clone().unwrap_or_default();
+        let base = self.baseline.get().cloned().unwrap_or_default();
         self.running.set(stats.running as f64);
         self.waiting.set(stats.waiting as f64);
         self.kv_usage.set(stats.kv_blocks_used as f64 / stats.kv_blocks_total.max(1) as f64);
