@@ -8,7 +8,7 @@ use super::loader::WeightSource;
 use super::tensor::Tensor;
 use super::weight::{Weight, WeightDtype};
 use crate::kernels::attention::{attend, KvSpan, Scratch};
-use crate::kernels::qmatmul::QActs;
+use crate::kernels::qmatmul::{QActs, QMatrix};
 use crate::kernels::rope::Rope;
 use crate::kernels::{rmsnorm, silu_mul};
 use crate::kv::KvCache;
@@ -26,10 +26,26 @@ struct Layer {
     w_down: Weight,
 }
 
+/// Untied token embeddings: a lookup table, never multiplied, so it stays as loaded
+/// (memory-mapped f32 where the file allows) or in its block format.
+enum Embeddings {
+    Rows(Tensor),
+    Blocks(QMatrix),
+}
+
+impl Embeddings {
+    fn row_into(&self, tok: usize, out: &mut [f32]) {
+        match self {
+            Embeddings::Rows(t) => out.copy_from_slice(&t.data()[tok * out.len()..(tok + 1) * out.len()]),
+            Embeddings::Blocks(q) => q.row_into(tok, out),
+        }
+    }
+}
+
 pub struct Llama {
     pub config: ModelConfig,
     /// Embeddings; `None` when tied, then rows come from the LM head.
-    embed: Option<Weight>,
+    embed: Option<Embeddings>,
     layers: Vec<Layer>,
     norm: Tensor,
     lm_head: Weight,
@@ -101,7 +117,6 @@ impl Llama {
     pub fn load(config: ModelConfig, src: &dyn WeightSource, dtype: WeightDtype) -> Result<Self> {
         let c = &config;
         let (d, f) = (c.hidden_size, c.intermediate_size);
-        let embed = Weight::load(src, &[("model.embed_tokens.weight", [c.vocab_size, d])], dtype)?;
         // Grown layer by layer: a layer count from an untrusted file allocates nothing
         // until that layer's tensors are found in it.
         let mut layers = Vec::new();
@@ -120,9 +135,14 @@ impl Llama {
             });
         }
         let norm = src.load("model.norm.weight", &[d])?;
+        let emb = [("model.embed_tokens.weight", [c.vocab_size, d])];
         let (embed, lm_head) = if c.tie_word_embeddings && !src.contains("lm_head.weight") {
-            (None, embed)
+            (None, Weight::load(src, &emb, dtype)?)
         } else {
+            let embed = match Weight::load_blocks(src, &emb, dtype)? {
+                Some(q) => Embeddings::Blocks(q),
+                None => Embeddings::Rows(src.load(emb[0].0, &emb[0].1)?),
+            };
             (Some(embed), Weight::load(src, &[("lm_head.weight", [c.vocab_size, d])], dtype)?)
         };
         let mut inv_freq = crate::kernels::rope::inv_freq(c.head_dim, c.rope_theta);
@@ -172,7 +192,10 @@ impl Llama {
         for (row, &tok) in h.chunks_exact_mut(d).zip(input.tokens) {
             let tok = tok as usize;
             assert!(tok < c.vocab_size, "token id {tok} outside the vocabulary");
-            self.embed.as_ref().unwrap_or(&self.lm_head).row_into(tok, row);
+            match &self.embed {
+                Some(e) => e.row_into(tok, row),
+                None => self.lm_head.row_into(tok, row),
+            }
         }
         let xn = resize(&mut ws.xn, t * d);
         let qkv = resize(&mut ws.qkv, t * (qd + 2 * kvd));

@@ -36,19 +36,10 @@ impl Weight {
     /// dimension: kept in their block formats when `dtype` is `Auto` and every part is
     /// stored in one, else widened to f32 and packed.
     pub fn load(src: &dyn WeightSource, parts: &[(&str, [usize; 2])], dtype: WeightDtype) -> Result<Self> {
-        let k = parts[0].1[1];
-        if dtype == WeightDtype::Auto {
-            let mut blocks = Vec::with_capacity(parts.len());
-            for (name, shape) in parts {
-                match src.load_blocks(name, shape)? {
-                    Some((t, raw)) => blocks.push((t, shape[0], raw)),
-                    None => break,
-                }
-            }
-            if blocks.len() == parts.len() {
-                return Ok(Weight::Quant(QMatrix::new(k, blocks)?));
-            }
+        if let Some(q) = Self::load_blocks(src, parts, dtype)? {
+            return Ok(Weight::Quant(q));
         }
+        let k = parts[0].1[1];
         let rows: usize = parts.iter().map(|(_, s)| s[0]).sum();
         if let [(name, shape)] = parts {
             return Ok(Weight::F32(PackedMatrix::pack(src.load(name, shape)?.data(), rows, k)));
@@ -58,6 +49,26 @@ impl Weight {
             all.extend_from_slice(src.load(name, shape)?.data());
         }
         Ok(Weight::F32(PackedMatrix::pack(&all, rows, k)))
+    }
+
+    /// `parts` stacked in their block formats, when `dtype` is `Auto` and every part is
+    /// stored in one; `None` otherwise.
+    pub fn load_blocks(
+        src: &dyn WeightSource,
+        parts: &[(&str, [usize; 2])],
+        dtype: WeightDtype,
+    ) -> Result<Option<QMatrix>> {
+        if dtype != WeightDtype::Auto {
+            return Ok(None);
+        }
+        let mut blocks = Vec::with_capacity(parts.len());
+        for (name, shape) in parts {
+            match src.load_blocks(name, shape)? {
+                Some((t, raw)) => blocks.push((t, shape[0], raw)),
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(QMatrix::new(parts[0].1[1], blocks)?))
     }
 
     /// Bytes of weights one pass over the matrix reads.
