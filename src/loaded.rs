@@ -3,13 +3,13 @@
 
 use crate::model::gguf::GgufFile;
 use crate::model::loader::{GgufWeights, SafetensorsWeights};
-use crate::model::{Llama, ModelConfig, WeightDtype};
+use crate::model::{Decoder, ModelConfig, WeightDtype};
 use crate::tokenizer::Tokenizer;
 use anyhow::{bail, Result};
 use std::path::Path;
 
 pub struct LoadedModel {
-    pub model: Llama,
+    pub model: Decoder,
     pub tokenizer: Tokenizer,
     /// A short name for logs and the API (directory or file stem).
     pub name: String,
@@ -27,13 +27,13 @@ impl LoadedModel {
             let config = ModelConfig::from_hf_json(&cfg_path)?;
             let weights = SafetensorsWeights::open_dir(path)?;
             let tokenizer = Tokenizer::from_dir(path)?;
-            (Llama::load(config, &weights, dtype)?, tokenizer)
+            (Decoder::load(config, &weights, dtype)?, tokenizer)
         } else if path.is_file() {
             let g = GgufFile::open(path)?;
             let config = ModelConfig::from_gguf(&g)?;
-            let weights = GgufWeights::new(&g, config.num_heads, config.num_kv_heads);
+            let weights = GgufWeights::new(&g, &config);
             let tokenizer = Tokenizer::from_gguf(&g)?;
-            (Llama::load(config, &weights, dtype)?, tokenizer)
+            (Decoder::load(config, &weights, dtype)?, tokenizer)
         } else {
             bail!("model path {} does not exist", path.display());
         };

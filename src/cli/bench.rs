@@ -128,7 +128,7 @@ fn drive(engine: &EngineHandle, reqs: Vec<(Duration, Request)>) -> Result<Vec<Ti
 
 /// Decode tokens/s of the model's forward pass driven directly (no engine, scheduler or
 /// sampler): the yardstick for the engine's single-request overhead.
-fn bare_decode(model: &crate::model::Llama, prompt: &[u32], gen: usize) -> f64 {
+fn bare_decode(model: &crate::model::Decoder, prompt: &[u32], gen: usize) -> f64 {
     use crate::kv::{BlockAllocator, BlockTable, KvCache};
     use crate::model::{SeqStep, StepInput, Workspace};
     let c = &model.config;
@@ -143,7 +143,13 @@ fn bare_decode(model: &crate::model::Llama, prompt: &[u32], gen: usize) -> f64 {
         if step == 1 {
             start = Instant::now();
         }
-        let seq = [SeqStep { context_len: ctx, num_tokens: feed.len(), block_table: table.blocks(), sample: true }];
+        let seq = [SeqStep {
+            context_len: ctx,
+            num_tokens: feed.len(),
+            seq_len: ctx + feed.len(),
+            block_table: table.blocks(),
+            sample: true,
+        }];
         let next = crate::sampling::argmax(model.forward(&StepInput { tokens: &feed, seqs: &seq }, &mut kv, &mut ws));
         ctx += feed.len();
         feed = vec![next];

@@ -78,7 +78,13 @@ impl<'m> Lane<'m> {
         let seqs: Vec<SeqStep> = self
             .tables
             .iter()
-            .map(|t| SeqStep { context_len: pos, num_tokens: 1, block_table: t.blocks(), sample: true })
+            .map(|t| SeqStep {
+                context_len: pos,
+                num_tokens: 1,
+                seq_len: pos + 1,
+                block_table: t.blocks(),
+                sample: true,
+            })
             .collect();
         let logits = self.model.model.forward(&StepInput { tokens: &tokens, seqs: &seqs }, &mut self.kv, &mut self.ws);
         logits.chunks_exact(self.model.model.config.vocab_size).map(log_softmax).collect()

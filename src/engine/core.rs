@@ -260,11 +260,15 @@ impl EngineLoop {
         }
         let steps: Vec<SeqStep> = plan
             .iter()
-            .map(|s| SeqStep {
-                context_len: s.context_len,
-                num_tokens: s.num_tokens,
-                block_table: self.sched.get(s.id).expect("scheduled").block_table.blocks(),
-                sample: s.sample,
+            .map(|s| {
+                let seq = self.sched.get(s.id).expect("scheduled");
+                SeqStep {
+                    context_len: s.context_len,
+                    num_tokens: s.num_tokens,
+                    seq_len: seq.tokens.len(),
+                    block_table: seq.block_table.blocks(),
+                    sample: s.sample,
+                }
             })
             .collect();
         let t1 = Instant::now();

@@ -29,19 +29,42 @@ impl PagedKv<'_> {
         ((block * self.kv_heads + kv_head) * self.block_size + pos % self.block_size) * self.head_dim
     }
 
-    /// Positions `0..n` as runs of consecutive positions, one per block: (offset of the
-    /// block, positions in it). Kv head `h` of the run starts `h * block_size * head_dim` in.
-    fn runs<'t>(&self, block_table: &'t [u32], n: usize) -> impl Iterator<Item = (usize, usize)> + 't {
-        let (bs, block) = (self.block_size, self.kv_heads * self.block_size * self.head_dim);
-        block_table[..n.div_ceil(bs)].iter().enumerate().map(move |(i, &b)| (b as usize * block, bs.min(n - i * bs)))
+    /// Positions `start..end` as runs of consecutive positions, one per block: (offset of
+    /// the run's first position for kv head 0, positions in it). Kv head `h` of the run
+    /// starts `h * block_size * head_dim` further in.
+    fn runs<'t>(&self, block_table: &'t [u32], start: usize, end: usize) -> impl Iterator<Item = (usize, usize)> + 't {
+        let (bs, hd, block) = (self.block_size, self.head_dim, self.kv_heads * self.block_size * self.head_dim);
+        (start / bs..end.div_ceil(bs)).map(move |i| {
+            let first = start.max(i * bs);
+            (block_table[i] as usize * block + (first - i * bs) * hd, end.min((i + 1) * bs) - first)
+        })
     }
 }
 
-/// Where one attention call reads: a sequence's blocks, positions `0..=last_pos`.
+/// Where one attention call reads: a sequence's blocks, positions `first_pos..=last_pos`
+/// (`first_pos` > 0 under a sliding window).
 #[derive(Clone, Copy)]
 pub struct KvSpan<'a> {
     pub block_table: &'a [u32],
+    pub first_pos: usize,
     pub last_pos: usize,
+}
+
+/// How a query-key dot product becomes a score: `dot · scale`, then, with a soft-cap `c`,
+/// `c · tanh(score / c)` (Gemma 2).
+#[derive(Clone, Copy, Debug)]
+pub struct Scoring {
+    pub scale: f32,
+    pub softcap: Option<f32>,
+}
+
+impl Scoring {
+    /// The soft-cap over a row of scaled scores (nothing without one).
+    fn cap(&self, scores: &mut [f32]) {
+        if let Some(c) = self.softcap {
+            scores.iter_mut().for_each(|s| *s = (*s / c).tanh() * c);
+        }
+    }
 }
 
 /// Reusable buffers for [`attend`].
@@ -52,23 +75,26 @@ pub struct Scratch {
 
 /// For each query head `h` (`q` and `out` are `[heads, head_dim]`, heads a multiple of the
 /// kv heads, head `h` reading kv head `h / (heads / kv_heads)`):
-/// `out[h] = softmax(q[h]·Kᵀ · scale) · V`. Blocks are visited in order with every kv head of
-/// a block together, so each block's K (and V) is one contiguous read.
-pub fn attend(q: &[f32], kv: PagedKv<'_>, span: KvSpan<'_>, scale: f32, scratch: &mut Scratch, out: &mut [f32]) {
+/// `out[h] = softmax(score(q[h]·Kᵀ)) · V` over the span. Blocks are visited in order with
+/// every kv head of a block together, so each block's K (and V) is one contiguous read.
+pub fn attend(q: &[f32], kv: PagedKv<'_>, span: KvSpan<'_>, scoring: Scoring, scratch: &mut Scratch, out: &mut [f32]) {
     let hd = kv.head_dim;
-    let n = span.last_pos + 1;
+    assert!(span.first_pos <= span.last_pos, "empty attention span");
+    let (start, end) = (span.first_pos, span.last_pos + 1);
+    let n = end - start;
+    let scale = scoring.scale;
     let scores = &mut scratch.scores;
     scores.clear();
     scores.resize(q.len() / hd * n, 0.0);
     #[cfg(target_arch = "x86_64")]
     if hd.is_multiple_of(8) && crate::kernels::matmul::avx2::available() {
         // SAFETY: the CPU supports AVX2 and FMA, and the head dim is a multiple of 8.
-        return unsafe { attend_avx2(q, kv, span, scale, scores, out) };
+        return unsafe { attend_avx2(q, kv, span, scoring, scores, out) };
     }
     let group_width = q.len() / kv.kv_heads;
     let head_stride = kv.block_size * hd;
     let mut p0 = 0;
-    for (base, len) in kv.runs(span.block_table, n) {
+    for (base, len) in kv.runs(span.block_table, start, end) {
         for (g, qg) in q.chunks_exact(group_width).enumerate() {
             let kb = base + g * head_stride;
             for j in 0..len {
@@ -80,10 +106,11 @@ pub fn attend(q: &[f32], kv: PagedKv<'_>, span: KvSpan<'_>, scale: f32, scratch:
         }
         p0 += len;
     }
+    scoring.cap(scores);
     scores.chunks_exact_mut(n).for_each(softmax);
     out.fill(0.0);
     let mut p0 = 0;
-    for (base, len) in kv.runs(span.block_table, n) {
+    for (base, len) in kv.runs(span.block_table, start, end) {
         for (g, og) in out.chunks_exact_mut(group_width).enumerate() {
             let vb = base + g * head_stride;
             for j in 0..len {
@@ -101,14 +128,23 @@ pub fn attend(q: &[f32], kv: PagedKv<'_>, span: KvSpan<'_>, scale: f32, scratch:
 /// together), and the weighted sum of V in registers, 64 floats of a head at a time.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn attend_avx2(q: &[f32], kv: PagedKv<'_>, span: KvSpan<'_>, scale: f32, scores: &mut [f32], out: &mut [f32]) {
+unsafe fn attend_avx2(
+    q: &[f32],
+    kv: PagedKv<'_>,
+    span: KvSpan<'_>,
+    scoring: Scoring,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
     use std::arch::x86_64::*;
     let hd = kv.head_dim;
-    let n = span.last_pos + 1;
+    let (start, end) = (span.first_pos, span.last_pos + 1);
+    let n = end - start;
+    let scale = scoring.scale;
     let group = q.len() / hd / kv.kv_heads;
     let head_stride = kv.block_size * hd;
     let mut p0 = 0;
-    for (base, len) in kv.runs(span.block_table, n) {
+    for (base, len) in kv.runs(span.block_table, start, end) {
         for (h, qh) in q.chunks_exact(hd).enumerate() {
             let kb = kv.k[base + h / group * head_stride..][..len * hd].as_ptr();
             let row = &mut scores[h * n + p0..h * n + p0 + len];
@@ -136,9 +172,10 @@ unsafe fn attend_avx2(q: &[f32], kv: PagedKv<'_>, span: KvSpan<'_>, scale: f32, 
         }
         p0 += len;
     }
+    scoring.cap(scores);
     scores.chunks_exact_mut(n).for_each(softmax);
     let mut p0 = 0;
-    for (bi, (base, len)) in kv.runs(span.block_table, n).enumerate() {
+    for (bi, (base, len)) in kv.runs(span.block_table, start, end).enumerate() {
         for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
             let vb = kv.v[base + h / group * head_stride..][..len * hd].as_ptr();
             let w = &scores[h * n + p0..h * n + p0 + len];
@@ -271,10 +308,11 @@ mod tests {
         let heads = kvh * group;
         let q = random_vec(heads * hd, 3);
         let scale = 0.4f32;
-        for last in [0, 3, 13, 15] {
+        let spans = [(0, 0), (0, 3), (0, 13), (0, 15), (2, 13), (4, 15), (9, 9), (5, 11)];
+        for ((first, last), softcap) in spans.into_iter().zip([None, Some(1.5)].into_iter().cycle()) {
             let mut out = vec![0f32; heads * hd];
-            let span = KvSpan { block_table: &table, last_pos: last };
-            attend(&q, kv, span, scale, &mut Scratch::default(), &mut out);
+            let span = KvSpan { block_table: &table, first_pos: first, last_pos: last };
+            attend(&q, kv, span, Scoring { scale, softcap }, &mut Scratch::default(), &mut out);
 
             let at = |pool: &[f32], p: usize, g: usize| {
                 let o = ((table[p / bs] as usize * kvh + g) * bs + p % bs) * hd;
@@ -282,20 +320,21 @@ mod tests {
             };
             for h in 0..heads {
                 let (qh, g) = (&q[h * hd..(h + 1) * hd], h / group);
-                let s: Vec<f64> = (0..=last)
+                let s: Vec<f64> = (first..=last)
                     .map(|p| at(&k, p, g).iter().zip(qh).map(|(a, b)| (*a * *b) as f64).sum::<f64>() * scale as f64)
+                    .map(|x| softcap.map_or(x, |c| (x / c as f64).tanh() * c as f64))
                     .collect();
                 let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
                 let z: f64 = e.iter().sum();
                 let mut want = vec![0f64; hd];
-                for (p, ep) in e.iter().enumerate() {
+                for (p, ep) in (first..).zip(&e) {
                     for (w, vv) in want.iter_mut().zip(at(&v, p, g)) {
                         *w += ep / z * vv as f64;
                     }
                 }
                 let want: Vec<f32> = want.into_iter().map(|x| x as f32).collect();
-                assert_close(&out[h * hd..(h + 1) * hd], &want, 1e-5, &format!("hd {hd} last {last} head {h}"));
+                assert_close(&out[h * hd..(h + 1) * hd], &want, 1e-5, &format!("hd {hd} {first}..={last} head {h}"));
             }
         }
     }
@@ -303,11 +342,15 @@ mod tests {
     #[test]
     fn runs_walk_blocks_in_position_order() {
         let kv = PagedKv { k: &[], v: &[], block_size: 2, kv_heads: 3, head_dim: 4 };
-        let table = [4u32, 1];
-        let got: Vec<usize> =
-            kv.runs(&table, 3).flat_map(|(base, len)| (0..len).map(move |j| base + 2 * 2 * 4 + j * 4)).collect();
-        let want: Vec<usize> = (0..3).map(|p| kv.offset(&table, p, 2)).collect();
-        assert_eq!(got, want);
+        let table = [4u32, 1, 6];
+        for (start, end) in [(0, 3), (1, 3), (2, 6), (3, 5), (5, 6)] {
+            let got: Vec<usize> = kv
+                .runs(&table, start, end)
+                .flat_map(|(base, len)| (0..len).map(move |j| base + 2 * 2 * 4 + j * 4))
+                .collect();
+            let want: Vec<usize> = (start..end).map(|p| kv.offset(&table, p, 2)).collect();
+            assert_eq!(got, want, "{start}..{end}");
+        }
     }
 
     #[test]

@@ -1,16 +1,29 @@
-//! RMSNorm and the SwiGLU activation, row by row.
+//! RMSNorm and the gated MLP activations (SwiGLU, GeGLU), row by row.
 
 use super::exp::exp;
+
+/// `1 / sqrt(mean(x²) + eps)`.
+fn inv_rms(x: &[f32], eps: f32) -> f32 {
+    let ss: f32 = x.iter().map(|v| v * v).sum();
+    1.0 / (ss / x.len() as f32 + eps).sqrt()
+}
 
 /// `out[r] = x[r] / sqrt(mean(x[r]²) + eps) * weight` for each row of width `weight.len()`.
 pub fn rmsnorm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let d = weight.len();
     for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
-        let ss: f32 = xr.iter().map(|v| v * v).sum();
-        let scale = 1.0 / (ss / d as f32 + eps).sqrt();
+        let scale = inv_rms(xr, eps);
         for ((o, v), g) in or.iter_mut().zip(xr).zip(weight) {
             *o = v * scale * g;
         }
+    }
+}
+
+/// [`rmsnorm`] of each row of `x` into itself, with the same arithmetic.
+pub fn rmsnorm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
+    for xr in x.chunks_exact_mut(weight.len()) {
+        let scale = inv_rms(xr, eps);
+        xr.iter_mut().zip(weight).for_each(|(v, g)| *v = *v * scale * g);
     }
 }
 
@@ -27,6 +40,20 @@ pub fn silu_mul(gate_up: &[f32], f: usize, out: &mut [f32]) {
         }
         for ((o, g), u) in or[done..].iter_mut().zip(&g[done..]).zip(&u[done..]) {
             *o = g / (1.0 + exp(-g)) * u;
+        }
+    }
+}
+
+/// GeGLU with tanh-approximated GELU, as PyTorch's `gelu(approximate="tanh")`: each row of
+/// `gate_up` is `[gate (f) | up (f)]`; `out` row = gelu(gate) · up.
+pub fn gelu_tanh_mul(gate_up: &[f32], f: usize, out: &mut [f32]) {
+    const BETA: f32 = (std::f64::consts::SQRT_2 * std::f64::consts::FRAC_2_SQRT_PI * 0.5) as f32;
+    const KAPPA: f32 = 0.044715;
+    for (gu, or) in gate_up.chunks_exact(2 * f).zip(out.chunks_exact_mut(f)) {
+        let (g, u) = gu.split_at(f);
+        for ((o, &x), u) in or.iter_mut().zip(g).zip(u) {
+            let inner = BETA * (x + KAPPA * x * x * x);
+            *o = 0.5 * x * (1.0 + inner.tanh()) * u;
         }
     }
 }
@@ -66,6 +93,24 @@ mod tests {
                 row.iter().zip(&w).map(|(v, g)| (*v as f64 / (ms + 1e-5).sqrt() * *g as f64) as f32).collect();
             assert_close(&out[r * d..(r + 1) * d], &want, 1e-5, "rmsnorm");
         }
+    }
+
+    #[test]
+    fn gelu_tanh_mul_matches_naive() {
+        let (rows, f) = (2, 9);
+        let gu: Vec<f32> = random_vec(rows * 2 * f, 4).iter().map(|x| x * 4.0).collect();
+        let mut out = vec![0f32; rows * f];
+        gelu_tanh_mul(&gu, f, &mut out);
+        let want: Vec<f32> = (0..rows * f)
+            .map(|i| {
+                let (r, c) = (i / f, i % f);
+                let x = gu[r * 2 * f + c] as f64;
+                let u = gu[r * 2 * f + f + c] as f64;
+                let gelu = 0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x.powi(3))).tanh());
+                (gelu * u) as f32
+            })
+            .collect();
+        assert_close(&out, &want, 1e-5, "gelu_tanh_mul");
     }
 
     #[test]

@@ -10,6 +10,8 @@ const TABLE_POSITIONS: usize = 1 << 16;
 pub struct Rope {
     half: usize,
     inv_freq: Vec<f32>,
+    /// Multiplies cos and sin (longrope's attention factor; 1 otherwise).
+    mscale: f32,
     cos: Vec<f32>,
     sin: Vec<f32>,
 }
@@ -21,12 +23,13 @@ pub fn inv_freq(head_dim: usize, theta: f32) -> Vec<f32> {
 
 impl Rope {
     pub fn new(head_dim: usize, theta: f32, max_positions: usize) -> Self {
-        Self::with_inv_freq(inv_freq(head_dim, theta), max_positions)
+        Self::with_inv_freq(inv_freq(head_dim, theta), 1.0, max_positions)
     }
 
     /// A rotation with given inverse frequencies (one per pair of dimensions), for scaled
-    /// variants (Llama 3, linear) computed by the model's configuration.
-    pub fn with_inv_freq(inv_freq: Vec<f32>, max_positions: usize) -> Self {
+    /// variants (Llama 3, linear, longrope) computed by the model's configuration; cos and
+    /// sin are multiplied by `mscale`.
+    pub fn with_inv_freq(inv_freq: Vec<f32>, mscale: f32, max_positions: usize) -> Self {
         let half = inv_freq.len();
         let table = max_positions.min(TABLE_POSITIONS);
         let mut cos = Vec::with_capacity(table * half);
@@ -34,11 +37,11 @@ impl Rope {
         for p in 0..table {
             for f in &inv_freq {
                 let angle = p as f32 * f;
-                cos.push(angle.cos());
-                sin.push(angle.sin());
+                cos.push(angle.cos() * mscale);
+                sin.push(angle.sin() * mscale);
             }
         }
-        Rope { half, inv_freq, cos, sin }
+        Rope { half, inv_freq, mscale, cos, sin }
     }
 
     /// Rotates every head (width `2 * half`) of `x` in place for position `pos`.
@@ -48,8 +51,8 @@ impl Rope {
         let (cos, sin) = if (pos + 1) * h <= self.cos.len() {
             (&self.cos[pos * h..(pos + 1) * h], &self.sin[pos * h..(pos + 1) * h])
         } else {
-            cos_buf.extend(self.inv_freq.iter().map(|f| (pos as f32 * f).cos()));
-            sin_buf.extend(self.inv_freq.iter().map(|f| (pos as f32 * f).sin()));
+            cos_buf.extend(self.inv_freq.iter().map(|f| (pos as f32 * f).cos() * self.mscale));
+            sin_buf.extend(self.inv_freq.iter().map(|f| (pos as f32 * f).sin() * self.mscale));
             (&cos_buf[..], &sin_buf[..])
         };
         for head in x.chunks_exact_mut(2 * h) {

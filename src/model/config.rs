@@ -5,8 +5,59 @@ use anyhow::{bail, ensure, Context, Result};
 use serde::Deserialize;
 use std::path::Path;
 
+/// The decoder families: one forward pass, with the switches each family turns on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arch {
+    /// Llama 1–3 and Mistral (GGUF arch `llama`; q/k rows permuted in GGUF files).
+    Llama,
+    /// Qwen2 / Qwen2.5: q, k and v projection biases.
+    Qwen2,
+    /// Qwen3: per-head RMSNorm of q and k before RoPE.
+    Qwen3,
+    /// Phi-3 / Phi-3.5: fused qkv and gate_up projections, longrope.
+    Phi3,
+    /// Gemma 2: scaled embeddings, (1 + w) norms (stored as such once loaded), post-norms,
+    /// GELU-tanh, soft-capped attention and logits, sliding window on even layers.
+    Gemma2,
+}
+
+impl Arch {
+    /// From a Hugging Face `model_type` or a GGUF `general.architecture`.
+    fn parse(name: &str) -> Result<Self> {
+        Ok(match name {
+            "llama" | "mistral" => Arch::Llama,
+            "qwen2" => Arch::Qwen2,
+            "qwen3" => Arch::Qwen3,
+            "phi3" => Arch::Phi3,
+            "gemma2" => Arch::Gemma2,
+            other => {
+                bail!("unsupported architecture '{other}' (supported: llama, mistral, qwen2, qwen3, phi3, gemma2)")
+            }
+        })
+    }
+}
+
+/// The MLP's gating activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    Silu,
+    /// GELU with the tanh approximation (`gelu_pytorch_tanh`).
+    GeluTanh,
+}
+
+impl Activation {
+    fn parse(name: &str) -> Result<Self> {
+        Ok(match name {
+            "silu" | "swish" => Activation::Silu,
+            "gelu_pytorch_tanh" | "gelu_tanh" => Activation::GeluTanh,
+            other => bail!("unsupported activation '{other}' (supported: silu, gelu_pytorch_tanh)"),
+        })
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
+    pub arch: Arch,
     pub hidden_size: usize,
     pub intermediate_size: usize,
     pub num_layers: usize,
@@ -19,6 +70,17 @@ pub struct ModelConfig {
     pub rope_theta: f32,
     pub rope_scaling: RopeScaling,
     pub tie_word_embeddings: bool,
+    pub activation: Activation,
+    /// Biases on the q, k and v projections.
+    pub qkv_bias: bool,
+    /// Attention limited to the last `W` positions (every layer, or Gemma 2's even layers).
+    pub sliding_window: Option<usize>,
+    /// Scale of q·k: `1/sqrt(head_dim)`, or Gemma 2's `1/sqrt(query_pre_attn_scalar)`.
+    pub attn_scale: f32,
+    /// Attention scores become `cap · tanh(score / cap)` (Gemma 2).
+    pub attn_softcap: Option<f32>,
+    /// Logits become `cap · tanh(logit / cap)` (Gemma 2).
+    pub final_softcap: Option<f32>,
 }
 
 /// How positions are stretched beyond the trained context.
@@ -34,11 +96,21 @@ pub enum RopeScaling {
         high_freq_factor: f32,
         original_max_position_embeddings: f32,
     },
+    /// Phi-3's longrope: per-frequency divisors, the short set while the sequence fits in
+    /// `original_max_position_embeddings` and the long set beyond, cos/sin scaled by
+    /// `attention_factor` either way.
+    LongRope {
+        short: Vec<f32>,
+        long: Vec<f32>,
+        original_max_position_embeddings: usize,
+        attention_factor: f32,
+    },
 }
 
 impl RopeScaling {
     /// From a Hugging Face `rope_scaling` object; unknown kinds are an error, never ignored.
-    fn from_hf(v: &serde_json::Value) -> Result<Self> {
+    /// `contexts` is (`max_position_embeddings`, top-level `original_max_position_embeddings`).
+    fn from_hf(v: &serde_json::Value, contexts: (usize, Option<usize>)) -> Result<Self> {
         let kind = v.get("rope_type").or_else(|| v.get("type")).and_then(|t| t.as_str()).unwrap_or("default");
         let num = |k: &str| -> Result<f32> {
             let x = v.get(k).and_then(|x| x.as_f64()).with_context(|| format!("rope_scaling needs a number `{k}`"))?;
@@ -61,14 +133,46 @@ impl RopeScaling {
                     original_max_position_embeddings: num("original_max_position_embeddings")?,
                 }
             }
-            other => bail!("rope_scaling type '{other}' is not supported (supported: linear, llama3)"),
+            "longrope" => {
+                let factors = |k: &str| -> Result<Vec<f32>> {
+                    let a = v.get(k).and_then(|a| a.as_array()).with_context(|| format!("longrope needs `{k}`"))?;
+                    a.iter()
+                        .map(|x| match x.as_f64() {
+                            Some(x) if x.is_finite() && x > 0.0 => Ok(x as f32),
+                            _ => bail!("longrope `{k}` holds {x}, not a positive number"),
+                        })
+                        .collect()
+                };
+                let (max, top_original) = contexts;
+                let original = match top_original {
+                    Some(o) => o,
+                    None => v
+                        .get("original_max_position_embeddings")
+                        .and_then(|x| x.as_u64())
+                        .context("longrope needs original_max_position_embeddings")?
+                        as usize,
+                };
+                ensure!(original > 1, "longrope original_max_position_embeddings {original} is too small");
+                let attention_factor = match v.get("attention_factor").and_then(|x| x.as_f64()) {
+                    Some(a) => a as f32,
+                    None => longrope_attention_factor(max as f64 / original as f64, original),
+                };
+                RopeScaling::LongRope {
+                    short: factors("short_factor")?,
+                    long: factors("long_factor")?,
+                    original_max_position_embeddings: original,
+                    attention_factor,
+                }
+            }
+            other => bail!("rope_scaling type '{other}' is not supported (supported: linear, llama3, longrope)"),
         })
     }
 
-    /// Applies the scaling to unscaled inverse frequencies, with Hugging Face's f32 arithmetic.
+    /// Applies the scaling to unscaled inverse frequencies, with Hugging Face's f32 arithmetic
+    /// (longrope builds its own frequencies; see the model's RoPE setup).
     pub fn apply(&self, inv_freq: &mut [f32]) {
         match *self {
-            RopeScaling::None => {}
+            RopeScaling::None | RopeScaling::LongRope { .. } => {}
             RopeScaling::Linear(factor) => inv_freq.iter_mut().for_each(|f| *f /= factor),
             RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => {
                 let two_pi = (2.0 * std::f64::consts::PI) as f32;
@@ -89,8 +193,19 @@ impl RopeScaling {
     }
 }
 
-/// Model families whose weights follow the Llama layout.
-const LLAMA_LIKE: &[&str] = &["llama", "mistral"];
+/// `1/sqrt(s)` as Hugging Face computes `s ** -0.5` (in f64, then stored as f32).
+fn attn_scale(s: f32) -> f32 {
+    (s as f64).powf(-0.5) as f32
+}
+
+/// Hugging Face's default longrope attention factor for a context stretched `scale` times.
+fn longrope_attention_factor(scale: f64, original: usize) -> f32 {
+    if scale <= 1.0 {
+        1.0
+    } else {
+        (1.0 + scale.ln() / (original as f64).ln()).sqrt() as f32
+    }
+}
 
 #[derive(Deserialize)]
 struct HfConfig {
@@ -109,10 +224,21 @@ struct HfConfig {
     #[serde(default)]
     tie_word_embeddings: bool,
     hidden_act: Option<String>,
+    /// Gemma's name for `hidden_act`.
+    hidden_activation: Option<String>,
     #[serde(default)]
     attention_bias: bool,
     rope_scaling: Option<serde_json::Value>,
+    original_max_position_embeddings: Option<usize>,
     sliding_window: Option<usize>,
+    /// Qwen2's switch for its (unsupported) sliding window.
+    #[serde(default)]
+    use_sliding_window: bool,
+    layer_types: Option<Vec<String>>,
+    partial_rotary_factor: Option<f32>,
+    query_pre_attn_scalar: Option<f32>,
+    attn_logit_softcapping: Option<f32>,
+    final_logit_softcapping: Option<f32>,
 }
 
 fn default_theta() -> f32 {
@@ -123,59 +249,74 @@ impl ModelConfig {
     pub fn from_hf_json(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let c: HfConfig = serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
-        let arch = c.model_type.as_deref().unwrap_or("?");
-        ensure!(
-            LLAMA_LIKE.contains(&arch),
-            "{}: unsupported architecture '{arch}' (supported: {})",
-            path.display(),
-            LLAMA_LIKE.join(", ")
-        );
-        if let Some(act) = c.hidden_act.as_deref() {
-            ensure!(act == "silu", "{}: unsupported hidden_act '{act}' (need silu)", path.display());
-        }
-        ensure!(!c.attention_bias, "{}: attention_bias is not supported yet", path.display());
+        Self::from_hf(c).with_context(|| path.display().to_string())
+    }
+
+    fn from_hf(c: HfConfig) -> Result<Self> {
+        let arch = Arch::parse(c.model_type.as_deref().unwrap_or("?"))?;
+        let activation = match c.hidden_act.as_deref().or(c.hidden_activation.as_deref()) {
+            Some(a) => Activation::parse(a)?,
+            None if arch == Arch::Gemma2 => Activation::GeluTanh,
+            None => Activation::Silu,
+        };
         let rope_scaling = match c.rope_scaling.filter(|v| !v.is_null()) {
-            Some(v) => RopeScaling::from_hf(&v).with_context(|| path.display().to_string())?,
+            Some(v) => RopeScaling::from_hf(&v, (c.max_position_embeddings, c.original_max_position_embeddings))?,
             None => RopeScaling::None,
         };
-        if let Some(w) = c.sliding_window.filter(|&w| w < c.max_position_embeddings) {
-            bail!("{}: sliding_window {w} is not supported yet", path.display());
+        if let Some(p) = c.partial_rotary_factor {
+            ensure!(p == 1.0, "partial_rotary_factor {p} is not supported (only 1.0)");
         }
+        ensure!(!c.use_sliding_window, "Qwen2's use_sliding_window is not supported");
+        let sliding_window = match arch {
+            // Qwen's `sliding_window` is inert unless `use_sliding_window` is set (refused above).
+            Arch::Qwen2 | Arch::Qwen3 => None,
+            _ => c.sliding_window.filter(|&w| w < c.max_position_embeddings),
+        };
+        if let (Arch::Gemma2, Some(types)) = (arch, &c.layer_types) {
+            // Layers alternate sliding (even) and global (odd), the only layout supported.
+            for (i, t) in types.iter().enumerate() {
+                let want = if i % 2 == 0 { "sliding_attention" } else { "full_attention" };
+                ensure!(t == want, "Gemma 2 layer {i} is '{t}'; only alternating sliding/full layers are supported");
+            }
+        }
+        let head_dim = c.head_dim.unwrap_or(c.hidden_size / c.num_attention_heads.max(1));
         let cfg = ModelConfig {
+            arch,
             hidden_size: c.hidden_size,
             intermediate_size: c.intermediate_size,
             num_layers: c.num_hidden_layers,
             num_heads: c.num_attention_heads,
             num_kv_heads: c.num_key_value_heads.unwrap_or(c.num_attention_heads),
-            head_dim: c.head_dim.unwrap_or(c.hidden_size / c.num_attention_heads.max(1)),
+            head_dim,
             vocab_size: c.vocab_size,
             max_position_embeddings: c.max_position_embeddings,
             rms_norm_eps: c.rms_norm_eps,
             rope_theta: c.rope_theta,
             rope_scaling,
             tie_word_embeddings: c.tie_word_embeddings,
+            activation,
+            qkv_bias: arch == Arch::Qwen2 || c.attention_bias,
+            sliding_window,
+            attn_scale: attn_scale(c.query_pre_attn_scalar.unwrap_or(head_dim as f32)),
+            attn_softcap: c.attn_logit_softcapping.filter(|_| arch == Arch::Gemma2),
+            final_softcap: c.final_logit_softcapping.filter(|_| arch == Arch::Gemma2),
         };
-        cfg.validate().with_context(|| path.display().to_string())?;
+        cfg.validate()?;
         Ok(cfg)
     }
 
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
-        let arch = g.get("general.architecture").and_then(Value::as_str).unwrap_or("?");
-        ensure!(
-            LLAMA_LIKE.contains(&arch),
-            "{}: unsupported architecture '{arch}' (supported: {})",
-            g.path.display(),
-            LLAMA_LIKE.join(", ")
-        );
+        Self::from_gguf_inner(g).with_context(|| g.path.display().to_string())
+    }
+
+    fn from_gguf_inner(g: &GgufFile) -> Result<Self> {
+        let name = g.get("general.architecture").and_then(Value::as_str).unwrap_or("?");
+        let arch = Arch::parse(name)?;
         let int = |key: &str| -> Result<usize> {
-            let full = format!("{arch}.{key}");
-            g.get(&full)
-                .and_then(Value::as_u64)
-                .map(|v| v as usize)
-                .with_context(|| format!("{}: missing metadata {full}", g.path.display()))
+            let full = format!("{name}.{key}");
+            g.get(&full).and_then(Value::as_u64).map(|v| v as usize).with_context(|| format!("missing metadata {full}"))
         };
-        let float =
-            |key: &str, default: f64| g.get(&format!("{arch}.{key}")).and_then(Value::as_f64).unwrap_or(default) as f32;
+        let float = |key: &str| g.get(&format!("{name}.{key}")).and_then(Value::as_f64).map(|v| v as f32);
         let hidden = int("embedding_length")?;
         let heads = int("attention.head_count")?;
         let vocab = match int("vocab_size") {
@@ -186,35 +327,74 @@ impl ModelConfig {
                 .map(|a| a.len())
                 .context("GGUF has neither vocab_size nor tokenizer.ggml.tokens")?,
         };
-        // Llama 3's scaling comes as a `rope_freqs` tensor (applied by the model at load);
-        // of the metadata kinds, only linear is understood, and the rest are refused.
-        let rope_scaling = match g.get(&format!("{arch}.rope.scaling.type")).and_then(Value::as_str) {
-            None | Some("none") => RopeScaling::None,
-            Some("linear") => {
-                let f = float("rope.scaling.factor", 1.0);
-                ensure!(f.is_finite() && f > 0.0, "{}: rope.scaling.factor {f} is not positive", g.path.display());
-                RopeScaling::Linear(f)
+        let context = int("context_length")?;
+        let head_dim = int("attention.key_length").unwrap_or(hidden / heads.max(1));
+        if let Ok(n) = int("rope.dimension_count") {
+            ensure!(n == head_dim, "partial rotary embedding ({n} of {head_dim} dimensions) is not supported");
+        }
+        // Llama 3's scaling comes as a `rope_freqs` tensor (applied by the model at load),
+        // Phi-3's longrope as two factor tensors; of the metadata kinds, only linear is
+        // understood, and the rest are refused.
+        let rope_scaling = if g.tensors.contains_key("rope_factors_long.weight") {
+            let factors = |t: &str| -> Result<Vec<f32>> {
+                let info = g.tensors.get(t).with_context(|| format!("longrope needs tensor {t}"))?;
+                ensure!(info.shape == [head_dim / 2], "{t} has shape {:?}, expected [{}]", info.shape, head_dim / 2);
+                let v = g.dequantize(info);
+                ensure!(v.iter().all(|x| x.is_finite() && *x > 0.0), "{t} holds a factor that is not positive");
+                Ok(v)
+            };
+            let original = int("rope.scaling.original_context_length")?;
+            ensure!(original > 1, "rope.scaling.original_context_length {original} is too small");
+            let attention_factor = float("rope.scaling.attn_factor")
+                .unwrap_or_else(|| longrope_attention_factor(context as f64 / original as f64, original));
+            RopeScaling::LongRope {
+                short: factors("rope_factors_short.weight")?,
+                long: factors("rope_factors_long.weight")?,
+                original_max_position_embeddings: original,
+                attention_factor,
             }
-            Some(other) => {
-                bail!("{}: RoPE scaling '{other}' is not supported (supported: linear, llama3)", g.path.display())
+        } else {
+            match g.get(&format!("{name}.rope.scaling.type")).and_then(Value::as_str) {
+                None | Some("none") => RopeScaling::None,
+                Some("linear") => RopeScaling::Linear(float("rope.scaling.factor").unwrap_or(1.0)),
+                Some(other) => bail!("RoPE scaling '{other}' is not supported (supported: linear, llama3, longrope)"),
             }
         };
+        let sliding_window = int("attention.sliding_window").ok().filter(|&w| w > 0 && w < context);
         let cfg = ModelConfig {
+            arch,
             hidden_size: hidden,
             intermediate_size: int("feed_forward_length")?,
             num_layers: int("block_count")?,
             num_heads: heads,
             num_kv_heads: int("attention.head_count_kv").unwrap_or(heads),
-            head_dim: int("attention.key_length").unwrap_or(hidden / heads.max(1)),
+            head_dim,
             vocab_size: vocab,
-            max_position_embeddings: int("context_length")?,
-            rms_norm_eps: float("attention.layer_norm_rms_epsilon", 1e-5),
-            rope_theta: float("rope.freq_base", 10000.0),
+            max_position_embeddings: context,
+            rms_norm_eps: float("attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
+            rope_theta: float("rope.freq_base").unwrap_or(10000.0),
             rope_scaling,
             tie_word_embeddings: !g.tensors.contains_key("output.weight"),
+            activation: if arch == Arch::Gemma2 { Activation::GeluTanh } else { Activation::Silu },
+            qkv_bias: g.tensors.contains_key("blk.0.attn_q.bias"),
+            sliding_window: sliding_window.filter(|_| !matches!(arch, Arch::Qwen2 | Arch::Qwen3)),
+            // llama.cpp's Gemma 2 graph scales by the head dim (27B's converter bakes the
+            // difference into the weights).
+            attn_scale: attn_scale(head_dim as f32),
+            attn_softcap: float("attn_logit_softcapping").filter(|_| arch == Arch::Gemma2),
+            final_softcap: float("final_logit_softcapping").filter(|_| arch == Arch::Gemma2),
         };
-        cfg.validate().with_context(|| g.path.display().to_string())?;
+        ensure!(arch != Arch::Qwen2 || cfg.qkv_bias, "Qwen2 needs q/k/v biases, blk.0.attn_q.bias is missing");
+        cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// The sliding window of layer `i`, if it has one (Gemma 2 alternates, starting sliding).
+    pub fn layer_window(&self, i: usize) -> Option<usize> {
+        match self.arch {
+            Arch::Gemma2 if i % 2 == 1 => None,
+            _ => self.sliding_window,
+        }
     }
 
     fn validate(&self) -> Result<()> {
@@ -244,6 +424,33 @@ impl ModelConfig {
         ensure!(self.head_dim.is_multiple_of(2), "head_dim {} must be even for RoPE", self.head_dim);
         ensure!(self.vocab_size > 0 && self.num_layers > 0, "empty model");
         ensure!(self.max_position_embeddings > 0, "context length is 0");
+        ensure!(self.sliding_window != Some(0), "sliding window of 0 positions");
+        ensure!(
+            self.attn_scale.is_finite() && self.attn_scale > 0.0,
+            "attention scale {} is not positive",
+            self.attn_scale
+        );
+        for (what, cap) in [("attention", self.attn_softcap), ("final", self.final_softcap)] {
+            if let Some(c) = cap {
+                ensure!(c.is_finite() && c > 0.0, "{what} soft-cap {c} is not a positive finite number");
+            }
+        }
+        if let RopeScaling::LongRope { short, long, attention_factor, .. } = &self.rope_scaling {
+            ensure!(
+                short.len() == self.head_dim / 2 && long.len() == self.head_dim / 2,
+                "longrope needs {} factors per set, got {} and {}",
+                self.head_dim / 2,
+                short.len(),
+                long.len()
+            );
+            ensure!(
+                attention_factor.is_finite() && *attention_factor > 0.0,
+                "longrope attention factor {attention_factor}"
+            );
+        }
+        if let RopeScaling::Linear(f) = self.rope_scaling {
+            ensure!(f.is_finite() && f > 0.0, "RoPE scaling factor {f} is not positive");
+        }
         ensure!(
             self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0,
             "RMSNorm epsilon {} is not a positive finite number",

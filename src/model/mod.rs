@@ -1,13 +1,13 @@
 //! Models: configuration, weight loading (safetensors directories and GGUF files) and the
-//! Llama forward pass over a ragged batch.
+//! decoder forward pass over a ragged batch (Llama, Qwen2/3, Mistral, Phi-3, Gemma 2).
 
 pub mod config;
+pub mod decoder;
 pub mod gguf;
-pub mod llama;
 pub mod loader;
 mod tensor;
 pub mod weight;
 
-pub use config::{ModelConfig, RopeScaling};
-pub use llama::{Llama, SeqStep, StepInput, Workspace};
+pub use config::{Activation, Arch, ModelConfig, RopeScaling};
+pub use decoder::{Decoder, SeqStep, StepInput, Workspace};
 pub use weight::WeightDtype;

@@ -1,26 +1,28 @@
-//! Weights from a GGUF file, dequantized to f32 at load, with llama.cpp's q/k row order
-//! for interleaved RoPE mapped back to the Hugging Face rotate_half order.
+//! Weights from a GGUF file under their Hugging Face names, with llama.cpp's q/k row order
+//! for interleaved RoPE (arch `llama` only) mapped back to the rotate_half order.
 
 use super::{check_shape, Tensor, WeightSource};
 use crate::kernels::qmatmul::QMatrix;
 use crate::kernels::quant::GgmlType;
+use crate::model::config::{Arch, ModelConfig};
 use crate::model::gguf::{GgufFile, TensorInfo};
 use anyhow::{Context, Result};
 
 pub struct GgufWeights<'a> {
     file: &'a GgufFile,
+    arch: Arch,
     num_heads: usize,
     num_kv_heads: usize,
 }
 
 impl<'a> GgufWeights<'a> {
-    pub fn new(file: &'a GgufFile, num_heads: usize, num_kv_heads: usize) -> Self {
-        GgufWeights { file, num_heads, num_kv_heads }
+    pub fn new(file: &'a GgufFile, config: &ModelConfig) -> Self {
+        GgufWeights { file, arch: config.arch, num_heads: config.num_heads, num_kv_heads: config.num_kv_heads }
     }
 }
 
-/// The GGUF name of a Hugging Face Llama tensor name.
-fn gguf_name(hf: &str) -> Option<String> {
+/// The GGUF name of a Hugging Face tensor name in architecture `arch`.
+fn gguf_name(arch: Arch, hf: &str) -> Option<String> {
     let fixed = match hf {
         "model.embed_tokens.weight" => Some("token_embd.weight"),
         "model.norm.weight" => Some("output_norm.weight"),
@@ -33,19 +35,29 @@ fn gguf_name(hf: &str) -> Option<String> {
     }
     let rest = hf.strip_prefix("model.layers.")?;
     let (layer, part) = rest.split_once('.')?;
-    let part = match part {
-        "input_layernorm.weight" => "attn_norm.weight",
-        "post_attention_layernorm.weight" => "ffn_norm.weight",
-        "self_attn.q_proj.weight" => "attn_q.weight",
-        "self_attn.k_proj.weight" => "attn_k.weight",
-        "self_attn.v_proj.weight" => "attn_v.weight",
-        "self_attn.o_proj.weight" => "attn_output.weight",
-        "mlp.gate_proj.weight" => "ffn_gate.weight",
-        "mlp.up_proj.weight" => "ffn_up.weight",
-        "mlp.down_proj.weight" => "ffn_down.weight",
+    let (stem, kind) = part.rsplit_once('.')?;
+    let stem = match (arch, stem) {
+        (_, "input_layernorm") => "attn_norm",
+        // Gemma 2's post-attention norm is applied to the attention output; its pre-MLP
+        // norm is the one other families call post-attention.
+        (Arch::Gemma2, "post_attention_layernorm") => "post_attention_norm",
+        (Arch::Gemma2, "pre_feedforward_layernorm") => "ffn_norm",
+        (Arch::Gemma2, "post_feedforward_layernorm") => "post_ffw_norm",
+        (_, "post_attention_layernorm") => "ffn_norm",
+        (_, "self_attn.q_proj") => "attn_q",
+        (_, "self_attn.k_proj") => "attn_k",
+        (_, "self_attn.v_proj") => "attn_v",
+        (_, "self_attn.qkv_proj") => "attn_qkv",
+        (_, "self_attn.q_norm") => "attn_q_norm",
+        (_, "self_attn.k_norm") => "attn_k_norm",
+        (_, "self_attn.o_proj") => "attn_output",
+        (_, "mlp.gate_proj") => "ffn_gate",
+        // Phi-3's fused gate_up is llama.cpp's ffn_up of twice the height.
+        (_, "mlp.up_proj" | "mlp.gate_up_proj") => "ffn_up",
+        (_, "mlp.down_proj") => "ffn_down",
         _ => return None,
     };
-    Some(format!("blk.{layer}.{part}"))
+    Some(format!("blk.{layer}.{stem}.{kind}"))
 }
 
 /// Row `h*hd + half*(hd/2) + i` of the HF layout is row `h*hd + 2i + half` in llama.cpp's.
@@ -67,7 +79,7 @@ fn unpermute_rows<T: Copy + Default>(data: &[T], heads: usize, cols: usize) -> V
 
 impl GgufWeights<'_> {
     fn info(&self, name: &str, shape: &[usize]) -> Result<&TensorInfo> {
-        let gname = gguf_name(name).with_context(|| format!("no GGUF name for tensor {name}"))?;
+        let gname = gguf_name(self.arch, name).with_context(|| format!("no GGUF name for tensor {name}"))?;
         let info = self
             .file
             .tensors
@@ -77,11 +89,13 @@ impl GgufWeights<'_> {
         Ok(info)
     }
 
-    /// llama.cpp's q/k row order undone; `cols` elements per row.
+    /// llama.cpp's q/k row order undone (weights and biases); `cols` elements per row.
     fn hf_rows<T: Copy + Default>(&self, name: &str, data: Vec<T>, cols: usize) -> Vec<T> {
-        if name.ends_with("q_proj.weight") {
+        if self.arch != Arch::Llama {
+            data
+        } else if name.contains(".q_proj.") {
             unpermute_rows(&data, self.num_heads, cols)
-        } else if name.ends_with("k_proj.weight") {
+        } else if name.contains(".k_proj.") {
             unpermute_rows(&data, self.num_kv_heads, cols)
         } else {
             data
@@ -90,8 +104,12 @@ impl GgufWeights<'_> {
 }
 
 impl WeightSource for GgufWeights<'_> {
+    fn norms_include_one(&self) -> bool {
+        true
+    }
+
     fn contains(&self, name: &str) -> bool {
-        gguf_name(name).is_some_and(|g| self.file.tensors.contains_key(&g))
+        gguf_name(self.arch, name).is_some_and(|g| self.file.tensors.contains_key(&g))
     }
 
     fn load(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
@@ -117,9 +135,16 @@ mod tests {
 
     #[test]
     fn maps_names() {
-        assert_eq!(gguf_name("model.layers.12.mlp.up_proj.weight").unwrap(), "blk.12.ffn_up.weight");
-        assert_eq!(gguf_name("model.embed_tokens.weight").unwrap(), "token_embd.weight");
-        assert!(gguf_name("model.layers.1.bogus").is_none());
+        let name = |arch, hf| gguf_name(arch, hf).unwrap();
+        assert_eq!(name(Arch::Llama, "model.layers.12.mlp.up_proj.weight"), "blk.12.ffn_up.weight");
+        assert_eq!(name(Arch::Llama, "model.embed_tokens.weight"), "token_embd.weight");
+        assert_eq!(name(Arch::Qwen2, "model.layers.0.self_attn.k_proj.bias"), "blk.0.attn_k.bias");
+        assert_eq!(name(Arch::Llama, "model.layers.3.post_attention_layernorm.weight"), "blk.3.ffn_norm.weight");
+        assert_eq!(
+            name(Arch::Gemma2, "model.layers.3.post_attention_layernorm.weight"),
+            "blk.3.post_attention_norm.weight"
+        );
+        assert!(gguf_name(Arch::Llama, "model.layers.1.bogus").is_none());
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! Weight sources: anything that can hand out a named f32 tensor of an expected shape.
-//! Names are Hugging Face Llama names; each source maps them onto its own format.
+//! Names are Hugging Face names; each source maps them onto its own format.
 
 mod gguf;
 mod safetensors;
@@ -19,6 +19,11 @@ pub trait WeightSource {
     /// whole blocks, in Hugging Face row order), so it can be computed without widening.
     fn load_blocks(&self, _name: &str, _shape: &[usize]) -> Result<Option<(GgmlType, Vec<u8>)>> {
         Ok(None)
+    }
+    /// Whether Gemma's `(1 + w)` norm weights are stored with the 1 already added, as
+    /// llama.cpp's converter writes them (Hugging Face stores `w`).
+    fn norms_include_one(&self) -> bool {
+        false
     }
 }
 

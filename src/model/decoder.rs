@@ -1,0 +1,408 @@
+//! The decoder forward pass over a ragged batch: all rows of a step (prefill chunks and
+//! decode tokens of many sequences, no padding) go through every projection as one matrix
+//! multiply, so each weight is read once per step; attention runs per sequence over its
+//! own paged K/V. One pass serves every family (see [`Arch`]); what differs is a handful
+//! of optional pieces of a layer, present only where the family has them.
+
+use super::config::{Activation, Arch, ModelConfig, RopeScaling};
+use super::loader::WeightSource;
+use super::tensor::Tensor;
+use super::weight::{Weight, WeightDtype};
+use crate::kernels::attention::{attend, KvSpan, Scoring, Scratch};
+use crate::kernels::norm::{gelu_tanh_mul, rmsnorm_in_place};
+use crate::kernels::qmatmul::{QActs, QMatrix};
+use crate::kernels::rope::Rope;
+use crate::kernels::{rmsnorm, silu_mul};
+use crate::kv::KvCache;
+use anyhow::{ensure, Result};
+use rayon::prelude::*;
+
+struct Layer {
+    attn_norm: Tensor,
+    /// q, k and v projections stacked: `[q_dim + 2 kv_dim, hidden]`.
+    wqkv: Weight,
+    /// Their biases, stacked the same way (Qwen2).
+    qkv_bias: Option<Tensor>,
+    /// Per-head RMSNorm weights of q and k, applied before RoPE (Qwen3).
+    qk_norm: Option<(Tensor, Tensor)>,
+    wo: Weight,
+    /// Normalizes the attention output before the residual add (Gemma 2).
+    post_attn_norm: Option<Tensor>,
+    ffn_norm: Tensor,
+    /// gate and up projections stacked: `[2 intermediate, hidden]`.
+    w_gate_up: Weight,
+    w_down: Weight,
+    /// Normalizes the MLP output before the residual add (Gemma 2).
+    post_ffn_norm: Option<Tensor>,
+    /// Attention sees only the last `W` positions.
+    window: Option<usize>,
+}
+
+/// Rotary embeddings: one table, or Phi-3's longrope pair chosen by sequence length.
+enum Rotary {
+    One(Rope),
+    /// (short, long, the length beyond which the long factors apply).
+    LongRope(Rope, Rope, usize),
+}
+
+impl Rotary {
+    fn for_len(&self, seq_len: usize) -> &Rope {
+        match self {
+            Rotary::One(r) => r,
+            Rotary::LongRope(short, long, original) => {
+                if seq_len > *original {
+                    long
+                } else {
+                    short
+                }
+            }
+        }
+    }
+}
+
+/// Untied token embeddings: a lookup table, never multiplied, so it stays as loaded
+/// (memory-mapped f32 where the file allows) or in its block format.
+enum Embeddings {
+    Rows(Tensor),
+    Blocks(QMatrix),
+}
+
+impl Embeddings {
+    fn row_into(&self, tok: usize, out: &mut [f32]) {
+        match self {
+            Embeddings::Rows(t) => out.copy_from_slice(&t.data()[tok * out.len()..(tok + 1) * out.len()]),
+            Embeddings::Blocks(q) => q.row_into(tok, out),
+        }
+    }
+}
+
+pub struct Decoder {
+    pub config: ModelConfig,
+    /// Embeddings; `None` when tied, then rows come from the LM head.
+    embed: Option<Embeddings>,
+    /// Multiplies embeddings (Gemma 2: √hidden).
+    embed_scale: Option<f32>,
+    layers: Vec<Layer>,
+    norm: Tensor,
+    lm_head: Weight,
+    rope: Rotary,
+}
+
+/// One sequence's part of a step: `num_tokens` new tokens at positions
+/// `context_len..context_len + num_tokens`, whose K/V go into `block_table`.
+#[derive(Debug, Clone, Copy)]
+pub struct SeqStep<'a> {
+    pub context_len: usize,
+    pub num_tokens: usize,
+    /// The sequence's length once its pending tokens are in: `context_len + num_tokens`
+    /// for a decode, the whole prompt for every chunk of a chunked prefill. Longrope picks
+    /// its factors by it, as transformers does by the length of the input it is given.
+    pub seq_len: usize,
+    pub block_table: &'a [u32],
+    /// Whether logits are wanted for this sequence's last token.
+    pub sample: bool,
+}
+
+/// A step: the tokens of all sequences, concatenated in `seqs` order.
+pub struct StepInput<'a> {
+    pub tokens: &'a [u32],
+    pub seqs: &'a [SeqStep<'a>],
+}
+
+/// Activation buffers reused across steps.
+#[derive(Default)]
+pub struct Workspace {
+    h: Vec<f32>,
+    xn: Vec<f32>,
+    qkv: Vec<f32>,
+    attn: Vec<f32>,
+    tmp: Vec<f32>,
+    gate_up: Vec<f32>,
+    act: Vec<f32>,
+    last: Vec<f32>,
+    logits: Vec<f32>,
+    /// Activations quantized for block-format weights.
+    xq: QActs,
+}
+
+/// Rows per task when row-wise work (norms, RoPE, SwiGLU) is spread over the pool.
+const ROWS_PER_TASK: usize = 8;
+
+/// `[rows, width]` data in parallel chunks of [`ROWS_PER_TASK`] rows.
+fn rows_par(x: &[f32], width: usize) -> rayon::slice::Chunks<'_, f32> {
+    x.par_chunks(width * ROWS_PER_TASK)
+}
+
+fn rows_par_mut(x: &mut [f32], width: usize) -> rayon::slice::ChunksMut<'_, f32> {
+    x.par_chunks_mut(width * ROWS_PER_TASK)
+}
+
+/// `h += delta` (or `h += rmsnorm(delta)` with a `post` norm), then `xn = rmsnorm(h)` when
+/// a `next` norm is given; rows of width `d`. `delta` is scratch.
+fn add_and_norm(
+    h: &mut [f32],
+    delta: &mut [f32],
+    post: Option<&[f32]>,
+    next: Option<&[f32]>,
+    eps: f32,
+    xn: &mut [f32],
+    d: usize,
+) {
+    rows_par_mut(h, d).zip(rows_par_mut(delta, d)).zip(rows_par_mut(xn, d)).for_each(|((h, delta), xn)| {
+        if let Some(w) = post {
+            rmsnorm_in_place(delta, w, eps);
+        }
+        h.iter_mut().zip(delta.iter()).for_each(|(a, b)| *a += b);
+        if let Some(w) = next {
+            rmsnorm(h, w, eps, xn);
+        }
+    });
+}
+
+/// `cap · tanh(x / cap)` over `xs`.
+fn softcap(xs: &mut [f32], cap: f32) {
+    xs.iter_mut().for_each(|x| *x = (*x / cap).tanh() * cap);
+}
+
+fn resize(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    v.resize(n, 0.0);
+    &mut v[..n]
+}
+
+impl Decoder {
+    /// Loads the weights, keeping block formats when `dtype` is `Auto`.
+    pub fn load(config: ModelConfig, src: &dyn WeightSource, dtype: WeightDtype) -> Result<Self> {
+        let c = &config;
+        let (d, f, hd) = (c.hidden_size, c.intermediate_size, c.head_dim);
+        let gemma = c.arch == Arch::Gemma2;
+        // Gemma's norms multiply by (1 + w); llama.cpp's converter stores the sum.
+        let add_one = gemma && !src.norms_include_one();
+        let norm = |name: &str, len: usize| -> Result<Tensor> {
+            let t = src.load(name, &[len])?;
+            Ok(if add_one { Tensor::owned(vec![len], t.data().iter().map(|w| 1.0 + w).collect()) } else { t })
+        };
+        // Grown layer by layer: a layer count from an untrusted file allocates nothing
+        // until that layer's tensors are found in it.
+        let mut layers = Vec::new();
+        for i in 0..c.num_layers {
+            let name = |s: &str| format!("model.layers.{i}.{s}.weight");
+            let attn = |p: &str, kind: &str| format!("model.layers.{i}.self_attn.{p}.{kind}");
+            let qkv_parts = [
+                (attn("q_proj", "weight"), [c.q_dim(), d]),
+                (attn("k_proj", "weight"), [c.kv_dim(), d]),
+                (attn("v_proj", "weight"), [c.kv_dim(), d]),
+            ];
+            let wqkv = if c.arch == Arch::Phi3 {
+                Weight::load(src, &[(&attn("qkv_proj", "weight"), [c.q_dim() + 2 * c.kv_dim(), d])], dtype)?
+            } else {
+                Weight::load(src, &qkv_parts.each_ref().map(|(n, s)| (n.as_str(), *s)), dtype)?
+            };
+            let qkv_bias = if c.qkv_bias {
+                let mut all = Vec::with_capacity(c.q_dim() + 2 * c.kv_dim());
+                for (p, len) in [("q_proj", c.q_dim()), ("k_proj", c.kv_dim()), ("v_proj", c.kv_dim())] {
+                    all.extend_from_slice(src.load(&attn(p, "bias"), &[len])?.data());
+                }
+                Some(Tensor::owned(vec![all.len()], all))
+            } else {
+                None
+            };
+            let qk_norm = if c.arch == Arch::Qwen3 {
+                Some((src.load(&attn("q_norm", "weight"), &[hd])?, src.load(&attn("k_norm", "weight"), &[hd])?))
+            } else {
+                None
+            };
+            let w_gate_up = if c.arch == Arch::Phi3 {
+                Weight::load(src, &[(&name("mlp.gate_up_proj"), [2 * f, d])], dtype)?
+            } else {
+                Weight::load(src, &[(&name("mlp.gate_proj"), [f, d]), (&name("mlp.up_proj"), [f, d])], dtype)?
+            };
+            let (post_attn_norm, ffn_norm, post_ffn_norm) = if gemma {
+                (
+                    Some(norm(&name("post_attention_layernorm"), d)?),
+                    norm(&name("pre_feedforward_layernorm"), d)?,
+                    Some(norm(&name("post_feedforward_layernorm"), d)?),
+                )
+            } else {
+                (None, norm(&name("post_attention_layernorm"), d)?, None)
+            };
+            layers.push(Layer {
+                attn_norm: norm(&name("input_layernorm"), d)?,
+                wqkv,
+                qkv_bias,
+                qk_norm,
+                wo: Weight::load(src, &[(&attn("o_proj", "weight"), [d, c.q_dim()])], dtype)?,
+                post_attn_norm,
+                ffn_norm,
+                w_gate_up,
+                w_down: Weight::load(src, &[(&name("mlp.down_proj"), [d, f])], dtype)?,
+                post_ffn_norm,
+                window: c.layer_window(i),
+            });
+        }
+        let final_norm = norm("model.norm.weight", d)?;
+        let emb = [("model.embed_tokens.weight", [c.vocab_size, d])];
+        let (embed, lm_head) = if c.tie_word_embeddings && !src.contains("lm_head.weight") {
+            (None, Weight::load(src, &emb, dtype)?)
+        } else {
+            let embed = match Weight::load_blocks(src, &emb, dtype)? {
+                Some(q) => Embeddings::Blocks(q),
+                None => Embeddings::Rows(src.load(emb[0].0, &emb[0].1)?),
+            };
+            (Some(embed), Weight::load(src, &[("lm_head.weight", [c.vocab_size, d])], dtype)?)
+        };
+        let rope = Self::rotary(c, src)?;
+        let embed_scale = gemma.then(|| (d as f32).sqrt());
+        Ok(Decoder { config, embed, embed_scale, layers, norm: final_norm, lm_head, rope })
+    }
+
+    /// The rotary tables the configuration (and, in GGUF files of Llama 3.x, the
+    /// `rope_freqs` tensor) asks for.
+    fn rotary(c: &ModelConfig, src: &dyn WeightSource) -> Result<Rotary> {
+        let base = crate::kernels::rope::inv_freq(c.head_dim, c.rope_theta);
+        if let RopeScaling::LongRope { short, long, original_max_position_embeddings, attention_factor } =
+            &c.rope_scaling
+        {
+            // As transformers: 1 / (factor · θ^(2i/d)), the product rounded once.
+            let table = |factors: &[f32]| -> Rope {
+                let inv: Vec<f32> = (0..c.head_dim / 2)
+                    .map(|i| 1.0 / (factors[i] * c.rope_theta.powf((2 * i) as f32 / c.head_dim as f32)))
+                    .collect();
+                Rope::with_inv_freq(inv, *attention_factor, c.max_position_embeddings)
+            };
+            return Ok(Rotary::LongRope(table(short), table(long), *original_max_position_embeddings));
+        }
+        let mut inv_freq = base;
+        c.rope_scaling.apply(&mut inv_freq);
+        // GGUF files of Llama 3.x carry the scaling as per-frequency divisors.
+        if src.contains("rope_freqs.weight") {
+            let divisors = src.load("rope_freqs.weight", &[c.head_dim / 2])?;
+            for (f, &d) in inv_freq.iter_mut().zip(divisors.data()) {
+                ensure!(d.is_finite() && d > 0.0, "rope_freqs holds {d}, not a positive divisor");
+                *f /= d;
+            }
+        }
+        Ok(Rotary::One(Rope::with_inv_freq(inv_freq, 1.0, c.max_position_embeddings)))
+    }
+
+    /// Bytes of weights read by one step (the decode bandwidth bound).
+    pub fn weight_bytes(&self) -> usize {
+        let norms = |l: &Layer| 4 * (l.attn_norm.data().len() + l.ffn_norm.data().len());
+        // Biases and q/k norms are small enough to leave out of this estimate.
+        let layer: usize = self
+            .layers
+            .iter()
+            .map(|l| norms(l) + l.wqkv.bytes() + l.wo.bytes() + l.w_gate_up.bytes() + l.w_down.bytes())
+            .sum();
+        layer + 4 * self.norm.data().len() + self.lm_head.bytes()
+    }
+
+    /// Runs one step and returns the logits `[sampling sequences, vocab]`, in `seqs` order.
+    pub fn forward<'w>(&self, input: &StepInput<'_>, kv: &mut KvCache, ws: &'w mut Workspace) -> &'w [f32] {
+        let c = &self.config;
+        let (d, hd) = (c.hidden_size, c.head_dim);
+        let (qd, kvd, f) = (c.q_dim(), c.kv_dim(), c.intermediate_size);
+        let t = input.tokens.len();
+        let total: usize = input.seqs.iter().map(|s| s.num_tokens).sum();
+        assert_eq!(total, t, "step has {t} tokens but its sequences cover {total}");
+
+        // Per-row (sequence index, position), so row-wise work needs no search.
+        let mut rows = Vec::with_capacity(t);
+        for (si, s) in input.seqs.iter().enumerate() {
+            let end = s.context_len + s.num_tokens;
+            assert!(end <= c.max_position_embeddings, "position {end} beyond the model's context");
+            assert!(s.seq_len >= end, "sequence length {} short of its step's end {end}", s.seq_len);
+            assert!(s.block_table.len() * kv.block_size() >= end, "block table too short for {end} tokens");
+            rows.extend((s.context_len..end).map(|p| (si, p)));
+        }
+
+        let h = resize(&mut ws.h, t * d);
+        for (row, &tok) in h.chunks_exact_mut(d).zip(input.tokens) {
+            let tok = tok as usize;
+            assert!(tok < c.vocab_size, "token id {tok} outside the vocabulary");
+            match &self.embed {
+                Some(e) => e.row_into(tok, row),
+                None => self.lm_head.row_into(tok, row),
+            }
+            if let Some(s) = self.embed_scale {
+                row.iter_mut().for_each(|x| *x *= s);
+            }
+        }
+        let xn = resize(&mut ws.xn, t * d);
+        let qkv = resize(&mut ws.qkv, t * (qd + 2 * kvd));
+        let attn = resize(&mut ws.attn, t * qd);
+        let tmp = resize(&mut ws.tmp, t * d);
+        let gate_up = resize(&mut ws.gate_up, t * 2 * f);
+        let act = resize(&mut ws.act, t * f);
+        let scoring = Scoring { scale: c.attn_scale, softcap: c.attn_softcap };
+
+        let width = qd + 2 * kvd;
+        let eps = c.rms_norm_eps;
+        rows_par(h, d)
+            .zip(rows_par_mut(xn, d))
+            .for_each(|(h, xn)| rmsnorm(h, self.layers[0].attn_norm.data(), eps, xn));
+        for (li, layer) in self.layers.iter().enumerate() {
+            layer.wqkv.matmul(xn, &mut ws.xq, qkv, t);
+            rows_par_mut(qkv, width).zip(rows.par_chunks(ROWS_PER_TASK)).for_each(|(chunk, rows)| {
+                for (row, &(si, pos)) in chunk.chunks_exact_mut(width).zip(rows) {
+                    if let Some(b) = &layer.qkv_bias {
+                        row.iter_mut().zip(b.data()).for_each(|(x, b)| *x += b);
+                    }
+                    let (q, k) = row[..qd + kvd].split_at_mut(qd);
+                    if let Some((qn, kn)) = &layer.qk_norm {
+                        q.chunks_exact_mut(hd).for_each(|head| rmsnorm_in_place(head, qn.data(), eps));
+                        k.chunks_exact_mut(hd).for_each(|head| rmsnorm_in_place(head, kn.data(), eps));
+                    }
+                    let rope = self.rope.for_len(input.seqs[si].seq_len);
+                    rope.apply(q, pos);
+                    rope.apply(k, pos);
+                }
+            });
+            for (row, &(si, pos)) in qkv.chunks_exact(width).zip(&rows) {
+                let (k, v) = row[qd..].split_at(kvd);
+                kv.write(li, input.seqs[si].block_table, pos, k, v);
+            }
+            let view = kv.layer(li);
+            let qkv_ro: &[f32] = qkv;
+            attn.par_chunks_mut(qd).enumerate().for_each_init(Scratch::default, |scratch, (r, out)| {
+                let (si, pos) = rows[r];
+                let first_pos = layer.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                let span = KvSpan { block_table: input.seqs[si].block_table, first_pos, last_pos: pos };
+                attend(&qkv_ro[r * width..r * width + qd], view, span, scoring, scratch, out);
+            });
+            layer.wo.matmul(attn, &mut ws.xq, tmp, t);
+            let post = layer.post_attn_norm.as_ref().map(Tensor::data);
+            add_and_norm(h, tmp, post, Some(layer.ffn_norm.data()), eps, xn, d);
+
+            layer.w_gate_up.matmul(xn, &mut ws.xq, gate_up, t);
+            let activation = match c.activation {
+                Activation::Silu => silu_mul,
+                Activation::GeluTanh => gelu_tanh_mul,
+            };
+            rows_par(gate_up, 2 * f).zip(rows_par_mut(act, f)).for_each(|(gu, act)| activation(gu, f, act));
+            layer.w_down.matmul(act, &mut ws.xq, tmp, t);
+            // The next layer's input norm, fused with the residual add.
+            let post = layer.post_ffn_norm.as_ref().map(Tensor::data);
+            add_and_norm(h, tmp, post, self.layers.get(li + 1).map(|l| l.attn_norm.data()), eps, xn, d);
+        }
+
+        // Final norm and LM head only for the last row of each sampling sequence.
+        let mut sampled = Vec::new();
+        let mut start = 0;
+        for s in input.seqs {
+            start += s.num_tokens;
+            if s.sample && s.num_tokens > 0 {
+                sampled.push(start - 1);
+            }
+        }
+        let last = resize(&mut ws.last, sampled.len() * d);
+        for (dst, &r) in last.chunks_exact_mut(d).zip(&sampled) {
+            rmsnorm(&h[r * d..(r + 1) * d], self.norm.data(), c.rms_norm_eps, dst);
+        }
+        let logits = resize(&mut ws.logits, sampled.len() * c.vocab_size);
+        self.lm_head.matmul(last, &mut ws.xq, logits, sampled.len());
+        if let Some(cap) = c.final_softcap {
+            softcap(logits, cap);
+        }
+        logits
+    }
+}
