@@ -158,6 +158,11 @@ fn gguf_metadata_tokenizer_matches_tokenizer_json() {
     for (gguf, folder) in [
         ("stories260k/stories260k.gguf", "stories260k"),
         ("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m-instruct"),
+        ("tiny-llama3/tiny-llama3.gguf", "tiny-llama3"),
+        ("tiny-qwen2/tiny-qwen2.gguf", "tiny-qwen2"),
+        ("tiny-mistral-swa/tiny-mistral-swa.gguf", "tiny-mistral-swa"),
+        ("tiny-phi3/tiny-phi3.gguf", "tiny-phi3"),
+        ("tiny-gemma2/tiny-gemma2.gguf", "tiny-gemma2"),
     ] {
         let g = weft::model::gguf::GgufFile::open(&dir.join(gguf)).unwrap();
         let meta = Tokenizer::from_gguf_metadata(&g, vec![], None, None).unwrap();

@@ -62,27 +62,18 @@ pub fn tokenizer_json(g: &GgufFile) -> Result<Json> {
     match model {
         "gpt2" => {
             let pre = g.get("tokenizer.ggml.pre").and_then(Value::as_str).unwrap_or("default");
-            let byte_level =
-                json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true});
-            let pre_tokenizer = match pre {
-                "default" | "gpt2" | "gpt-2" => byte_level,
-                "smollm" => json!({"type": "Sequence", "pretokenizers": [
-                    {"type": "Digits", "individual_digits": true}, byte_level]}),
-                other => bail!(
-                    "GGUF pre-tokenizer '{other}' is not supported; put the model's tokenizer.json next to the .gguf file"
-                ),
-            };
+            let (normalizer, pre_tokenizer, ignore_merges) = gpt2_pre_tokenizer(pre)?;
             let merges = strings(g, "tokenizer.ggml.merges")?;
             Ok(json!({
                 "version": "1.0", "truncation": null, "padding": null,
                 "added_tokens": added(&|ty| match ty { CONTROL => Some(true), USER_DEFINED => Some(false), _ => None }),
-                "normalizer": null,
+                "normalizer": normalizer,
                 "pre_tokenizer": pre_tokenizer,
                 "post_processor": post_processor,
                 "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
                 "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
                           "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
-                          "ignore_merges": false, "vocab": vocab, "merges": merges}
+                          "ignore_merges": ignore_merges, "vocab": vocab, "merges": merges}
             }))
         }
         "llama" => {
@@ -95,6 +86,20 @@ pub fn tokenizer_json(g: &GgufFile) -> Result<Json> {
                 Some(u) => Some(token("tokenizer.ggml.unknown_token_id", u)?.clone()),
                 None => None,
             };
+            let mut spm_added = added(&|ty| match ty {
+                CONTROL | UNKNOWN => Some(true),
+                USER_DEFINED => Some(false),
+                _ => None,
+            });
+            if is_phi3(g) {
+                // Phi-3's tokenizer eats the whitespace after its chat markers, as llama.cpp
+                // also does for this model family.
+                for t in &mut spm_added {
+                    if !matches!(t["content"].as_str(), Some("<unk>" | "<s>" | "<|endoftext|>")) {
+                        t["rstrip"] = json!(true);
+                    }
+                }
+            }
             let mut normalizers = Vec::new();
             if space_prefix {
                 normalizers.push(json!({"type": "Prepend", "prepend": "\u{2581}"}));
@@ -110,7 +115,7 @@ pub fn tokenizer_json(g: &GgufFile) -> Result<Json> {
             }
             Ok(json!({
                 "version": "1.0", "truncation": null, "padding": null,
-                "added_tokens": added(&|ty| matches!(ty, CONTROL | UNKNOWN).then_some(true)),
+                "added_tokens": spm_added,
                 "normalizer": {"type": "Sequence", "normalizers": normalizers},
                 "pre_tokenizer": null,
                 "post_processor": post_processor,
@@ -122,6 +127,45 @@ pub fn tokenizer_json(g: &GgufFile) -> Result<Json> {
         }
         other => bail!("GGUF tokenizer model '{other}' is not supported (supported: gpt2, llama)"),
     }
+}
+
+/// Whether the file holds a Phi-3 model (by architecture or, as llama.cpp decides, by name).
+fn is_phi3(g: &GgufFile) -> bool {
+    let name = g.get("general.name").and_then(Value::as_str).unwrap_or("").to_lowercase();
+    g.get("general.architecture").and_then(Value::as_str) == Some("phi3")
+        || name.contains("phi-3")
+        || name.contains("phi3")
+}
+
+/// Byte-level BPE splitting for a GGUF `tokenizer.ggml.pre` name, as the original models'
+/// tokenizer.json files define it: (normalizer, pre-tokenizer, whether whole words in the
+/// vocabulary skip the merges).
+fn gpt2_pre_tokenizer(pre: &str) -> Result<(Json, Json, bool)> {
+    let byte_level = |use_regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex});
+    let split = |regex: &str| {
+        json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": false},
+            byte_level(false)]})
+    };
+    // Llama 3's and Qwen2's patterns differ only in how many digits a number piece holds.
+    let pattern = |digits: &str| {
+        format!(
+            r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{{L}}\p{{N}}]?\p{{L}}+|\p{{N}}{digits}| ?[^\s\p{{L}}\p{{N}}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+        )
+    };
+    Ok(match pre {
+        "default" | "gpt2" | "gpt-2" => (Json::Null, byte_level(true), false),
+        "smollm" => (
+            Json::Null,
+            json!({"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": true}, byte_level(true)]}),
+            false,
+        ),
+        "llama-bpe" | "llama3" | "llama-v3" => (Json::Null, split(&pattern("{1,3}")), true),
+        "qwen2" => (json!({"type": "NFC"}), split(&pattern("")), false),
+        other => bail!(
+            "GGUF pre-tokenizer '{other}' is not supported (supported: gpt-2, smollm, llama-bpe, qwen2); put the model's tokenizer.json next to the .gguf file"
+        ),
+    })
 }
 
 /// SentencePiece BPE merges from piece scores, as transformers' SentencePieceExtractor
