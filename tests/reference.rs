@@ -194,17 +194,15 @@ fn chat_prompt_ids_match_reference() {
     for (path, refs) in cases {
         let (path, refs) = (path.as_str(), refs.as_str());
         let e = engine(path, EngineConfig { kv_cache_memory: 16 << 20, ..EngineConfig::default() });
-        let chats: Vec<_> = common::reference_json(refs)["cases"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|c| c.get("messages").is_some())
-            .cloned()
-            .collect();
+        let doc = common::reference_json(refs);
+        // The fixed date the Llama 3.2 template was rendered with.
+        let kwargs = doc["tokenization"].get("chat_template_kwargs").cloned().unwrap_or(serde_json::json!({}));
+        let chats: Vec<_> =
+            doc["cases"].as_array().unwrap().iter().filter(|c| c.get("messages").is_some()).cloned().collect();
         assert!(!chats.is_empty(), "{path}: no chat case");
         for c in chats {
-            let body =
-                serde_json::json!({"messages": c["messages"], "add_generation_prompt": c["add_generation_prompt"]});
+            let body = serde_json::json!({"messages": c["messages"], "add_generation_prompt": c["add_generation_prompt"],
+                "chat_template_kwargs": kwargs});
             let req = ChatRequest::parse(body).unwrap().engine_request(&e).unwrap();
             let want: Vec<u32> =
                 c["prompt_token_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();

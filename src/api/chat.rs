@@ -44,12 +44,12 @@ fn content_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Err
 
 impl ChatMessage {
     /// The message as the template sees it.
-    pub fn to_value(&self) -> minijinja::Value {
-        let mut pairs = vec![("role", self.role.clone()), ("content", self.content.clone())];
+    pub fn to_value(&self) -> serde_json::Value {
+        let mut v = serde_json::json!({"role": self.role, "content": self.content});
         if let Some(n) = &self.name {
-            pairs.push(("name", n.clone()));
+            v["name"] = n.clone().into();
         }
-        minijinja::Value::from_pairs(pairs)
+        v
     }
 }
 

@@ -5,7 +5,7 @@ use super::chat::{ChatMessage, ROLES};
 use super::{off_runtime, parse_split, unix_time, ApiError};
 use crate::engine::{EngineHandle, Event, FinishReason, Request, RequestStream};
 use crate::sampling::{SamplingParams, StopCondition, TokenLogprob};
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{ChatContext, Tokenizer};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -105,6 +105,7 @@ struct ChatOwn {
     top_logprobs: Option<usize>,
     max_completion_tokens: Option<usize>,
     add_generation_prompt: Option<bool>,
+    chat_template_kwargs: Option<serde_json::Map<String, Value>>,
 }
 
 #[derive(Debug, Clone)]
@@ -114,6 +115,8 @@ pub struct ChatRequest {
     pub top_logprobs: Option<usize>,
     pub max_completion_tokens: Option<usize>,
     pub add_generation_prompt: Option<bool>,
+    /// Extra template variables (vLLM's `chat_template_kwargs`, e.g. `date_string`).
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
     pub gen: GenerationFields,
 }
 
@@ -162,7 +165,14 @@ impl CompletionRequest {
 
 impl ChatRequest {
     pub fn parse(body: Value) -> Result<Self, ApiError> {
-        let own = ["messages", "logprobs", "top_logprobs", "max_completion_tokens", "add_generation_prompt"];
+        let own = [
+            "messages",
+            "logprobs",
+            "top_logprobs",
+            "max_completion_tokens",
+            "add_generation_prompt",
+            "chat_template_kwargs",
+        ];
         let (o, gen): (ChatOwn, _) = parse_split(body, &own, GENERATION_KEYS)?;
         Ok(ChatRequest {
             messages: o.messages,
@@ -170,6 +180,7 @@ impl ChatRequest {
             top_logprobs: o.top_logprobs,
             max_completion_tokens: o.max_completion_tokens,
             add_generation_prompt: o.add_generation_prompt,
+            chat_template_kwargs: o.chat_template_kwargs,
             gen,
         })
     }
@@ -187,12 +198,14 @@ impl ChatRequest {
         }
         let tok = &engine.model().tokenizer;
         let template = tok.chat().map_err(|e| ApiError::invalid(e, Some("messages")))?;
-        let text = template
-            .render(
-                &self.messages.iter().map(ChatMessage::to_value).collect::<Vec<_>>(),
-                self.add_generation_prompt.unwrap_or(true),
-            )
-            .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
+        let messages: Vec<_> = self.messages.iter().map(ChatMessage::to_value).collect();
+        let ctx = ChatContext {
+            messages: &messages,
+            add_generation_prompt: self.add_generation_prompt.unwrap_or(true),
+            kwargs: self.chat_template_kwargs.as_ref(),
+            ..Default::default()
+        };
+        let text = template.render(&ctx).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
         // The template writes every special token itself (BOS included), so none is added,
         // as transformers' apply_chat_template tokenizes.
         tok.encode_with(&text, false).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))

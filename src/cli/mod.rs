@@ -60,6 +60,9 @@ pub struct EngineArgs {
     /// the file's size in memory, fastest for one stream).
     #[arg(long, default_value = "f32")]
     pub dtype: WeightDtype,
+    /// A Jinja chat template file to use instead of the model's own.
+    #[arg(long, value_name = "FILE")]
+    pub chat_template: Option<PathBuf>,
     /// Worker threads (0: one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
@@ -154,7 +157,12 @@ impl EngineArgs {
             None => model_cache::default_model()?,
         };
         let t0 = std::time::Instant::now();
-        let loaded = LoadedModel::open(&path, self.dtype)?;
+        let mut loaded = LoadedModel::open(&path, self.dtype)?;
+        if let Some(file) = &self.chat_template {
+            let source = std::fs::read_to_string(file)
+                .map_err(|e| anyhow::anyhow!("reading chat template {}: {e}", file.display()))?;
+            loaded.tokenizer.set_chat_template(source).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+        }
         eprintln!(
             "weft: loaded {} in {:.2} s ({} MB of weights, {:?})",
             loaded.name,

@@ -5,7 +5,7 @@ mod chat_template;
 mod detokenizer;
 mod gguf;
 
-pub use chat_template::ChatTemplate;
+pub use chat_template::{ChatContext, ChatTemplate};
 pub use detokenizer::Detokenizer;
 
 use crate::model::gguf::{GgufFile, Value};
@@ -138,6 +138,14 @@ impl Tokenizer {
     /// A byte-fallback piece (`<0x41>`): its text depends on the bytes next to it.
     pub fn is_byte_token(&self, id: u32) -> bool {
         self.byte_tokens.get(id as usize).copied().unwrap_or(false)
+    }
+
+    /// Replaces the model's chat template (`--chat-template`), compiled now so that a
+    /// broken one is reported at startup.
+    pub fn set_chat_template(&mut self, source: String) -> Result<(), String> {
+        self.chat_template = Some(source);
+        self.compiled = OnceLock::new();
+        self.chat().map(|_| ())
     }
 
     /// The compiled chat template; an error when the model has none or it does not parse.

@@ -1,0 +1,93 @@
+//! Every model family served over HTTP: the reference prompts through `/v1/completions`
+//! and the chat cases through `/v1/chat/completions` give the reference continuations.
+
+mod common;
+
+use common::server::Server;
+use common::{reference_json, shared_models};
+use serde_json::{json, Value};
+
+const FAMILIES: &[&str] = &["tiny-llama3", "tiny-qwen2", "tiny-qwen3", "tiny-mistral-swa", "tiny-phi3", "tiny-gemma2"];
+
+#[tokio::test(flavor = "multi_thread")]
+async fn families_serve_the_reference_continuations() {
+    if shared_models().is_none() {
+        return;
+    }
+    for family in FAMILIES {
+        let doc = reference_json(family);
+        let kwargs = doc["tokenization"].get("chat_template_kwargs").cloned().unwrap_or(json!({}));
+        for path in [family.to_string(), format!("{family}/{family}.gguf")] {
+            let s = Server::start(&path, &[]).await;
+            for case in doc["cases"].as_array().unwrap() {
+                let id = format!("{path} {}", case["id"]);
+                let n = case["generated_token_ids"].as_array().unwrap().len();
+                let common =
+                    json!({"max_tokens": n, "temperature": 0, "ignore_eos": true, "skip_special_tokens": false});
+                let (status, body) = match case.get("messages") {
+                    Some(messages) => {
+                        let mut req = json!({"messages": messages, "add_generation_prompt": case["add_generation_prompt"],
+                            "chat_template_kwargs": kwargs});
+                        merge(&mut req, &common);
+                        s.post("/v1/chat/completions", req).await
+                    }
+                    None => {
+                        let mut req = json!({"prompt": case["prompt"]});
+                        merge(&mut req, &common);
+                        s.post("/v1/completions", req).await
+                    }
+                };
+                assert_eq!(status, 200, "{id}: {body}");
+                assert_eq!(body["usage"]["prompt_tokens"], case["num_prompt_tokens"], "{id}");
+                assert_eq!(body["usage"]["completion_tokens"], n, "{id}");
+                // Text is compared where no step is too close to call.
+                if case["min_step_margin"].as_f64().unwrap() > 1e-3 {
+                    let choice = &body["choices"][0];
+                    let text = choice["text"].as_str().or(choice["message"]["content"].as_str()).unwrap();
+                    assert_eq!(text, case["generated_text_delta"].as_str().unwrap(), "{id}");
+                }
+            }
+        }
+    }
+}
+
+fn merge(into: &mut Value, from: &Value) {
+    for (k, v) in from.as_object().unwrap() {
+        into[k] = v.clone();
+    }
+}
+
+/// `--chat-template FILE` replaces the model's template; one that does not parse stops the
+/// server at startup with the file named.
+#[tokio::test(flavor = "multi_thread")]
+async fn chat_template_flag_overrides_the_model_template() {
+    let Some(models) = shared_models() else { return };
+    let dir = std::env::temp_dir().join(format!("weft-template-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = dir.join("plain.jinja");
+    std::fs::write(&good, "{% for m in messages %}{{ m.content }}{% endfor %}").unwrap();
+    let s = Server::start("tiny-qwen2", &["--chat-template", good.to_str().unwrap()]).await;
+    let (status, body) = s
+        .post(
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "Hello world"}], "max_tokens": 1}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    // "Hello" + " world", with none of the model's own ChatML around it.
+    assert_eq!(body["usage"]["prompt_tokens"], 2, "{body}");
+
+    let bad = dir.join("broken.jinja");
+    std::fs::write(&bad, "{% for m in messages %}").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(["serve", "--port", "0", "--model"])
+        .arg(models.join("tiny-qwen2"))
+        .arg("--chat-template")
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("broken.jinja") && err.contains("does not parse"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
