@@ -44,3 +44,15 @@ fn gguf_tokenizers_pass_llama_cpp_test_vectors() {
     }
     assert!(checked > 0);
 }
+
+/// llama.cpp's vocab-only Llama 3 file has no `add_bos_token` key; as in llama.cpp, BOS is
+/// added anyway (Llama 3 was trained with it).
+#[test]
+fn llama3_vocabulary_adds_bos_without_the_key() {
+    let Some(dir) = shared_models() else { return };
+    let g = GgufFile::open(&dir.join("vocab/ggml-vocab-llama-bpe.gguf")).unwrap();
+    assert!(g.get("tokenizer.ggml.add_bos_token").is_none(), "fixture changed: it now has the key");
+    let tok = Tokenizer::from_gguf_metadata(&g, vec![], Some(128000), None).unwrap();
+    assert_eq!(tok.encode("Hello").unwrap()[0], 128000);
+    assert!(tok.adds_bos);
+}

@@ -193,6 +193,16 @@ impl RopeScaling {
     }
 }
 
+/// Gemma 2 GGUF files carry no `query_pre_attn_scalar`; llama.cpp uses the head dim, except
+/// for the 27B model (46 layers), whose scalar is hidden / heads.
+fn gguf_query_pre_attn_scalar(arch: Arch, hidden: usize, heads: usize, head_dim: usize, layers: usize) -> f32 {
+    if arch == Arch::Gemma2 && layers == 46 {
+        (hidden / heads.max(1)) as f32
+    } else {
+        head_dim as f32
+    }
+}
+
 /// `1/sqrt(s)` as Hugging Face computes `s ** -0.5` (in f64, then stored as f32).
 fn attn_scale(s: f32) -> f32 {
     (s as f64).powf(-0.5) as f32
@@ -378,9 +388,7 @@ impl ModelConfig {
             activation: if arch == Arch::Gemma2 { Activation::GeluTanh } else { Activation::Silu },
             qkv_bias: g.tensors.contains_key("blk.0.attn_q.bias"),
             sliding_window: sliding_window.filter(|_| !matches!(arch, Arch::Qwen2 | Arch::Qwen3)),
-            // llama.cpp's Gemma 2 graph scales by the head dim (27B's converter bakes the
-            // difference into the weights).
-            attn_scale: attn_scale(head_dim as f32),
+            attn_scale: attn_scale(gguf_query_pre_attn_scalar(arch, hidden, heads, head_dim, int("block_count")?)),
             attn_softcap: float("attn_logit_softcapping").filter(|_| arch == Arch::Gemma2),
             final_softcap: float("final_logit_softcapping").filter(|_| arch == Arch::Gemma2),
         };

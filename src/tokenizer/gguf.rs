@@ -28,7 +28,12 @@ pub fn tokenizer_json(g: &GgufFile) -> Result<Json> {
         None => vec![1; tokens.len()],
     };
     let bos = id(g, "tokenizer.ggml.bos_token_id");
-    let add_bos = g.get("tokenizer.ggml.add_bos_token").and_then(Value::as_bool).unwrap_or(model == "llama");
+    let pre = g.get("tokenizer.ggml.pre").and_then(Value::as_str).unwrap_or("default");
+    // Without the key, llama.cpp adds BOS for SentencePiece and for Llama 3's vocabulary.
+    let add_bos = g
+        .get("tokenizer.ggml.add_bos_token")
+        .and_then(Value::as_bool)
+        .unwrap_or(model == "llama" || LLAMA3_PRE.contains(&pre));
     let vocab: Map<String, Json> = tokens.iter().enumerate().map(|(i, t)| (t.clone(), json!(i))).collect();
 
     let added = |special: &dyn Fn(i64) -> Option<bool>| -> Vec<Json> {
@@ -61,7 +66,6 @@ pub fn tokenizer_json(g: &GgufFile) -> Result<Json> {
 
     match model {
         "gpt2" => {
-            let pre = g.get("tokenizer.ggml.pre").and_then(Value::as_str).unwrap_or("default");
             let (normalizer, pre_tokenizer, ignore_merges) = gpt2_pre_tokenizer(pre)?;
             let merges = strings(g, "tokenizer.ggml.merges")?;
             Ok(json!({
@@ -129,6 +133,9 @@ pub fn tokenizer_json(g: &GgufFile) -> Result<Json> {
     }
 }
 
+/// The `tokenizer.ggml.pre` names of Llama 3's byte-level BPE.
+const LLAMA3_PRE: &[&str] = &["llama-bpe", "llama3", "llama-v3"];
+
 /// Whether the file holds a Phi-3 model (by architecture or, as llama.cpp decides, by name).
 fn is_phi3(g: &GgufFile) -> bool {
     let name = g.get("general.name").and_then(Value::as_str).unwrap_or("").to_lowercase();
@@ -160,7 +167,7 @@ fn gpt2_pre_tokenizer(pre: &str) -> Result<(Json, Json, bool)> {
             json!({"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": true}, byte_level(true)]}),
             false,
         ),
-        "llama-bpe" | "llama3" | "llama-v3" => (Json::Null, split(&pattern("{1,3}")), true),
+        p if LLAMA3_PRE.contains(&p) => (Json::Null, split(&pattern("{1,3}")), true),
         "qwen2" => (json!({"type": "NFC"}), split(&pattern("")), false),
         other => bail!(
             "GGUF pre-tokenizer '{other}' is not supported (supported: gpt-2, smollm, llama-bpe, qwen2); put the model's tokenizer.json next to the .gguf file"
