@@ -18,7 +18,7 @@ fn teacher_forced(m: &LoadedModel, prompt: &[u32], generated: &[u32]) -> Vec<Vec
     let c = &llama.config;
     let n = prompt.len() + generated.len();
     let mut kv = KvCache::new(c.num_layers, n.div_ceil(16), 16, c.num_kv_heads, c.head_dim);
-    let mut alloc = BlockAllocator::new(kv.num_blocks());
+    let mut alloc = BlockAllocator::new(kv.num_blocks(), false);
     let mut table = BlockTable::default();
     table.reserve(&mut alloc, n, 16).unwrap();
     let mut ws = Workspace::default();

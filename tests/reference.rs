@@ -46,7 +46,7 @@ fn logits_and_greedy_steps_match_reference() {
                 llama.config.num_kv_heads,
                 llama.config.head_dim,
             );
-            let mut alloc = BlockAllocator::new(kv.num_blocks());
+            let mut alloc = BlockAllocator::new(kv.num_blocks(), false);
             let mut table = BlockTable::default();
             table.reserve(&mut alloc, n, 16).unwrap();
             let mut ws = Workspace::default();
@@ -117,6 +117,34 @@ fn batching_changes_nothing() {
             let one = collect(alone.submit(greedy(&c.prompt_ids, 24 + 2 * i)).unwrap());
             assert_eq!(together[i][0].tokens, one[0].tokens, "{path} {}", c.id);
         }
+    }
+}
+
+/// With the prefix cache, a prompt seen before skips its cached blocks (reported as cached
+/// tokens) and still gives exactly the ids it gives without the cache, alone and in a batch.
+#[test]
+fn prefix_caching_changes_nothing() {
+    if shared_models().is_none() {
+        return;
+    }
+    for (path, refdir) in VARIANTS {
+        let cases = reference(refdir);
+        let off = engine(path, EngineConfig { prefix_caching: false, ..EngineConfig::default() });
+        let on = engine(path, EngineConfig::default());
+        let want: Vec<_> = cases.iter().map(|c| collect(off.submit(greedy(&c.prompt_ids, 8)).unwrap())).collect();
+        // First pass fills the cache; the second, all at once, reuses it.
+        for (c, w) in cases.iter().zip(&want) {
+            assert_eq!(collect(on.submit(greedy(&c.prompt_ids, 8)).unwrap())[0].tokens, w[0].tokens, "{path} {}", c.id);
+        }
+        let streams: Vec<_> = cases.iter().map(|c| on.submit(greedy(&c.prompt_ids, 8)).unwrap()).collect();
+        for ((c, w), s) in cases.iter().zip(&want).zip(streams) {
+            let got = collect(s);
+            assert_eq!(got[0].tokens, w[0].tokens, "{path} {} (cached)", c.id);
+            let bs = EngineConfig::default().block_size;
+            assert_eq!(got[0].usage.cached_tokens, (c.prompt_ids.len() - 1) / bs * bs, "{path} {}", c.id);
+            assert_eq!(w[0].usage.cached_tokens, 0);
+        }
+        common::assert_all_blocks_free(&on);
     }
 }
 

@@ -28,7 +28,10 @@ async fn completions_streaming_and_every_error_path() {
     let (st, body) = s.post("/v1/completions", greedy.clone()).await;
     assert_eq!(st, 200, "{body}");
     assert_eq!(body["choices"][0]["text"], reference[1].generated_text_delta.as_str());
-    assert_eq!(body["usage"], json!({"prompt_tokens": 5, "completion_tokens": 32, "total_tokens": 37}));
+    assert_eq!(
+        body["usage"],
+        json!({"prompt_tokens": 5, "completion_tokens": 32, "total_tokens": 37, "prompt_tokens_details": {"cached_tokens": 0}})
+    );
 
     let mut streaming = greedy.clone();
     streaming["stream"] = json!(true);
@@ -283,4 +286,34 @@ async fn sigterm_drains_in_flight_requests_then_exits_0() {
     .await
     .unwrap();
     assert!(status.success(), "exit status {status}");
+}
+
+/// A repeated prompt is served from the prefix cache: usage reports the cached tokens, the
+/// metrics count them, and `--no-enable-prefix-caching` turns it off; a salt isolates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefix_cache_over_http() {
+    if common::shared_models().is_none() {
+        return;
+    }
+    let prompt = common::reference(STORIES)[5].prompt.clone();
+    let body = json!({"prompt": prompt, "max_tokens": 4, "temperature": 0});
+    let s = Server::start(STORIES, &[]).await;
+    let (_, first) = s.post("/v1/completions", body.clone()).await;
+    let (_, second) = s.post("/v1/completions", body.clone()).await;
+    assert_eq!(first["choices"][0]["text"], second["choices"][0]["text"]);
+    assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let prompt_tokens = second["usage"]["prompt_tokens"].as_u64().unwrap();
+    let cached = second["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    assert_eq!(cached, (prompt_tokens - 1) / 16 * 16, "{second}");
+    assert_eq!(s.metric("weft:prefix_cache_hits_total").await, cached as f64);
+    assert_eq!(s.metric("weft:prefix_cache_queries_total").await, 2.0 * prompt_tokens as f64);
+    let mut salted = body.clone();
+    salted["cache_salt"] = json!("tenant-b");
+    let (_, other) = s.post("/v1/completions", salted).await;
+    assert_eq!(other["usage"]["prompt_tokens_details"]["cached_tokens"], 0, "another tenant's salt");
+
+    let off = Server::start(STORIES, &["--no-enable-prefix-caching"]).await;
+    off.post("/v1/completions", body.clone()).await;
+    let (_, again) = off.post("/v1/completions", body).await;
+    assert_eq!(again["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
 }

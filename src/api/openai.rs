@@ -3,7 +3,7 @@
 
 use super::chat::{ChatMessage, ROLES};
 use super::{off_runtime, parse_split, unix_time, ApiError};
-use crate::engine::{EngineHandle, Event, FinishReason, Request, RequestStream};
+use crate::engine::{EngineHandle, Event, FinishReason, Request, RequestStream, Usage};
 use crate::sampling::{SamplingParams, StopCondition, TokenLogprob};
 use crate::tokenizer::{ChatContext, Tokenizer};
 use serde::Deserialize;
@@ -57,6 +57,8 @@ pub struct GenerationFields {
     pub stop_token_ids: Option<Vec<u32>>,
     pub priority: Option<i32>,
     pub skip_special_tokens: Option<bool>,
+    /// vLLM's tenant key for the prefix cache.
+    pub cache_salt: Option<String>,
 }
 
 /// The keys of [`GenerationFields`], as they appear in a request body.
@@ -81,6 +83,7 @@ pub const GENERATION_KEYS: &[&str] = &[
     "stop_token_ids",
     "priority",
     "skip_special_tokens",
+    "cache_salt",
 ];
 
 #[derive(Debug, Clone, Deserialize)]
@@ -336,6 +339,7 @@ impl GenerationFields {
             n,
             priority: self.priority.unwrap_or(0),
             skip_special_tokens: self.skip_special_tokens.unwrap_or(true),
+            cache_salt: self.cache_salt.clone(),
         })
     }
 
@@ -357,10 +361,10 @@ pub struct Choice {
     pub finish: Option<FinishReason>,
 }
 
-/// Reads a request's stream to the end: its samples and (prompt, completion) token counts.
-pub async fn gather(mut stream: RequestStream, n: usize) -> Result<(Vec<Choice>, usize, usize), ApiError> {
+/// Reads a request's stream to the end: its samples and token counts.
+pub async fn gather(mut stream: RequestStream, n: usize) -> Result<(Vec<Choice>, Usage), ApiError> {
     let mut choices = vec![Choice::default(); n];
-    let (mut prompt_tokens, mut completion_tokens) = (0, 0);
+    let mut total = Usage::default();
     while let Some(ev) = stream.recv().await {
         match ev {
             Event::Token { index, id, text, logprobs } => {
@@ -372,8 +376,7 @@ pub async fn gather(mut stream: RequestStream, n: usize) -> Result<(Vec<Choice>,
             Event::Finished { index, reason, text, usage } => {
                 choices[index].text += &text;
                 choices[index].finish = Some(reason);
-                prompt_tokens = usage.prompt_tokens;
-                completion_tokens += usage.completion_tokens;
+                total.add_sample(&usage);
             }
             Event::Error { message } => return Err(ApiError::internal(message)),
         }
@@ -382,7 +385,7 @@ pub async fn gather(mut stream: RequestStream, n: usize) -> Result<(Vec<Choice>,
     if choices.iter().any(|c| c.finish.is_none()) {
         return Err(ApiError::internal("the engine stopped before this request finished"));
     }
-    Ok((choices, prompt_tokens, completion_tokens))
+    Ok((choices, total))
 }
 
 pub fn finish_reason(f: Option<FinishReason>) -> Value {
@@ -427,8 +430,10 @@ pub fn chat_logprobs(tok: &Tokenizer, lps: &[(TokenLogprob, Vec<TokenLogprob>)])
     json!({"content": content})
 }
 
-pub fn usage(prompt: usize, completion: usize) -> Value {
-    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+pub fn usage(u: &Usage) -> Value {
+    json!({"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens}})
 }
 
 /// A non-streaming `/v1/completions` response.
@@ -439,11 +444,10 @@ pub async fn completions(engine: &EngineHandle, req: &CompletionRequest, id: &st
     for r in &reqs {
         streams.push(engine.submit(r.clone())?);
     }
-    let (mut choices, mut prompt_total, mut completion_total) = (Vec::new(), 0, 0);
+    let (mut choices, mut total) = (Vec::new(), Usage::default());
     for (i, (stream, r)) in streams.into_iter().zip(&reqs).enumerate() {
-        let (cs, p, c) = gather(stream, r.n).await?;
-        prompt_total += p;
-        completion_total += c;
+        let (cs, u) = gather(stream, r.n).await?;
+        total.add_request(&u);
         let echo =
             if req.echo.unwrap_or(false) { tok.decode(&r.prompt, true).unwrap_or_default() } else { String::new() };
         for (j, c) in cs.into_iter().enumerate() {
@@ -453,7 +457,7 @@ pub async fn completions(engine: &EngineHandle, req: &CompletionRequest, id: &st
         }
     }
     Ok(json!({"id": id, "object": "text_completion", "created": unix_time(), "model": engine.model().name,
-        "choices": choices, "usage": usage(prompt_total, completion_total)}))
+        "choices": choices, "usage": usage(&total)}))
 }
 
 /// A non-streaming `/v1/chat/completions` response.
@@ -461,7 +465,7 @@ pub async fn chat_completions(engine: &EngineHandle, req: &ChatRequest, id: &str
     let r = req.prepare(engine).await?;
     let tok = &engine.model().tokenizer;
     let stream = engine.submit(r.clone())?;
-    let (cs, p, c) = gather(stream, r.n).await?;
+    let (cs, u) = gather(stream, r.n).await?;
     let choices: Vec<Value> = cs
         .into_iter()
         .enumerate()
@@ -472,5 +476,5 @@ pub async fn chat_completions(engine: &EngineHandle, req: &ChatRequest, id: &str
         })
         .collect();
     Ok(json!({"id": id, "object": "chat.completion", "created": unix_time(), "model": engine.model().name,
-        "choices": choices, "usage": usage(p, c)}))
+        "choices": choices, "usage": usage(&u)}))
 }

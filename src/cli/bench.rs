@@ -134,7 +134,7 @@ fn bare_decode(model: &crate::model::Decoder, prompt: &[u32], gen: usize) -> f64
     let c = &model.config;
     let n = prompt.len() + gen;
     let mut kv = KvCache::new(c.num_layers, n.div_ceil(16), 16, c.num_kv_heads, c.head_dim);
-    let mut alloc = BlockAllocator::new(kv.num_blocks());
+    let mut alloc = BlockAllocator::new(kv.num_blocks(), false);
     let mut table = BlockTable::default();
     table.reserve(&mut alloc, n, 16).expect("sized for the sequence");
     let mut ws = Workspace::default();

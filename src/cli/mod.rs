@@ -84,6 +84,10 @@ pub struct EngineArgs {
     /// Longest sequence (prompt + output) served, at most the model's context (0: the model's).
     #[arg(long, default_value_t = 0)]
     pub max_model_len: usize,
+    /// Recompute every prompt in full instead of reusing the cached KV blocks of prefixes
+    /// seen before.
+    #[arg(long)]
+    pub no_enable_prefix_caching: bool,
     #[command(flatten)]
     pub limits: LimitArgs,
 }
@@ -135,6 +139,7 @@ impl EngineArgs {
             max_waiting_requests: self.max_waiting_requests,
             max_model_len: self.max_model_len,
             limits: self.limits.limits(),
+            prefix_caching: !self.no_enable_prefix_caching,
         }
     }
 

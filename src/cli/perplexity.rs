@@ -61,7 +61,7 @@ impl<'m> Lane<'m> {
     fn new(model: &'m LoadedModel, chunks: usize, ctx: usize) -> Self {
         let c = &model.model.config;
         let kv = KvCache::new(c.num_layers, chunks * ctx.div_ceil(BLOCK), BLOCK, c.num_kv_heads, c.head_dim);
-        let mut alloc = BlockAllocator::new(kv.num_blocks());
+        let mut alloc = BlockAllocator::new(kv.num_blocks(), false);
         let tables = (0..chunks)
             .map(|_| {
                 let mut t = BlockTable::default();

@@ -54,6 +54,8 @@ pub(super) struct EngineLoop {
     next_seq: SeqId,
     /// Set once every handle is gone: finish what runs, then stop.
     closing: bool,
+    /// Prefix-cache counts of schedulers replaced after a failure, so totals never go back.
+    prefix_carry: (u64, u64),
 }
 
 impl EngineLoop {
@@ -69,6 +71,7 @@ impl EngineLoop {
             seqs: HashMap::new(),
             next_seq: 0,
             closing: false,
+            prefix_carry: (0, 0),
         }
     }
 
@@ -79,6 +82,7 @@ impl EngineLoop {
             max_num_batched_tokens: cfg.max_num_batched_tokens,
             block_size: cfg.block_size,
             num_blocks: kv.num_blocks(),
+            prefix_caching: cfg.prefix_caching,
         })
     }
 
@@ -123,6 +127,8 @@ impl EngineLoop {
             let _ = req.events.send(Event::Error { message: message.clone() });
         }
         self.seqs.clear();
+        let (q, h) = self.sched.prefix_cache_counts();
+        self.prefix_carry = (self.prefix_carry.0 + q, self.prefix_carry.1 + h);
         self.sched = Self::scheduler(&self.shared, &self.kv);
         self.ws = Workspace::default();
     }
@@ -135,6 +141,9 @@ impl EngineLoop {
         st.kv_blocks_used = self.sched.blocks_used();
         st.kv_blocks_total = self.sched.num_blocks();
         st.preemptions = self.sched.preemptions();
+        let (q, h) = self.sched.prefix_cache_counts();
+        st.prefix_cache_queries = self.prefix_carry.0 + q;
+        st.prefix_cache_hits = self.prefix_carry.1 + h;
     }
 
     /// Takes pending commands, blocking while there is nothing to run. False: time to stop.
@@ -166,7 +175,9 @@ impl EngineLoop {
                 let request = *request;
                 let prompt = request.prompt.clone();
                 let seq = self.new_seq(id, 0, &request);
-                self.sched.add(Sequence::new(seq, prompt, request.priority, id));
+                let mut s = Sequence::new(seq, prompt, request.priority, id);
+                s.cache_salt = request.cache_salt.as_deref().map(Into::into);
+                self.sched.add(s);
                 self.requests.insert(
                     id,
                     RequestState {
@@ -226,9 +237,10 @@ impl EngineLoop {
             self.shared.waiting.fetch_sub(req.request.n, Ordering::SeqCst);
         }
         for seq in req.seqs {
-            self.sched.remove(seq);
+            let cached_tokens = self.sched.remove(seq).map_or(0, |s| s.cached_tokens);
             if let Some(s) = self.seqs.remove(&seq) {
-                let usage = Usage { prompt_tokens: req.request.prompt.len(), completion_tokens: s.generated };
+                let usage =
+                    Usage { prompt_tokens: req.request.prompt.len(), completion_tokens: s.generated, cached_tokens };
                 let _ = req.events.send(Event::Finished {
                     index: s.index,
                     reason: FinishReason::Abort,
@@ -331,7 +343,8 @@ impl EngineLoop {
                 self.requests.get_mut(&req_id).expect("checked").seqs.push(child);
                 let first = self.seqs.get_mut(&child).expect("just made").sampler.sample(logits);
                 let kv = &mut self.kv;
-                let seq_meta = Sequence::new(child, request.prompt.clone(), request.priority, req_id);
+                let mut seq_meta = Sequence::new(child, request.prompt.clone(), request.priority, req_id);
+                seq_meta.cache_salt = request.cache_salt.as_deref().map(Into::into);
                 self.sched.fork(seq, seq_meta, first.id, &mut |src, dst| kv.copy_block(src, dst));
                 self.emit(child, first, false);
             }
@@ -401,14 +414,14 @@ impl EngineLoop {
     }
 
     fn finish(&mut self, seq: SeqId, reason: FinishReason, text: String) {
-        self.sched.remove(seq);
+        let cached_tokens = self.sched.remove(seq).map_or(0, |s| s.cached_tokens);
         let Some(s) = self.seqs.remove(&seq) else {
             return;
         };
         let Some(req) = self.requests.get_mut(&s.request) else {
             return;
         };
-        let usage = Usage { prompt_tokens: req.request.prompt.len(), completion_tokens: s.generated };
+        let usage = Usage { prompt_tokens: req.request.prompt.len(), completion_tokens: s.generated, cached_tokens };
         let _ = req.events.send(Event::Finished { index: s.index, reason, text, usage });
         self.shared.observer.finished(reason, req.submitted.elapsed());
         req.seqs.retain(|&x| x != seq);

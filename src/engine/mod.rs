@@ -38,6 +38,8 @@ pub struct EngineConfig {
     pub max_model_len: usize,
     /// Caps on the sizes a client controls.
     pub limits: RequestLimits,
+    /// Reuse the KV blocks of prompt prefixes seen before (automatic prefix caching).
+    pub prefix_caching: bool,
 }
 
 impl Default for EngineConfig {
@@ -51,6 +53,7 @@ impl Default for EngineConfig {
             max_waiting_requests: 1024,
             max_model_len: 0,
             limits: RequestLimits::default(),
+            prefix_caching: true,
         }
     }
 }

@@ -14,6 +14,8 @@ pub struct Request {
     pub priority: i32,
     /// Leave special tokens out of the text.
     pub skip_special_tokens: bool,
+    /// Requests with different salts never share cached KV blocks (tenant isolation).
+    pub cache_salt: Option<String>,
 }
 
 impl Request {
@@ -25,6 +27,7 @@ impl Request {
             n: 1,
             priority: 0,
             skip_special_tokens: true,
+            cache_salt: None,
         }
     }
 }
@@ -55,6 +58,24 @@ impl FinishReason {
 pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
+    /// Prompt tokens whose K/V came from the prefix cache instead of being computed.
+    pub cached_tokens: usize,
+}
+
+impl Usage {
+    /// Adds a finished sample of the same request: its prompt counts once, completions add up.
+    pub fn add_sample(&mut self, sample: &Usage) {
+        self.prompt_tokens = sample.prompt_tokens;
+        self.cached_tokens = self.cached_tokens.max(sample.cached_tokens);
+        self.completion_tokens += sample.completion_tokens;
+    }
+
+    /// Adds another request's usage (the prompts of one multi-prompt call).
+    pub fn add_request(&mut self, other: &Usage) {
+        self.prompt_tokens += other.prompt_tokens;
+        self.cached_tokens += other.cached_tokens;
+        self.completion_tokens += other.completion_tokens;
+    }
 }
 
 /// One step of a request's progress. `index` tells the samples of an `n > 1` request apart.

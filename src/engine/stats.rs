@@ -10,6 +10,9 @@ pub struct EngineStats {
     pub kv_blocks_used: usize,
     pub kv_blocks_total: usize,
     pub preemptions: u64,
+    /// Prompt tokens looked up in the prefix cache, and those found (their prefill skipped).
+    pub prefix_cache_queries: u64,
+    pub prefix_cache_hits: u64,
     /// Steps that panicked; each failed its requests and restarted the engine.
     pub engine_failures: u64,
     pub steps: u64,

@@ -31,9 +31,15 @@ impl BlockTable {
         Ok(())
     }
 
-    /// Gives every block back to the allocator.
+    /// Appends a block the caller holds a reference to (a cached prefix block).
+    pub fn push(&mut self, block: u32) {
+        self.blocks.push(block);
+    }
+
+    /// Gives every block back to the allocator, the tail first, so that cached tails are
+    /// evicted before the heads other prompts are likelier to share.
     pub fn release(&mut self, alloc: &mut BlockAllocator) {
-        for b in self.blocks.drain(..) {
+        for b in self.blocks.drain(..).rev() {
             alloc.release(b);
         }
     }
@@ -45,7 +51,7 @@ mod tests {
 
     #[test]
     fn reserve_grows_by_whole_blocks_and_release_frees_all() {
-        let mut alloc = BlockAllocator::new(5);
+        let mut alloc = BlockAllocator::new(5, false);
         let mut t = BlockTable::default();
         t.reserve(&mut alloc, 1, 4).unwrap();
         assert_eq!(t.blocks().len(), 1);

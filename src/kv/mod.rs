@@ -1,12 +1,12 @@
 //! The paged KV cache: a pool of fixed-size blocks per layer ([`KvCache`]), who owns which
-//! block ([`BlockAllocator`], ref-counted so prefixes can be shared) and each sequence's
-//! list of blocks ([`BlockTable`]).
+//! block ([`BlockAllocator`], ref-counted so prefixes can be shared, with the prefix cache of
+//! full blocks known by content hash) and each sequence's list of blocks ([`BlockTable`]).
 
 mod allocator;
 mod block_table;
 mod cache;
 
-pub use allocator::BlockAllocator;
+pub use allocator::{block_hash, BlockAllocator, BlockHash};
 pub use block_table::BlockTable;
 pub use cache::KvCache;
 

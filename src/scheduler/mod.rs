@@ -1,14 +1,18 @@
 //! Who runs in the next step. Pure logic over sequence metadata and the block allocator:
-//! running sequences first (decodes and unfinished prefill chunks), then waiting ones,
-//! within `max_num_seqs`, `max_num_batched_tokens` and the free KV blocks; ordered by
-//! priority, then arrival. When blocks run out the lowest-priority, newest running
-//! sequence is preempted (its blocks freed, requeued for recompute) — never a failure.
+//! every running decode first (one token each, so no prefill can hold a stream back), then
+//! unfinished prefill chunks, then waiting sequences, within `max_num_seqs`,
+//! `max_num_batched_tokens` and the free KV blocks; ordered by priority, then arrival. A
+//! sequence being admitted reuses the longest chain of cached blocks of its prefix and
+//! prefills only the rest. When blocks run out the lowest-priority, newest running sequence
+//! not yet in the step is preempted (its blocks released, requeued for recompute) — never a
+//! failure.
 
 mod sequence;
 
 pub use sequence::{SeqId, Sequence};
 
 use crate::kv::{BlockAllocator, BlockTable};
+use std::collections::HashSet;
 
 #[derive(Debug, Clone, Copy)]
 pub struct SchedulerConfig {
@@ -16,6 +20,8 @@ pub struct SchedulerConfig {
     pub max_num_batched_tokens: usize,
     pub block_size: usize,
     pub num_blocks: usize,
+    /// Reuse cached KV blocks of identical prefixes.
+    pub prefix_caching: bool,
 }
 
 /// One sequence's share of a step.
@@ -45,6 +51,39 @@ pub struct Scheduler {
     /// Sorted by (priority, arrival); the last one is the first to be preempted.
     running: Vec<Sequence>,
     preemptions: u64,
+    /// Prompt tokens looked up in the prefix cache, and how many of them were found.
+    prefix_queries: u64,
+    prefix_hits: u64,
+}
+
+/// The sequence `id` among `lists`.
+fn find_mut<'a>(lists: [&'a mut Vec<Sequence>; 2], id: SeqId) -> Option<&'a mut Sequence> {
+    lists.into_iter().flat_map(|l| l.iter_mut()).find(|s| s.id == id)
+}
+
+/// Gives an empty sequence the longest chain of cached blocks of its tokens (leaving at
+/// least its last token to compute, so it gets logits); returns the tokens reused.
+fn reuse_prefix(alloc: &mut BlockAllocator, seq: &mut Sequence, bs: usize) -> usize {
+    debug_assert!(seq.num_computed == 0 && seq.block_table.blocks().is_empty());
+    seq.block_hashes.clear();
+    for i in 0..(seq.tokens.len() - 1) / bs {
+        let hash = seq.hash_block(i, bs);
+        let Some(block) = alloc.lookup(hash) else { break };
+        alloc.retain(block);
+        seq.block_table.push(block);
+        seq.block_hashes.push(hash);
+    }
+    seq.num_computed = seq.block_hashes.len() * bs;
+    seq.num_computed
+}
+
+/// Registers the sequence's blocks that became full (and written) in the prefix cache.
+fn register_full_blocks(alloc: &mut BlockAllocator, seq: &mut Sequence, bs: usize) {
+    for i in seq.block_hashes.len()..seq.num_computed / bs {
+        let hash = seq.hash_block(i, bs);
+        alloc.register(seq.block_table.blocks()[i], hash);
+        seq.block_hashes.push(hash);
+    }
 }
 
 impl Scheduler {
@@ -52,10 +91,12 @@ impl Scheduler {
         assert!(cfg.max_num_seqs > 0 && cfg.max_num_batched_tokens > 0 && cfg.block_size > 0);
         Scheduler {
             cfg,
-            alloc: BlockAllocator::new(cfg.num_blocks),
+            alloc: BlockAllocator::new(cfg.num_blocks, cfg.prefix_caching),
             waiting: Vec::new(),
             running: Vec::new(),
             preemptions: 0,
+            prefix_queries: 0,
+            prefix_hits: 0,
         }
     }
 
@@ -85,6 +126,12 @@ impl Scheduler {
         self.preemptions
     }
 
+    /// (prompt tokens looked up in the prefix cache, tokens found there), since the start.
+    pub fn prefix_cache_counts(&self) -> (u64, u64) {
+        (self.prefix_queries, self.prefix_hits)
+    }
+
+    /// Blocks held by sequences (cached blocks nobody holds count as free).
     pub fn blocks_used(&self) -> usize {
         self.alloc.num_blocks() - self.alloc.num_free()
     }
@@ -97,50 +144,67 @@ impl Scheduler {
         self.running.iter().chain(&self.waiting).find(|s| s.id == id)
     }
 
-    fn get_mut(&mut self, id: SeqId) -> Option<&mut Sequence> {
-        self.running.iter_mut().chain(self.waiting.iter_mut()).find(|s| s.id == id)
-    }
-
     /// Decides the next step. Call [`Scheduler::step_done`] with the result after running it.
     pub fn schedule(&mut self) -> Vec<Scheduled> {
         let bs = self.cfg.block_size;
         let mut budget = self.cfg.max_num_batched_tokens;
         let mut out = Vec::new();
+        let mut taken = HashSet::new();
         let mut preempted = false;
-        let mut i = 0;
-        while i < self.running.len() && budget > 0 {
-            let seq = &self.running[i];
-            let n = (seq.tokens.len() - seq.num_computed).min(budget);
-            let target = seq.num_computed + n;
-            // Free blocks by preempting from the back until this sequence fits.
-            let fits = loop {
-                let seq = &mut self.running[i];
-                if seq.block_table.reserve(&mut self.alloc, target, bs).is_ok() {
-                    break true;
+        for decodes in [true, false] {
+            let mut i = 0;
+            while i < self.running.len() && budget > 0 {
+                let seq = &self.running[i];
+                let remaining = seq.tokens.len() - seq.num_computed;
+                if (remaining == 1) != decodes || taken.contains(&seq.id) {
+                    i += 1;
+                    continue;
                 }
-                let victim = self.running.len() - 1;
-                self.preempt(victim);
-                preempted = true;
-                if victim == i {
-                    break false;
+                let n = remaining.min(budget);
+                let target = seq.num_computed + n;
+                // Free blocks by preempting from the back (never a sequence already in
+                // this step) until this one fits, or it is the one preempted.
+                let fits = loop {
+                    if self.running[i].block_table.reserve(&mut self.alloc, target, bs).is_ok() {
+                        break true;
+                    }
+                    let victim = (i..self.running.len())
+                        .rev()
+                        .find(|&j| !taken.contains(&self.running[j].id))
+                        .expect("sequence i is not in the step");
+                    self.preempt(victim);
+                    preempted = true;
+                    if victim == i {
+                        break false;
+                    }
+                };
+                if fits {
+                    out.push(Scheduled::chunk(&self.running[i], n));
+                    taken.insert(self.running[i].id);
+                    budget -= n;
+                    i += 1;
                 }
-            };
-            if !fits {
-                break;
             }
-            out.push(Scheduled::chunk(&self.running[i], n));
-            budget -= n;
-            i += 1;
         }
         // Admit waiting sequences, unless this step already had to evict.
         while !preempted && budget > 0 && self.running.len() < self.cfg.max_num_seqs && !self.waiting.is_empty() {
             let seq = &mut self.waiting[0];
+            let reused = if self.cfg.prefix_caching { reuse_prefix(&mut self.alloc, seq, bs) } else { 0 };
             let n = (seq.tokens.len() - seq.num_computed).min(budget);
             let target = seq.num_computed + n;
             if seq.block_table.reserve(&mut self.alloc, target, bs).is_err() {
+                seq.block_table.release(&mut self.alloc);
+                seq.num_computed = 0;
                 break;
             }
+            if self.cfg.prefix_caching {
+                self.prefix_queries += seq.tokens.len() as u64;
+                self.prefix_hits += reused as u64;
+            }
             let mut seq = self.waiting.remove(0);
+            if !seq.requeued {
+                seq.cached_tokens = reused;
+            }
             seq.requeued = false;
             out.push(Scheduled::chunk(&seq, n));
             budget -= n;
@@ -153,6 +217,7 @@ impl Scheduler {
     fn preempt(&mut self, index: usize) {
         let mut seq = self.running.remove(index);
         seq.block_table.release(&mut self.alloc);
+        seq.block_hashes.clear();
         seq.num_computed = 0;
         seq.requeued = true;
         self.preemptions += 1;
@@ -160,17 +225,19 @@ impl Scheduler {
     }
 
     /// Records that a step ran: the scheduled tokens are now in the cache.
+    /// Blocks that became full are registered in the prefix cache.
     pub fn step_done(&mut self, step: &[Scheduled]) {
         for s in step {
-            if let Some(seq) = self.get_mut(s.id) {
+            if let Some(seq) = find_mut([&mut self.running, &mut self.waiting], s.id) {
                 seq.num_computed = s.context_len + s.num_tokens;
+                register_full_blocks(&mut self.alloc, seq, self.cfg.block_size);
             }
         }
     }
 
     /// Appends a sampled token to a sequence.
     pub fn append_token(&mut self, id: SeqId, token: u32) {
-        if let Some(seq) = self.get_mut(id) {
+        if let Some(seq) = find_mut([&mut self.running, &mut self.waiting], id) {
             seq.tokens.push(token);
         }
     }
@@ -212,6 +279,7 @@ impl Scheduler {
         for &b in &shared[..full] {
             self.alloc.retain(b);
         }
+        child.block_hashes = p.block_hashes.iter().take(full).copied().collect();
         child.block_table = BlockTable::from_blocks(blocks);
         child.num_computed = computed;
         child.requeued = false;

@@ -1,6 +1,7 @@
 //! What the scheduler knows of a sequence.
 
-use crate::kv::BlockTable;
+use crate::kv::{BlockHash, BlockTable};
+use std::sync::Arc;
 
 pub type SeqId = u64;
 
@@ -18,6 +19,12 @@ pub struct Sequence {
     pub arrival: u64,
     /// Waiting again after being admitted once (preempted, or a fork that found no room).
     pub requeued: bool,
+    /// Isolates this tenant's cached prefix blocks from everyone else's.
+    pub cache_salt: Option<Arc<str>>,
+    /// Hashes of the full blocks in the block table, in order (the prefix-cache chain).
+    pub block_hashes: Vec<BlockHash>,
+    /// Prompt tokens found in the prefix cache when the sequence was first admitted.
+    pub cached_tokens: usize,
 }
 
 impl Sequence {
@@ -30,7 +37,16 @@ impl Sequence {
             priority,
             arrival,
             requeued: false,
+            cache_salt: None,
+            block_hashes: Vec::new(),
+            cached_tokens: 0,
         }
+    }
+
+    /// The hash of full block `i`, given the hashes of the blocks before it.
+    pub(super) fn hash_block(&self, i: usize, block_size: usize) -> BlockHash {
+        let parent = i.checked_sub(1).map(|p| self.block_hashes[p]);
+        crate::kv::block_hash(parent, self.cache_salt.as_deref(), &self.tokens[i * block_size..(i + 1) * block_size])
     }
 
     pub(super) fn order_key(&self) -> (i32, u64, SeqId) {

@@ -1,12 +1,21 @@
 use super::*;
 
 fn sched(max_seqs: usize, max_tokens: usize, blocks: usize) -> Scheduler {
+    sched_with(max_seqs, max_tokens, blocks, false)
+}
+
+fn sched_with(max_seqs: usize, max_tokens: usize, blocks: usize, prefix_caching: bool) -> Scheduler {
     Scheduler::new(SchedulerConfig {
         max_num_seqs: max_seqs,
         max_num_batched_tokens: max_tokens,
         block_size: 4,
         num_blocks: blocks,
+        prefix_caching,
     })
+}
+
+fn seq_of(id: SeqId, tokens: &[u32]) -> Sequence {
+    Sequence::new(id, tokens.to_vec(), 0, id)
 }
 
 fn seq(id: SeqId, len: usize, priority: i32) -> Sequence {
@@ -98,9 +107,14 @@ fn fork_shares_full_blocks_and_copies_the_partial_one() {
 }
 
 /// Many sequences, a tiny pool, random aborts: every step respects the budgets, blocks are
-/// never double-booked, and at the end every block is free.
+/// never double-booked, and at the end every block is free (or cached, held by nobody).
 #[test]
 fn storm_with_preemption_and_aborts_ends_with_every_block_free() {
+    storm(false);
+    storm(true);
+}
+
+fn storm(prefix_caching: bool) {
     let mut rng = 12345u64;
     let mut rand = move |n: u64| {
         rng ^= rng << 13;
@@ -108,11 +122,12 @@ fn storm_with_preemption_and_aborts_ends_with_every_block_free() {
         rng ^= rng << 17;
         rng % n
     };
-    let mut s = sched(16, 64, 24);
+    let mut s = sched_with(16, 64, 24, prefix_caching);
     let mut targets = std::collections::HashMap::new();
     for id in 0..200 {
         let len = 1 + rand(30) as usize;
         targets.insert(id, len + 1 + rand(40) as usize);
+        // Prompts share prefixes (0, 1, 2, ...) so that cached blocks are hit.
         s.add(seq(id, len, rand(3) as i32));
     }
     let mut finished = 0;
@@ -132,5 +147,92 @@ fn storm_with_preemption_and_aborts_ends_with_every_block_free() {
     }
     assert_eq!(finished, 200);
     assert_eq!(s.blocks_used(), 0);
+    assert_eq!(s.alloc.num_free(), 24, "every block is free or cached with ref count 0");
+    assert!((0..24).all(|b| s.alloc.ref_count(b) == 0));
     assert!(s.preemptions() > 0, "the pool is small enough to force preemption");
+    let (queries, hits) = s.prefix_cache_counts();
+    assert_eq!(hits > 0, prefix_caching, "{hits} of {queries} prompt tokens hit");
+}
+
+/// Decodes first: a long prefill cannot take the budget from a running stream, even
+/// when the prefilling sequence has the higher priority.
+#[test]
+fn every_decode_is_scheduled_before_any_prefill_chunk() {
+    let mut s = sched(8, 4, 100);
+    s.add(seq(1, 2, 5));
+    run(&mut s);
+    s.add(seq(2, 20, 0));
+    for _ in 0..5 {
+        let step = run(&mut s);
+        assert_eq!(step[0].id, 1, "the decode goes first: {step:?}");
+        assert_eq!(step[0].num_tokens, 1);
+        assert!(step.iter().map(|x| x.num_tokens).sum::<usize>() <= 4);
+    }
+}
+
+/// A prompt that shares whole blocks with an earlier one reuses them and prefills only
+/// the rest; a prompt entirely cached still computes its last token.
+#[test]
+fn cached_prefix_blocks_are_reused() {
+    let mut s = sched_with(8, 100, 16, true);
+    let prompt: Vec<u32> = (100..110).collect(); // 2 full blocks + 2 tokens
+    s.add(seq_of(1, &prompt));
+    run(&mut s);
+    let first: Vec<u32> = s.get(1).unwrap().block_table.blocks().to_vec();
+    s.remove(1);
+    assert_eq!(s.blocks_used(), 0);
+
+    let mut other = prompt[..8].to_vec();
+    other.extend([7, 7, 7]);
+    s.add(seq_of(2, &other));
+    let step = run(&mut s);
+    assert_eq!(step, vec![Scheduled { id: 2, context_len: 8, num_tokens: 3, sample: true }]);
+    assert_eq!(s.get(2).unwrap().block_table.blocks()[..2], first[..2], "the cached blocks themselves");
+    assert_eq!(s.get(2).unwrap().cached_tokens, 8);
+
+    // Exactly the 8 tokens of two cached blocks: one block is reused, the last computed.
+    s.add(seq_of(3, &prompt[..8]));
+    let step = run(&mut s);
+    assert_eq!(step[1], Scheduled { id: 3, context_len: 4, num_tokens: 4, sample: true });
+    assert_eq!(s.prefix_cache_counts(), (10 + 11 + 8, 8 + 4));
+    s.check_invariants().unwrap();
+}
+
+/// Requests with different salts never share blocks; the same salt does.
+#[test]
+fn cache_salt_isolates_tenants() {
+    let mut s = sched_with(8, 100, 16, true);
+    let prompt: Vec<u32> = (0..9).collect();
+    let salted = |id, salt: &str| {
+        let mut q = seq_of(id, &prompt);
+        q.cache_salt = Some(salt.into());
+        q
+    };
+    s.add(salted(1, "a"));
+    run(&mut s);
+    s.add(salted(2, "b"));
+    s.add(seq_of(3, &prompt));
+    s.add(salted(4, "a"));
+    let step = run(&mut s);
+    let context: Vec<(SeqId, usize)> = step.iter().filter(|x| x.id != 1).map(|x| (x.id, x.context_len)).collect();
+    assert_eq!(context, vec![(2, 0), (3, 0), (4, 8)]);
+}
+
+/// Cached blocks nobody holds are evicted least recently released first, and a released
+/// sequence gives up its tail before its head.
+#[test]
+fn eviction_takes_the_least_recently_released_tail_first() {
+    let mut s = sched_with(8, 100, 4, true);
+    let a: Vec<u32> = (0..9).collect(); // blocks a0 a1 full, a2 partial
+    s.add(seq_of(1, &a));
+    run(&mut s);
+    s.remove(1);
+    // Free now: a2 (partial, never cached) and the unused block; a prompt of three blocks
+    // must evict one cached block, and it is a1 (the tail), so a's head a0 still hits.
+    s.add(seq_of(2, &(50..62).collect::<Vec<u32>>()));
+    run(&mut s);
+    s.remove(2);
+    s.add(seq_of(3, &a));
+    let step = run(&mut s);
+    assert_eq!(step[0].context_len, 4, "a's head block survived, its tail did not: {step:?}");
 }

@@ -26,6 +26,8 @@ pub struct Metrics {
     prompt_tokens: Counter,
     generation_tokens: Counter,
     preemptions: Counter,
+    prefix_queries: Counter,
+    prefix_hits: Counter,
     ttft: Histogram,
     itl: Histogram,
     e2e: Histogram,
@@ -52,6 +54,8 @@ impl Metrics {
         describe("weft:prompt_tokens_total", Some(Unit::Count), "Prompt tokens processed.");
         describe("weft:generation_tokens_total", Some(Unit::Count), "Tokens generated.");
         describe("weft:num_preemptions_total", Some(Unit::Count), "Sequences preempted for lack of KV blocks.");
+        describe("weft:prefix_cache_queries_total", Some(Unit::Count), "Prompt tokens looked up in the prefix cache.");
+        describe("weft:prefix_cache_hits_total", Some(Unit::Count), "Prompt tokens found in the prefix cache.");
         describe("weft:request_success_total", Some(Unit::Count), "Finished samples, by finish reason.");
         describe(
             "weft:engine_failures_total",
@@ -70,6 +74,8 @@ impl Metrics {
             prompt_tokens: c("weft:prompt_tokens_total"),
             generation_tokens: c("weft:generation_tokens_total"),
             preemptions: c("weft:num_preemptions_total"),
+            prefix_queries: c("weft:prefix_cache_queries_total"),
+            prefix_hits: c("weft:prefix_cache_hits_total"),
             ttft: h("weft:time_to_first_token_seconds"),
             itl: h("weft:inter_token_latency_seconds"),
             e2e: h("weft:e2e_request_latency_seconds"),
@@ -98,6 +104,8 @@ impl Metrics {
         self.prompt_tokens.absolute(stats.prompt_tokens_total.saturating_sub(base.prompt_tokens_total));
         self.generation_tokens.absolute(stats.generation_tokens_total.saturating_sub(base.generation_tokens_total));
         self.preemptions.absolute(stats.preemptions.saturating_sub(base.preemptions));
+        self.prefix_queries.absolute(stats.prefix_cache_queries.saturating_sub(base.prefix_cache_queries));
+        self.prefix_hits.absolute(stats.prefix_cache_hits.saturating_sub(base.prefix_cache_hits));
         self.engine_failures.absolute(stats.engine_failures.saturating_sub(base.engine_failures));
         self.handle.render()
     }

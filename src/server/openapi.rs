@@ -90,7 +90,8 @@ pub fn document() -> Value {
             "schemas": {
                 "Error": {"type": "object", "properties": {"error": {"type": "object", "properties": {
                     "message": {"type": "string"}, "type": {"type": "string"}, "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}},
-                "Usage": {"type": "object", "properties": {"prompt_tokens": int, "completion_tokens": int, "total_tokens": int}}
+                "Usage": {"type": "object", "properties": {"prompt_tokens": int, "completion_tokens": int, "total_tokens": int,
+                    "prompt_tokens_details": {"type": "object", "properties": {"cached_tokens": int}}}}
             }
         },
         "security": [{"bearer": []}, {}]

@@ -3,7 +3,7 @@
 use super::{stream, AppState};
 use crate::api::openai::{self, gather, ChatRequest, CompletionRequest};
 use crate::api::{unix_time, ApiError};
-use crate::engine::{EngineHandle, Request};
+use crate::engine::{EngineHandle, Request, Usage};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Request as HttpRequest, State};
@@ -267,15 +267,15 @@ async fn generate(State(st): St, body: Body) -> Response {
             }
             let start = Instant::now();
             let s = engine.submit(req)?;
-            let (choices, p, c) = within(st.request_timeout, gather(s, 1)).await?;
-            Ok(Json(native_result(&choices[0], p, c, start.elapsed())).into_response())
+            let (choices, u) = within(st.request_timeout, gather(s, 1)).await?;
+            Ok(Json(native_result(&choices[0], &u, start.elapsed())).into_response())
         }
         .await,
     )
 }
 
-fn native_result(c: &openai::Choice, prompt: usize, completion: usize, took: Duration) -> Value {
-    json!({"text": c.text, "finish_reason": openai::finish_reason(c.finish), "usage": openai::usage(prompt, completion),
+fn native_result(c: &openai::Choice, u: &Usage, took: Duration) -> Value {
+    json!({"text": c.text, "finish_reason": openai::finish_reason(c.finish), "usage": openai::usage(u),
         "time_seconds": took.as_secs_f64()})
 }
 
@@ -316,8 +316,8 @@ async fn generate_batch(State(st): St, body: Body) -> Response {
                 let mut out = vec![Value::Null; total];
                 while let Some(joined) = tasks.join_next().await {
                     let (i, r, took) = joined.map_err(|e| ApiError::internal(e.to_string()))?;
-                    let (c, p, n) = r?;
-                    out[i] = native_result(&c[0], p, n, took);
+                    let (c, u) = r?;
+                    out[i] = native_result(&c[0], &u, took);
                 }
                 Ok(out)
             })

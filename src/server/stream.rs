@@ -8,7 +8,7 @@ use crate::api::openai::{
     chat_logprobs, completion_logprobs, finish_reason, usage, ChatRequest, Choice, CompletionRequest,
 };
 use crate::api::{unix_time, ApiError};
-use crate::engine::{EngineHandle, Event, Request, RequestStream};
+use crate::engine::{EngineHandle, Event, Request, RequestStream, Usage};
 use crate::tokenizer::Tokenizer;
 use axum::response::sse::{Event as Sse, KeepAlive};
 use axum::response::{IntoResponse, Response};
@@ -46,31 +46,30 @@ async fn forward(
     mut stream: RequestStream,
     n: usize,
     mut on_event: impl FnMut(Event) -> Option<Value>,
-) -> Result<(usize, usize), String> {
-    let (mut prompt, mut completion, mut finished) = (0, 0, 0);
+) -> Result<Usage, String> {
+    let (mut total, mut finished) = (Usage::default(), 0);
     loop {
         let ev = tokio::select! {
-            _ = tx.closed() => return Ok((prompt, completion)),
+            _ = tx.closed() => return Ok(total),
             ev = stream.recv() => ev,
         };
         let Some(ev) = ev else {
             if finished < n {
                 return Err("the engine stopped before this request finished".into());
             }
-            return Ok((prompt, completion));
+            return Ok(total);
         };
         match &ev {
             Event::Error { message } => return Err(message.clone()),
             Event::Finished { usage, .. } => {
-                prompt = usage.prompt_tokens;
-                completion += usage.completion_tokens;
+                total.add_sample(usage);
                 finished += 1;
             }
             Event::Token { .. } => {}
         }
         if let Some(v) = on_event(ev) {
             if !send(&tx, v).await {
-                return Ok((prompt, completion));
+                return Ok(total);
             }
         }
     }
@@ -80,7 +79,7 @@ async fn forward(
 /// of the shutdown grace becomes an error event that ends the stream.
 fn drive(
     tx: Tx,
-    forwarders: Vec<tokio::task::JoinHandle<Result<(usize, usize), String>>>,
+    forwarders: Vec<tokio::task::JoinHandle<Result<Usage, String>>>,
     usage_chunk: Option<UsageChunk>,
     ctx: Ctx,
 ) {
@@ -91,15 +90,13 @@ fn drive(
         let mut joined = 0;
         let outcome = {
             let all = async {
-                let (mut p, mut c) = (0, 0);
+                let mut total = Usage::default();
                 for f in forwarders.iter_mut() {
                     let r = f.await;
                     joined += 1;
-                    let (fp, fc) = r.map_err(|e| ApiError::internal(e.to_string()))?.map_err(ApiError::internal)?;
-                    p += fp;
-                    c += fc;
+                    total.add_request(&r.map_err(|e| ApiError::internal(e.to_string()))?.map_err(ApiError::internal)?);
                 }
-                Ok((p, c))
+                Ok(total)
             };
             let cut = async {
                 let _ = grace_over.wait_for(|over| *over).await;
@@ -110,9 +107,9 @@ fn drive(
             }
         };
         match outcome {
-            Ok((p, c)) => {
+            Ok(total) => {
                 if let Some(chunk) = usage_chunk {
-                    send(&tx, chunk(p, c)).await;
+                    send(&tx, chunk(&total)).await;
                 }
                 let _ = tx.send(Ok(Sse::default().data("[DONE]"))).await;
             }
@@ -130,12 +127,12 @@ fn drive(
     });
 }
 
-type UsageChunk = Box<dyn FnOnce(usize, usize) -> Value + Send>;
+type UsageChunk = Box<dyn FnOnce(&Usage) -> Value + Send>;
 
 /// The final chunk of `stream_options.include_usage`: no choices, the token counts.
 fn usage_chunk(id: String, object: &'static str, created: u64, model: String) -> UsageChunk {
     Box::new(
-        move |p, c| json!({"id": id, "object": object, "created": created, "model": model, "choices": [], "usage": usage(p, c)}),
+        move |u| json!({"id": id, "object": object, "created": created, "model": model, "choices": [], "usage": usage(u)}),
     )
 }
 
@@ -212,7 +209,7 @@ pub async fn chat(engine: &EngineHandle, req: ChatRequest, id: String, ctx: Ctx)
         async move {
             for c in first_chunks {
                 if !send(&tx, c).await {
-                    return Ok((0, 0));
+                    return Ok(Usage::default());
                 }
             }
             forward(tx, stream, n, move |ev| chat_event(&tok.tokenizer, &chunk2, with_logprobs, ev)).await
@@ -251,9 +248,9 @@ pub fn generate(engine: &EngineHandle, req: Request, ctx: Ctx) -> Result<Respons
     let forwarder = tokio::spawn(forward(tx.clone(), stream, 1, |ev| match ev {
         Event::Token { text, .. } if text.is_empty() => None,
         Event::Token { text, .. } => Some(json!({"text": text})),
-        Event::Finished { reason, text, usage: u, .. } => Some(
-            json!({"text": text, "finish_reason": reason.as_str(), "usage": usage(u.prompt_tokens, u.completion_tokens)}),
-        ),
+        Event::Finished { reason, text, usage: u, .. } => {
+            Some(json!({"text": text, "finish_reason": reason.as_str(), "usage": usage(&u)}))
+        }
         Event::Error { .. } => None,
     }));
     drive(tx, vec![forwarder], None, ctx);

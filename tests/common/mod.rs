@@ -122,7 +122,7 @@ pub const VARIANTS: &[(&str, &str)] = &[
     ("tiny-llama3-q/tiny-llama3-q.Q6_K.gguf", "tiny-llama3-q/reference.Q6_K.json"),
 ];
 
-use weft::engine::{EngineConfig, EngineHandle, Event, FinishReason, Request, RequestStream};
+use weft::engine::{EngineConfig, EngineHandle, Event, FinishReason, Request, RequestStream, Usage};
 
 /// An engine over a shared model.
 pub fn engine(rel: &str, cfg: EngineConfig) -> EngineHandle {
@@ -135,6 +135,7 @@ pub struct Output {
     pub tokens: Vec<u32>,
     pub text: String,
     pub finish: Option<FinishReason>,
+    pub usage: Usage,
 }
 
 /// Reads a stream to its end: one [`Output`] per sample index.
@@ -152,7 +153,10 @@ pub fn collect(mut stream: RequestStream) -> Vec<Output> {
         o.text += &text;
         match ev {
             Event::Token { id, .. } => o.tokens.push(id),
-            Event::Finished { reason, .. } => o.finish = Some(reason),
+            Event::Finished { reason, usage, .. } => {
+                o.finish = Some(reason);
+                o.usage = usage;
+            }
             Event::Error { .. } => unreachable!(),
         }
     }
