@@ -57,7 +57,7 @@ pub struct Scheduler {
 }
 
 /// The sequence `id` among `lists`.
-fn find_mut<'a>(lists: [&'a mut Vec<Sequence>; 2], id: SeqId) -> Option<&'a mut Sequence> {
+fn find_mut(lists: [&mut Vec<Sequence>; 2], id: SeqId) -> Option<&mut Sequence> {
     lists.into_iter().flat_map(|l| l.iter_mut()).find(|s| s.id == id)
 }
 
