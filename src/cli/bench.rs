@@ -4,6 +4,9 @@
 //! - A serving run on a mixed workload (seeded prompt and output lengths, Poisson arrivals
 //!   or all at once): continuous batching against one request at a time through the same
 //!   engine, with throughput, TTFT and inter-token latency percentiles and the speedup.
+//! - A shared-system-prompt run (one long prefix, many short questions, a few clients at a
+//!   time): prefix caching on against off, with TTFT, throughput and whether the greedy
+//!   outputs are identical.
 
 use super::EngineArgs;
 use crate::engine::{EngineConfig, EngineHandle, Event, Request};
@@ -42,6 +45,21 @@ pub struct BenchArgs {
     /// Poisson arrival rate in requests/s (0: all at once).
     #[arg(long, default_value_t = 0.0)]
     pub request_rate: f64,
+    /// Requests in the shared-system-prompt run (0: skip it).
+    #[arg(long, default_value_t = 64)]
+    pub shared_requests: usize,
+    /// Tokens of the system prompt every request of that run shares.
+    #[arg(long, default_value_t = 1000)]
+    pub shared_prefix: usize,
+    /// Tokens of each request's own question after it.
+    #[arg(long, default_value_t = 30)]
+    pub shared_question: usize,
+    /// Output tokens per request of that run.
+    #[arg(long, default_value_t = 64)]
+    pub shared_output: usize,
+    /// Concurrent clients in that run.
+    #[arg(long, default_value_t = 8)]
+    pub shared_concurrency: usize,
     /// Seed for the workload.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -87,10 +105,11 @@ impl Rng {
     }
 }
 
-/// What one request saw: when it was sent, when each token arrived.
+/// What one request saw: when it was sent, when each token arrived, which tokens.
 struct Timing {
     sent: Instant,
     tokens: Vec<Instant>,
+    ids: Vec<u32>,
 }
 
 fn random_prompt(rng: &mut Rng, len: usize, vocab: usize) -> Vec<u32> {
@@ -107,16 +126,8 @@ fn drive(engine: &EngineHandle, reqs: Vec<(Duration, Request)>) -> Result<Vec<Ti
         for (at, req) in reqs {
             tokio::time::sleep_until((start + at).into()).await;
             let sent = Instant::now();
-            let mut stream = engine.submit(req)?;
-            tasks.push(tokio::spawn(async move {
-                let mut tokens = Vec::new();
-                while let Some(ev) = stream.recv().await {
-                    if let Event::Token { .. } = ev {
-                        tokens.push(Instant::now());
-                    }
-                }
-                Timing { sent, tokens }
-            }));
+            let stream = engine.submit(req)?;
+            tasks.push(tokio::spawn(read_stream(sent, stream)));
         }
         let mut out = Vec::new();
         for t in tasks {
@@ -124,6 +135,105 @@ fn drive(engine: &EngineHandle, reqs: Vec<(Duration, Request)>) -> Result<Vec<Ti
         }
         Ok(out)
     })
+}
+
+async fn read_stream(sent: Instant, mut stream: crate::engine::RequestStream) -> Timing {
+    let (mut tokens, mut ids) = (Vec::new(), Vec::new());
+    while let Some(ev) = stream.recv().await {
+        if let Event::Token { id, .. } = ev {
+            tokens.push(Instant::now());
+            ids.push(id);
+        }
+    }
+    Timing { sent, tokens, ids }
+}
+
+/// `clients` closed-loop clients work through `reqs` in order, each sending its next
+/// request when the previous one ended; timings come back in request order.
+fn drive_clients(engine: &EngineHandle, reqs: Vec<Request>, clients: usize) -> Result<Vec<Timing>> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build()?;
+    rt.block_on(async {
+        let reqs = Arc::new(reqs);
+        let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for _ in 0..clients.max(1) {
+            let (engine, reqs, next) = (engine.clone(), reqs.clone(), next.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut done = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(r) = reqs.get(i) else { break };
+                    let sent = Instant::now();
+                    let stream = engine.submit(r.clone())?;
+                    done.push((i, read_stream(sent, stream).await));
+                }
+                anyhow::Ok(done)
+            }));
+        }
+        let mut all = Vec::new();
+        for t in tasks {
+            all.extend(t.await??);
+        }
+        all.sort_by_key(|(i, _)| *i);
+        Ok(all.into_iter().map(|(_, t)| t).collect())
+    })
+}
+
+/// The shared-system-prompt run: the same requests with prefix caching on, then off.
+fn shared_prefix_run(args: &BenchArgs, model: &Arc<crate::loaded::LoadedModel>, base: EngineConfig) -> Result<Value> {
+    let vocab = model.model.config.vocab_size;
+    let mut rng = Rng(args.seed ^ 0x2545_F491_4F6C_DD1D);
+    let system = random_prompt(&mut rng, args.shared_prefix, vocab);
+    let reqs: Vec<Request> = (0..args.shared_requests)
+        .map(|_| {
+            let mut prompt = system.clone();
+            prompt.extend(random_prompt(&mut rng, args.shared_question, vocab));
+            let mut r = Request::new(prompt, args.shared_output);
+            r.stop.ignore_eos = true;
+            r
+        })
+        .collect();
+    println!(
+        "
+shared system prompt: {} requests of a {}-token prefix + {}-token question, {} output tokens, {} clients",
+        args.shared_requests, args.shared_prefix, args.shared_question, args.shared_output, args.shared_concurrency
+    );
+    println!("{:>14} {:>9} {:>10} {:>10} {:>10} {:>9}", "prefix cache", "total s", "out tok/s", "TTFT p50", "TTFT p99", "cached");
+    let mut modes = Vec::new();
+    let mut outputs = Vec::new();
+    for caching in [true, false] {
+        let engine = EngineHandle::start(model.clone(), EngineConfig { prefix_caching: caching, ..base })?;
+        let t0 = Instant::now();
+        let t = drive_clients(&engine, reqs.clone(), args.shared_concurrency)?;
+        let total = t0.elapsed().as_secs_f64();
+        let st = engine.stats();
+        let out: usize = t.iter().map(|x| x.tokens.len()).sum();
+        let mut ttft: Vec<f64> = t.iter().filter_map(|x| x.tokens.first().map(|f| (*f - x.sent).as_secs_f64())).collect();
+        let hit = st.prefix_cache_hits as f64 / st.prefix_cache_queries.max(1) as f64;
+        let m = json!({"prefix_caching": caching, "total_s": total, "output_tok_s": out as f64 / total,
+            "ttft_p50_s": percentile(&mut ttft, 0.5), "ttft_p99_s": percentile(&mut ttft, 0.99), "hit_rate": hit});
+        println!(
+            "{:>14} {:>9.2} {:>10.1} {:>8.0}ms {:>8.0}ms {:>8.1}%",
+            if caching { "on" } else { "off" },
+            total,
+            m["output_tok_s"].as_f64().unwrap(),
+            m["ttft_p50_s"].as_f64().unwrap() * 1e3,
+            m["ttft_p99_s"].as_f64().unwrap() * 1e3,
+            hit * 100.0
+        );
+        modes.push(m);
+        outputs.push(t.into_iter().map(|x| x.ids).collect::<Vec<_>>());
+    }
+    let f = |i: usize, k: &str| modes[i][k].as_f64().unwrap_or(0.0);
+    let (ttft_ratio, tput_ratio) = (f(1, "ttft_p50_s") / f(0, "ttft_p50_s"), f(0, "output_tok_s") / f(1, "output_tok_s"));
+    let identical = outputs[0] == outputs[1];
+    println!(
+        "prefix caching: TTFT p50 {ttft_ratio:.2}x lower, output {tput_ratio:.2}x the tokens/s; greedy outputs {}",
+        if identical { "identical" } else { "DIFFER" }
+    );
+    Ok(json!({"requests": args.shared_requests, "prefix_tokens": args.shared_prefix, "question_tokens": args.shared_question,
+        "output_tokens": args.shared_output, "concurrency": args.shared_concurrency, "modes": modes,
+        "ttft_p50_ratio": ttft_ratio, "throughput_ratio": tput_ratio, "outputs_identical": identical}))
 }
 
 /// Decode tokens/s of the model's forward pass driven directly (no engine, scheduler or
@@ -351,6 +461,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
         println!("continuous batching: {speedup:.2}x the throughput of one request at a time");
         report["serving"] = json!({"requests": args.requests, "prompt_len": [args.prompt_len.0, args.prompt_len.1],
             "output_len": [args.output_len.0, args.output_len.1], "request_rate": args.request_rate, "modes": modes, "speedup": speedup});
+    }
+
+    if args.shared_requests > 0 {
+        report["shared_prefix"] = shared_prefix_run(&args, &model, base)?;
     }
 
     if let Some(path) = &args.json {
