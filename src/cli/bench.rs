@@ -198,7 +198,10 @@ fn shared_prefix_run(args: &BenchArgs, model: &Arc<crate::loaded::LoadedModel>, 
 shared system prompt: {} requests of a {}-token prefix + {}-token question, {} output tokens, {} clients",
         args.shared_requests, args.shared_prefix, args.shared_question, args.shared_output, args.shared_concurrency
     );
-    println!("{:>14} {:>9} {:>10} {:>10} {:>10} {:>9}", "prefix cache", "total s", "out tok/s", "TTFT p50", "TTFT p99", "cached");
+    println!(
+        "{:>14} {:>9} {:>10} {:>10} {:>10} {:>9}",
+        "prefix cache", "total s", "out tok/s", "TTFT p50", "TTFT p99", "cached"
+    );
     let mut modes = Vec::new();
     let mut outputs = Vec::new();
     for caching in [true, false] {
@@ -208,7 +211,8 @@ shared system prompt: {} requests of a {}-token prefix + {}-token question, {} o
         let total = t0.elapsed().as_secs_f64();
         let st = engine.stats();
         let out: usize = t.iter().map(|x| x.tokens.len()).sum();
-        let mut ttft: Vec<f64> = t.iter().filter_map(|x| x.tokens.first().map(|f| (*f - x.sent).as_secs_f64())).collect();
+        let mut ttft: Vec<f64> =
+            t.iter().filter_map(|x| x.tokens.first().map(|f| (*f - x.sent).as_secs_f64())).collect();
         let hit = st.prefix_cache_hits as f64 / st.prefix_cache_queries.max(1) as f64;
         let m = json!({"prefix_caching": caching, "total_s": total, "output_tok_s": out as f64 / total,
             "ttft_p50_s": percentile(&mut ttft, 0.5), "ttft_p99_s": percentile(&mut ttft, 0.99), "hit_rate": hit});
@@ -225,15 +229,18 @@ shared system prompt: {} requests of a {}-token prefix + {}-token question, {} o
         outputs.push(t.into_iter().map(|x| x.ids).collect::<Vec<_>>());
     }
     let f = |i: usize, k: &str| modes[i][k].as_f64().unwrap_or(0.0);
-    let (ttft_ratio, tput_ratio) = (f(1, "ttft_p50_s") / f(0, "ttft_p50_s"), f(0, "output_tok_s") / f(1, "output_tok_s"));
+    let (ttft_ratio, tput_ratio) =
+        (f(1, "ttft_p50_s") / f(0, "ttft_p50_s"), f(0, "output_tok_s") / f(1, "output_tok_s"));
     let identical = outputs[0] == outputs[1];
     println!(
         "prefix caching: TTFT p50 {ttft_ratio:.2}x lower, output {tput_ratio:.2}x the tokens/s; greedy outputs {}",
         if identical { "identical" } else { "DIFFER" }
     );
-    Ok(json!({"requests": args.shared_requests, "prefix_tokens": args.shared_prefix, "question_tokens": args.shared_question,
+    Ok(
+        json!({"requests": args.shared_requests, "prefix_tokens": args.shared_prefix, "question_tokens": args.shared_question,
         "output_tokens": args.shared_output, "concurrency": args.shared_concurrency, "modes": modes,
-        "ttft_p50_ratio": ttft_ratio, "throughput_ratio": tput_ratio, "outputs_identical": identical}))
+        "ttft_p50_ratio": ttft_ratio, "throughput_ratio": tput_ratio, "outputs_identical": identical}),
+    )
 }
 
 /// Decode tokens/s of the model's forward pass driven directly (no engine, scheduler or
@@ -416,8 +423,18 @@ pub fn run(args: BenchArgs) -> Result<()> {
             args.requests, args.prompt_len.0, args.prompt_len.1, args.output_len.0, args.output_len.1
         );
         println!(
-            "{:>12} {:>9} {:>10} {:>8} {:>10} {:>10} {:>9} {:>9} {:>8}",
-            "mode", "total s", "out tok/s", "req/s", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "preempt"
+            "{:>12} {:>9} {:>10} {:>8} {:>10} {:>10} {:>9} {:>9} {:>8} {:>10} {:>10}",
+            "mode",
+            "total s",
+            "out tok/s",
+            "req/s",
+            "TTFT p50",
+            "TTFT p99",
+            "ITL p50",
+            "ITL p99",
+            "preempt",
+            "step p50",
+            "step p99"
         );
         let mut modes = Vec::new();
         for (name, seqs) in [("continuous", base.max_num_seqs), ("sequential", 1)] {
@@ -432,7 +449,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let t0 = Instant::now();
             let t = drive(&engine, reqs.clone())?;
             let total = t0.elapsed().as_secs_f64();
-            let preemptions = engine.stats().preemptions;
+            let st = engine.stats();
+            let preemptions = st.preemptions;
+            let mut steps: Vec<f64> = st.recent_step_ms.iter().map(|&x| x as f64 / 1e3).collect();
             let out: usize = t.iter().map(|x| x.tokens.len()).sum();
             let mut ttft: Vec<f64> =
                 t.iter().filter_map(|x| x.tokens.first().map(|f| (*f - x.sent).as_secs_f64())).collect();
@@ -441,9 +460,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let m = json!({"mode": name, "max_num_seqs": seqs, "total_s": total, "output_tok_s": out as f64 / total,
                 "requests_s": args.requests as f64 / total,
                 "ttft_p50_s": percentile(&mut ttft, 0.5), "ttft_p99_s": percentile(&mut ttft, 0.99),
-                "itl_p50_s": percentile(&mut itl, 0.5), "itl_p99_s": percentile(&mut itl, 0.99), "preemptions": preemptions});
+                "itl_p50_s": percentile(&mut itl, 0.5), "itl_p99_s": percentile(&mut itl, 0.99), "preemptions": preemptions,
+                "step_p50_s": percentile(&mut steps, 0.5), "step_p99_s": percentile(&mut steps, 0.99),
+                "step_max_s": percentile(&mut steps, 1.0)});
             println!(
-                "{:>12} {:>9.2} {:>10.1} {:>8.2} {:>9.0}ms {:>9.0}ms {:>7.1}ms {:>7.1}ms {:>8}",
+                "{:>12} {:>9.2} {:>10.1} {:>8.2} {:>9.0}ms {:>9.0}ms {:>7.1}ms {:>7.1}ms {:>8} {:>8.1}ms {:>8.1}ms",
                 name,
                 total,
                 m["output_tok_s"].as_f64().unwrap(),
@@ -452,7 +473,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 m["ttft_p99_s"].as_f64().unwrap() * 1e3,
                 m["itl_p50_s"].as_f64().unwrap() * 1e3,
                 m["itl_p99_s"].as_f64().unwrap() * 1e3,
-                preemptions
+                preemptions,
+                m["step_p50_s"].as_f64().unwrap() * 1e3,
+                m["step_p99_s"].as_f64().unwrap() * 1e3
             );
             modes.push(m);
         }

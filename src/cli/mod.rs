@@ -88,6 +88,10 @@ pub struct EngineArgs {
     /// seen before.
     #[arg(long)]
     pub no_enable_prefix_caching: bool,
+    /// Target time of a step that carries decodes, ms: prefill beside them is limited so a
+    /// joining prompt cannot stall the streams [default: 3x a decode-only step, as measured].
+    #[arg(long)]
+    pub max_step_ms: Option<f64>,
     #[command(flatten)]
     pub limits: LimitArgs,
 }
@@ -140,6 +144,7 @@ impl EngineArgs {
             max_model_len: self.max_model_len,
             limits: self.limits.limits(),
             prefix_caching: !self.no_enable_prefix_caching,
+            max_step_ms: self.max_step_ms,
         }
     }
 

@@ -1,6 +1,8 @@
 //! The engine loop: commands in, steps run, events out.
 
 use super::handle::Shared;
+use super::stats::RECENT_STEPS;
+use super::step_cost::{attended, StepCost};
 use super::{Event, FinishReason, Request, StopStrings, Usage};
 use crate::kv::KvCache;
 use crate::model::{SeqStep, StepInput, Workspace};
@@ -56,11 +58,14 @@ pub(super) struct EngineLoop {
     closing: bool,
     /// Prefix-cache counts of schedulers replaced after a failure, so totals never go back.
     prefix_carry: (u64, u64),
+    /// The fitted step-time model that sizes prefill beside decodes.
+    cost: StepCost,
 }
 
 impl EngineLoop {
     pub fn new(shared: Arc<Shared>, kv: KvCache, rx: mpsc::Receiver<Command>) -> Self {
         let sched = Self::scheduler(&shared, &kv);
+        let cost = StepCost::new(shared.config.max_step_ms);
         EngineLoop {
             shared,
             rx,
@@ -72,6 +77,7 @@ impl EngineLoop {
             next_seq: 0,
             closing: false,
             prefix_carry: (0, 0),
+            cost,
         }
     }
 
@@ -254,6 +260,9 @@ impl EngineLoop {
 
     fn step(&mut self) {
         let t0 = Instant::now();
+        let (decodes, decode_attended) = self.sched.decode_load();
+        let max = self.shared.config.max_num_batched_tokens;
+        self.sched.set_prefill_limit(self.cost.prefill_budget(decodes, decode_attended, max));
         let plan = self.sched.schedule();
         if plan.is_empty() {
             // Nothing fits right now; wait for a command instead of spinning.
@@ -304,8 +313,15 @@ impl EngineLoop {
         st.last_step_seqs = plan.len();
         st.forward_time += t2 - t1;
         st.overhead_time += (t1 - t0) + (t3 - t2);
+        let ms = (t2 - t1).as_secs_f64() * 1e3;
+        if st.recent_step_ms.len() == RECENT_STEPS {
+            st.recent_step_ms.pop_front();
+        }
+        st.recent_step_ms.push_back(ms as f32);
         drop(st);
-        self.shared.observer.step(tokens.len(), plan.len());
+        let attended: usize = plan.iter().map(|s| attended(s.context_len, s.num_tokens)).sum();
+        self.cost.observe(tokens.len(), attended, ms);
+        self.shared.observer.step(tokens.len(), plan.len(), t2 - t1);
     }
 
     /// Requests entering the batch for the first time stop counting as waiting.

@@ -9,6 +9,7 @@ mod limits;
 mod observer;
 mod request;
 mod stats;
+mod step_cost;
 mod stop;
 
 pub use handle::{EngineHandle, RequestStream, SubmitError};
@@ -40,6 +41,9 @@ pub struct EngineConfig {
     pub limits: RequestLimits,
     /// Reuse the KV blocks of prompt prefixes seen before (automatic prefix caching).
     pub prefix_caching: bool,
+    /// Target time of a step that carries decodes, in milliseconds: prefill tokens beside
+    /// them are limited to fit. `None`: a few times a decode-only step, as measured.
+    pub max_step_ms: Option<f64>,
 }
 
 impl Default for EngineConfig {
@@ -54,6 +58,7 @@ impl Default for EngineConfig {
             max_model_len: 0,
             limits: RequestLimits::default(),
             prefix_caching: true,
+            max_step_ms: None,
         }
     }
 }

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 /// Called from the engine thread; implementations must be quick.
 pub trait Observer: Send + Sync {
-    /// A step ran with `tokens` rows from `seqs` sequences.
-    fn step(&self, _tokens: usize, _seqs: usize) {}
+    /// A step ran with `tokens` rows from `seqs` sequences, its forward pass taking `time`.
+    fn step(&self, _tokens: usize, _seqs: usize, _time: Duration) {}
     /// A request's first token, `ttft` after it was submitted.
     fn first_token(&self, _ttft: Duration) {}
     /// A later token of one sample, `gap` after that sample's previous one.

@@ -26,4 +26,9 @@ pub struct EngineStats {
     pub forward_time: Duration,
     /// Time in scheduling, sampling, detokenization and sending events, summed over steps.
     pub overhead_time: Duration,
+    /// Forward time of the most recent steps, in milliseconds (at most [`RECENT_STEPS`]).
+    pub recent_step_ms: std::collections::VecDeque<f32>,
 }
+
+/// Steps whose times [`EngineStats::recent_step_ms`] keeps.
+pub const RECENT_STEPS: usize = 8192;

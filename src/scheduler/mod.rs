@@ -54,6 +54,8 @@ pub struct Scheduler {
     /// Prompt tokens looked up in the prefix cache, and how many of them were found.
     prefix_queries: u64,
     prefix_hits: u64,
+    /// Prefill tokens allowed in a step that carries decodes (the step-time budget).
+    prefill_limit: Option<usize>,
 }
 
 /// The sequence `id` among `lists`.
@@ -97,6 +99,7 @@ impl Scheduler {
             preemptions: 0,
             prefix_queries: 0,
             prefix_hits: 0,
+            prefill_limit: None,
         }
     }
 
@@ -144,6 +147,21 @@ impl Scheduler {
         self.running.iter().chain(&self.waiting).find(|s| s.id == id)
     }
 
+    /// Limits the prefill tokens of the next steps that carry decodes (`None`: only the
+    /// token budget limits them).
+    pub fn set_prefill_limit(&mut self, limit: Option<usize>) {
+        self.prefill_limit = limit;
+    }
+
+    /// The running sequences that decode next step: (how many, context positions their
+    /// rows attend to in total).
+    pub fn decode_load(&self) -> (usize, usize) {
+        self.running
+            .iter()
+            .filter(|s| s.tokens.len() - s.num_computed == 1)
+            .fold((0, 0), |(n, att), s| (n + 1, att + s.tokens.len()))
+    }
+
     /// Decides the next step. Call [`Scheduler::step_done`] with the result after running it.
     pub fn schedule(&mut self) -> Vec<Scheduled> {
         let bs = self.cfg.block_size;
@@ -152,6 +170,10 @@ impl Scheduler {
         let mut taken = HashSet::new();
         let mut preempted = false;
         for decodes in [true, false] {
+            if !decodes && !out.is_empty() {
+                // Prefill beside decodes: within the step-time budget.
+                budget = budget.min(self.prefill_limit.unwrap_or(usize::MAX));
+            }
             let mut i = 0;
             while i < self.running.len() && budget > 0 {
                 let seq = &self.running[i];

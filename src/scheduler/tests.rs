@@ -236,3 +236,19 @@ fn eviction_takes_the_least_recently_released_tail_first() {
     let step = run(&mut s);
     assert_eq!(step[0].context_len, 4, "a's head block survived, its tail did not: {step:?}");
 }
+
+/// The step-time budget limits prefill only beside decodes; alone, a prompt takes the
+/// whole token budget.
+#[test]
+fn prefill_limit_applies_beside_decodes_only() {
+    let mut s = sched(8, 64, 100);
+    s.set_prefill_limit(Some(5));
+    s.add(seq(1, 40, 0));
+    let step = run(&mut s);
+    assert_eq!(step[0].num_tokens, 40, "nothing decoding: the full budget");
+    s.add(seq(2, 40, 0));
+    let step = run(&mut s);
+    assert_eq!((step[0].id, step[0].num_tokens), (1, 1));
+    assert_eq!((step[1].id, step[1].num_tokens), (2, 5), "beside a decode: the limit");
+    assert_eq!(s.decode_load(), (1, 42));
+}

@@ -33,6 +33,7 @@ pub struct Metrics {
     e2e: Histogram,
     step_tokens: Histogram,
     step_seqs: Histogram,
+    step_time: Histogram,
 }
 
 static META: Metadata<'static> = Metadata::new("weft", Level::INFO, None);
@@ -40,9 +41,12 @@ static META: Metadata<'static> = Metadata::new("weft", Level::INFO, None);
 impl Metrics {
     pub fn new() -> anyhow::Result<Self> {
         let mut b = PrometheusBuilder::new();
-        for name in
-            ["weft:time_to_first_token_seconds", "weft:inter_token_latency_seconds", "weft:e2e_request_latency_seconds"]
-        {
+        for name in [
+            "weft:time_to_first_token_seconds",
+            "weft:inter_token_latency_seconds",
+            "weft:e2e_request_latency_seconds",
+            "weft:step_duration_seconds",
+        ] {
             b = b.set_buckets_for_metric(Matcher::Full(name.into()), LATENCY_BUCKETS)?;
         }
         b = b.set_buckets_for_metric(Matcher::Prefix("weft:iteration_".into()), STEP_BUCKETS)?;
@@ -81,6 +85,7 @@ impl Metrics {
             e2e: h("weft:e2e_request_latency_seconds"),
             step_tokens: h("weft:iteration_tokens_total"),
             step_seqs: h("weft:iteration_batch_size"),
+            step_time: h("weft:step_duration_seconds"),
             handle,
             recorder,
         })
@@ -112,10 +117,11 @@ impl Metrics {
 }
 
 impl Observer for Metrics {
-    fn step(&self, tokens: usize, seqs: usize) {
+    fn step(&self, tokens: usize, seqs: usize, time: Duration) {
         if self.live() {
             self.step_tokens.record(tokens as f64);
             self.step_seqs.record(seqs as f64);
+            self.step_time.record(time.as_secs_f64());
         }
     }
     fn first_token(&self, ttft: Duration) {
