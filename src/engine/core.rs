@@ -34,6 +34,7 @@ struct RequestState {
     first_token: bool,
 }
 
+/// What the engine keeps per sequence, inside the scheduler's record of it.
 struct SeqState {
     request: u64,
     index: usize,
@@ -48,11 +49,10 @@ struct SeqState {
 pub(super) struct EngineLoop {
     shared: Arc<Shared>,
     rx: mpsc::Receiver<Command>,
-    sched: Scheduler,
+    sched: Scheduler<SeqState>,
     kv: KvCache,
     ws: Workspace,
     requests: HashMap<u64, RequestState>,
-    seqs: HashMap<SeqId, SeqState>,
     next_seq: SeqId,
     /// Set once every handle is gone: finish what runs, then stop.
     closing: bool,
@@ -73,7 +73,6 @@ impl EngineLoop {
             kv,
             ws: Workspace::default(),
             requests: HashMap::new(),
-            seqs: HashMap::new(),
             next_seq: 0,
             closing: false,
             prefix_carry: (0, 0),
@@ -81,7 +80,7 @@ impl EngineLoop {
         }
     }
 
-    fn scheduler(shared: &Shared, kv: &KvCache) -> Scheduler {
+    fn scheduler(shared: &Shared, kv: &KvCache) -> Scheduler<SeqState> {
         let cfg = shared.config;
         Scheduler::new(SchedulerConfig {
             max_num_seqs: cfg.max_num_seqs,
@@ -132,7 +131,6 @@ impl EngineLoop {
             }
             let _ = req.events.send(Event::Error { message: message.clone() });
         }
-        self.seqs.clear();
         let (q, h) = self.sched.prefix_cache_counts();
         self.prefix_carry = (self.prefix_carry.0 + q, self.prefix_carry.1 + h);
         self.sched = Self::scheduler(&self.shared, &self.kv);
@@ -179,10 +177,8 @@ impl EngineLoop {
         match cmd {
             Command::Submit { id, request, events, submitted } => {
                 let request = *request;
-                let prompt = request.prompt.clone();
-                let seq = self.new_seq(id, 0, &request);
-                let mut s = Sequence::new(seq, prompt, request.priority, id);
-                s.cache_salt = request.cache_salt.as_deref().map(Into::into);
+                let s = self.new_seq(id, 0, &request);
+                let seq = s.id;
                 self.sched.add(s);
                 self.requests.insert(
                     id,
@@ -201,7 +197,8 @@ impl EngineLoop {
         }
     }
 
-    fn new_seq(&mut self, request: u64, index: usize, r: &Request) -> SeqId {
+    /// Sample `index` of request `request`: its prompt, sampler and stop state.
+    fn new_seq(&mut self, request: u64, index: usize, r: &Request) -> Sequence<SeqState> {
         let id = self.next_seq;
         self.next_seq += 1;
         let mut sampling = r.sampling.clone();
@@ -211,20 +208,20 @@ impl EngineLoop {
         if !r.stop.ignore_eos {
             stop_ids.extend(&tok.eos_ids);
         }
-        self.seqs.insert(
-            id,
-            SeqState {
-                request,
-                index,
-                sampler: Sampler::new(sampling, &r.prompt),
-                detok: Detokenizer::new(&r.prompt, r.skip_special_tokens),
-                stop: StopStrings::new(r.stop.stop_strings.clone()),
-                stop_ids,
-                generated: 0,
-                last_token: None,
-            },
-        );
-        id
+        let state = SeqState {
+            request,
+            index,
+            sampler: Sampler::new(sampling, &r.prompt),
+            detok: Detokenizer::new(&r.prompt, r.skip_special_tokens),
+            stop: StopStrings::new(r.stop.stop_strings.clone()),
+            stop_ids,
+            generated: 0,
+            last_token: None,
+        };
+        // Arrival is the request id: samples of one request are ordered together.
+        let mut seq = Sequence::new(id, r.prompt.clone(), r.priority, request, state);
+        seq.cache_salt = r.cache_salt.as_deref().map(Into::into);
+        seq
     }
 
     /// Aborts requests whose client went away (the stream was dropped).
@@ -243,8 +240,8 @@ impl EngineLoop {
             self.shared.waiting.fetch_sub(req.request.n, Ordering::SeqCst);
         }
         for seq in req.seqs {
-            let cached_tokens = self.sched.remove(seq).map_or(0, |s| s.cached_tokens);
-            if let Some(s) = self.seqs.remove(&seq) {
+            if let Some(q) = self.sched.remove(seq) {
+                let (s, cached_tokens) = (q.state, q.cached_tokens);
                 let usage =
                     Usage { prompt_tokens: req.request.prompt.len(), completion_tokens: s.generated, cached_tokens };
                 let _ = req.events.send(Event::Finished {
@@ -327,7 +324,7 @@ impl EngineLoop {
     /// Requests entering the batch for the first time stop counting as waiting.
     fn mark_admitted(&mut self, plan: &[Scheduled]) {
         for s in plan {
-            let Some(state) = self.seqs.get(&s.id) else {
+            let Some(state) = self.sched.get(s.id).map(|q| &q.state) else {
                 continue;
             };
             if let Some(req) = self.requests.get_mut(&state.request) {
@@ -344,7 +341,7 @@ impl EngineLoop {
     /// Samples the sequence's next token (and, for an `n > 1` request's first sample, its
     /// siblings' first tokens from the same logits).
     fn on_logits(&mut self, seq: SeqId, logits: &[f32]) {
-        let Some(state) = self.seqs.get_mut(&seq) else {
+        let Some(state) = self.sched.get_mut(seq).map(|q| &mut q.state) else {
             return;
         };
         let req_id = state.request;
@@ -355,14 +352,13 @@ impl EngineLoop {
             req.forked = true;
             let request = req.request.clone();
             for index in 1..request.n {
-                let child = self.new_seq(req_id, index, &request);
-                self.requests.get_mut(&req_id).expect("checked").seqs.push(child);
-                let first = self.seqs.get_mut(&child).expect("just made").sampler.sample(logits);
+                let mut child = self.new_seq(req_id, index, &request);
+                let child_id = child.id;
+                self.requests.get_mut(&req_id).expect("checked").seqs.push(child_id);
+                let first = child.state.sampler.sample(logits);
                 let kv = &mut self.kv;
-                let mut seq_meta = Sequence::new(child, request.prompt.clone(), request.priority, req_id);
-                seq_meta.cache_salt = request.cache_salt.as_deref().map(Into::into);
-                self.sched.fork(seq, seq_meta, first.id, &mut |src, dst| kv.copy_block(src, dst));
-                self.emit(child, first, false);
+                self.sched.fork(seq, child, first.id, &mut |src, dst| kv.copy_block(src, dst));
+                self.emit(child_id, first, false);
             }
         }
         self.emit(seq, sampled, true);
@@ -375,7 +371,7 @@ impl EngineLoop {
             self.sched.append_token(seq, sampled.id);
         }
         let tok = &self.shared.model.tokenizer;
-        let Some(s) = self.seqs.get_mut(&seq) else {
+        let Some(s) = self.sched.get_mut(seq).map(|q| &mut q.state) else {
             return;
         };
         let Some(req) = self.requests.get_mut(&s.request) else {
@@ -430,10 +426,10 @@ impl EngineLoop {
     }
 
     fn finish(&mut self, seq: SeqId, reason: FinishReason, text: String) {
-        let cached_tokens = self.sched.remove(seq).map_or(0, |s| s.cached_tokens);
-        let Some(s) = self.seqs.remove(&seq) else {
+        let Some(q) = self.sched.remove(seq) else {
             return;
         };
+        let (s, cached_tokens) = (q.state, q.cached_tokens);
         let Some(req) = self.requests.get_mut(&s.request) else {
             return;
         };
@@ -464,7 +460,7 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 mod fault {
     use crate::scheduler::{Scheduled, Scheduler};
 
-    pub fn check(plan: &[Scheduled], sched: &Scheduler) {
+    pub fn check<S>(plan: &[Scheduled], sched: &Scheduler<S>) {
         let Some(token) = std::env::var("WEFT_FAULT_PANIC_TOKEN").ok().and_then(|v| v.parse::<u32>().ok()) else {
             return;
         };

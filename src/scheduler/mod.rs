@@ -12,7 +12,7 @@ mod sequence;
 pub use sequence::{SeqId, Sequence};
 
 use crate::kv::{BlockAllocator, BlockTable};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 #[derive(Debug, Clone, Copy)]
 pub struct SchedulerConfig {
@@ -37,19 +37,23 @@ pub struct Scheduled {
 
 impl Scheduled {
     /// The next `n` uncomputed tokens of `seq`.
-    fn chunk(seq: &Sequence, n: usize) -> Self {
+    fn chunk<S>(seq: &Sequence<S>, n: usize) -> Self {
         let context_len = seq.num_computed;
         Scheduled { id: seq.id, context_len, num_tokens: n, sample: context_len + n == seq.tokens.len() }
     }
 }
 
-pub struct Scheduler {
+/// Owns every sequence (one record each, indexed by id) and decides who runs. `S` is what
+/// the engine keeps per sequence (sampler, detokenizer, stop state); the scheduler never
+/// looks at it, so it is tested with `()`.
+pub struct Scheduler<S = ()> {
     cfg: SchedulerConfig,
     alloc: BlockAllocator,
-    /// Sorted by (priority, arrival).
-    waiting: Vec<Sequence>,
-    /// Sorted by (priority, arrival); the last one is the first to be preempted.
-    running: Vec<Sequence>,
+    seqs: HashMap<SeqId, Sequence<S>>,
+    /// Ids sorted by (priority, arrival).
+    waiting: Vec<SeqId>,
+    /// Ids sorted by (priority, arrival); the last one is the first to be preempted.
+    running: Vec<SeqId>,
     preemptions: u64,
     /// Prompt tokens looked up in the prefix cache, and how many of them were found.
     prefix_queries: u64,
@@ -58,14 +62,9 @@ pub struct Scheduler {
     prefill_limit: Option<usize>,
 }
 
-/// The sequence `id` among `lists`.
-fn find_mut(lists: [&mut Vec<Sequence>; 2], id: SeqId) -> Option<&mut Sequence> {
-    lists.into_iter().flat_map(|l| l.iter_mut()).find(|s| s.id == id)
-}
-
 /// Gives an empty sequence the longest chain of cached blocks of its tokens (leaving at
 /// least its last token to compute, so it gets logits); returns the tokens reused.
-fn reuse_prefix(alloc: &mut BlockAllocator, seq: &mut Sequence, bs: usize) -> usize {
+fn reuse_prefix<S>(alloc: &mut BlockAllocator, seq: &mut Sequence<S>, bs: usize) -> usize {
     debug_assert!(seq.num_computed == 0 && seq.block_table.blocks().is_empty());
     seq.block_hashes.clear();
     for i in 0..(seq.tokens.len() - 1) / bs {
@@ -80,7 +79,7 @@ fn reuse_prefix(alloc: &mut BlockAllocator, seq: &mut Sequence, bs: usize) -> us
 }
 
 /// Registers the sequence's blocks that became full (and written) in the prefix cache.
-fn register_full_blocks(alloc: &mut BlockAllocator, seq: &mut Sequence, bs: usize) {
+fn register_full_blocks<S>(alloc: &mut BlockAllocator, seq: &mut Sequence<S>, bs: usize) {
     for i in seq.block_hashes.len()..seq.num_computed / bs {
         let hash = seq.hash_block(i, bs);
         alloc.register(seq.block_table.blocks()[i], hash);
@@ -88,12 +87,20 @@ fn register_full_blocks(alloc: &mut BlockAllocator, seq: &mut Sequence, bs: usiz
     }
 }
 
-impl Scheduler {
+/// Inserts `id` into a list sorted by the sequences' order keys.
+fn insert_sorted<S>(list: &mut Vec<SeqId>, seqs: &HashMap<SeqId, Sequence<S>>, id: SeqId) {
+    let key = seqs[&id].order_key();
+    let at = list.partition_point(|x| seqs[x].order_key() <= key);
+    list.insert(at, id);
+}
+
+impl<S> Scheduler<S> {
     pub fn new(cfg: SchedulerConfig) -> Self {
         assert!(cfg.max_num_seqs > 0 && cfg.max_num_batched_tokens > 0 && cfg.block_size > 0);
         Scheduler {
             cfg,
             alloc: BlockAllocator::new(cfg.num_blocks, cfg.prefix_caching),
+            seqs: HashMap::new(),
             waiting: Vec::new(),
             running: Vec::new(),
             preemptions: 0,
@@ -103,9 +110,11 @@ impl Scheduler {
         }
     }
 
-    pub fn add(&mut self, seq: Sequence) {
-        let at = self.waiting.partition_point(|s| s.order_key() <= seq.order_key());
-        self.waiting.insert(at, seq);
+    /// Queues a new sequence.
+    pub fn add(&mut self, seq: Sequence<S>) {
+        let id = seq.id;
+        assert!(self.seqs.insert(id, seq).is_none(), "sequence {id} added twice");
+        insert_sorted(&mut self.waiting, &self.seqs, id);
     }
 
     pub fn num_running(&self) -> usize {
@@ -118,11 +127,11 @@ impl Scheduler {
 
     /// Waiting sequences that had been admitted before (preempted, or forks without room).
     pub fn num_requeued(&self) -> usize {
-        self.waiting.iter().filter(|s| s.requeued).count()
+        self.waiting.iter().filter(|id| self.seqs[*id].requeued).count()
     }
 
     pub fn is_idle(&self) -> bool {
-        self.running.is_empty() && self.waiting.is_empty()
+        self.seqs.is_empty()
     }
 
     pub fn preemptions(&self) -> u64 {
@@ -143,8 +152,12 @@ impl Scheduler {
         self.alloc.num_blocks()
     }
 
-    pub fn get(&self, id: SeqId) -> Option<&Sequence> {
-        self.running.iter().chain(&self.waiting).find(|s| s.id == id)
+    pub fn get(&self, id: SeqId) -> Option<&Sequence<S>> {
+        self.seqs.get(&id)
+    }
+
+    pub fn get_mut(&mut self, id: SeqId) -> Option<&mut Sequence<S>> {
+        self.seqs.get_mut(&id)
     }
 
     /// Limits the prefill tokens of the next steps that carry decodes (`None`: only the
@@ -158,6 +171,7 @@ impl Scheduler {
     pub fn decode_load(&self) -> (usize, usize) {
         self.running
             .iter()
+            .map(|id| &self.seqs[id])
             .filter(|s| s.tokens.len() - s.num_computed == 1)
             .fold((0, 0), |(n, att), s| (n + 1, att + s.tokens.len()))
     }
@@ -176,9 +190,10 @@ impl Scheduler {
             }
             let mut i = 0;
             while i < self.running.len() && budget > 0 {
-                let seq = &self.running[i];
+                let id = self.running[i];
+                let seq = &self.seqs[&id];
                 let remaining = seq.tokens.len() - seq.num_computed;
-                if (remaining == 1) != decodes || taken.contains(&seq.id) {
+                if (remaining == 1) != decodes || taken.contains(&id) {
                     i += 1;
                     continue;
                 }
@@ -187,12 +202,13 @@ impl Scheduler {
                 // Free blocks by preempting from the back (never a sequence already in
                 // this step) until this one fits, or it is the one preempted.
                 let fits = loop {
-                    if self.running[i].block_table.reserve(&mut self.alloc, target, bs).is_ok() {
+                    let seq = self.seqs.get_mut(&id).expect("running sequences exist");
+                    if seq.block_table.reserve(&mut self.alloc, target, bs).is_ok() {
                         break true;
                     }
                     let victim = (i..self.running.len())
                         .rev()
-                        .find(|&j| !taken.contains(&self.running[j].id))
+                        .find(|&j| !taken.contains(&self.running[j]))
                         .expect("sequence i is not in the step");
                     self.preempt(victim);
                     preempted = true;
@@ -201,8 +217,8 @@ impl Scheduler {
                     }
                 };
                 if fits {
-                    out.push(Scheduled::chunk(&self.running[i], n));
-                    taken.insert(self.running[i].id);
+                    out.push(Scheduled::chunk(&self.seqs[&id], n));
+                    taken.insert(id);
                     budget -= n;
                     i += 1;
                 }
@@ -210,7 +226,8 @@ impl Scheduler {
         }
         // Admit waiting sequences, unless this step already had to evict.
         while !preempted && budget > 0 && self.running.len() < self.cfg.max_num_seqs && !self.waiting.is_empty() {
-            let seq = &mut self.waiting[0];
+            let id = self.waiting[0];
+            let seq = self.seqs.get_mut(&id).expect("waiting sequences exist");
             let reused = if self.cfg.prefix_caching { reuse_prefix(&mut self.alloc, seq, bs) } else { 0 };
             let n = (seq.tokens.len() - seq.num_computed).min(budget);
             let target = seq.num_computed + n;
@@ -223,34 +240,35 @@ impl Scheduler {
                 self.prefix_queries += seq.tokens.len() as u64;
                 self.prefix_hits += reused as u64;
             }
-            let mut seq = self.waiting.remove(0);
             if !seq.requeued {
                 seq.cached_tokens = reused;
             }
             seq.requeued = false;
-            out.push(Scheduled::chunk(&seq, n));
+            out.push(Scheduled::chunk(seq, n));
             budget -= n;
-            let at = self.running.partition_point(|s| s.order_key() <= seq.order_key());
-            self.running.insert(at, seq);
+            self.waiting.remove(0);
+            insert_sorted(&mut self.running, &self.seqs, id);
         }
         out
     }
 
+    /// Moves `running[index]` back to waiting with its blocks released, to recompute later.
     fn preempt(&mut self, index: usize) {
-        let mut seq = self.running.remove(index);
+        let id = self.running.remove(index);
+        let seq = self.seqs.get_mut(&id).expect("running sequences exist");
         seq.block_table.release(&mut self.alloc);
         seq.block_hashes.clear();
         seq.num_computed = 0;
         seq.requeued = true;
         self.preemptions += 1;
-        self.add(seq);
+        insert_sorted(&mut self.waiting, &self.seqs, id);
     }
 
-    /// Records that a step ran: the scheduled tokens are now in the cache.
-    /// Blocks that became full are registered in the prefix cache.
+    /// Records that a step ran: the scheduled tokens are now in the cache, and blocks that
+    /// became full are registered in the prefix cache.
     pub fn step_done(&mut self, step: &[Scheduled]) {
         for s in step {
-            if let Some(seq) = find_mut([&mut self.running, &mut self.waiting], s.id) {
+            if let Some(seq) = self.seqs.get_mut(&s.id) {
                 seq.num_computed = s.context_len + s.num_tokens;
                 register_full_blocks(&mut self.alloc, seq, self.cfg.block_size);
             }
@@ -259,16 +277,19 @@ impl Scheduler {
 
     /// Appends a sampled token to a sequence.
     pub fn append_token(&mut self, id: SeqId, token: u32) {
-        if let Some(seq) = find_mut([&mut self.running, &mut self.waiting], id) {
+        if let Some(seq) = self.seqs.get_mut(&id) {
             seq.tokens.push(token);
         }
     }
 
-    /// Removes a finished or aborted sequence and frees its blocks.
-    pub fn remove(&mut self, id: SeqId) -> Option<Sequence> {
-        let list = if self.running.iter().any(|s| s.id == id) { &mut self.running } else { &mut self.waiting };
-        let pos = list.iter().position(|s| s.id == id)?;
-        let mut seq = list.remove(pos);
+    /// Removes a finished or aborted sequence, frees its blocks, and hands its record back.
+    pub fn remove(&mut self, id: SeqId) -> Option<Sequence<S>> {
+        let mut seq = self.seqs.remove(&id)?;
+        for list in [&mut self.running, &mut self.waiting] {
+            if let Some(pos) = list.iter().position(|&x| x == id) {
+                list.remove(pos);
+            }
+        }
         seq.block_table.release(&mut self.alloc);
         Some(seq)
     }
@@ -277,16 +298,23 @@ impl Scheduler {
     /// with `first_token` appended. It shares the parent's full blocks; the partially
     /// filled last block is copied with `copy_block(src, dst)`. Without room (no free block,
     /// or `max_num_seqs` reached) the child waits and recomputes its prompt instead.
-    pub fn fork(&mut self, parent: SeqId, mut child: Sequence, first_token: u32, copy_block: &mut dyn FnMut(u32, u32)) {
+    pub fn fork(
+        &mut self,
+        parent: SeqId,
+        mut child: Sequence<S>,
+        first_token: u32,
+        copy_block: &mut dyn FnMut(u32, u32),
+    ) {
         let bs = self.cfg.block_size;
         child.tokens.push(first_token);
         child.requeued = true;
-        let Some(p) = self.running.iter().find(|s| s.id == parent) else {
+        let Some(p) = self.seqs.get(&parent).filter(|_| self.running.contains(&parent)) else {
             return self.add(child);
         };
         let computed = p.num_computed;
         let (full, partial) = (computed / bs, computed % bs != 0);
         let shared = p.block_table.blocks()[..computed.div_ceil(bs)].to_vec();
+        let hashes: Vec<_> = p.block_hashes.iter().take(full).copied().collect();
         if self.running.len() >= self.cfg.max_num_seqs || computed + 1 != child.tokens.len() {
             return self.add(child);
         }
@@ -301,18 +329,20 @@ impl Scheduler {
         for &b in &shared[..full] {
             self.alloc.retain(b);
         }
-        child.block_hashes = p.block_hashes.iter().take(full).copied().collect();
+        child.block_hashes = hashes;
         child.block_table = BlockTable::from_blocks(blocks);
         child.num_computed = computed;
         child.requeued = false;
-        let at = self.running.partition_point(|s| s.order_key() <= child.order_key());
-        self.running.insert(at, child);
+        let id = child.id;
+        assert!(self.seqs.insert(id, child).is_none(), "sequence {id} added twice");
+        insert_sorted(&mut self.running, &self.seqs, id);
     }
 
-    /// Checks that the allocator's books match the sequences' block tables.
+    /// Checks that the allocator's books match the sequences' block tables and that every
+    /// sequence is in exactly one list.
     pub fn check_invariants(&self) -> Result<(), String> {
         let mut counts = vec![0u32; self.alloc.num_blocks()];
-        for s in self.running.iter().chain(&self.waiting) {
+        for s in self.seqs.values() {
             for &b in s.block_table.blocks() {
                 counts[b as usize] += 1;
             }
@@ -322,6 +352,14 @@ impl Scheduler {
             if rc != c {
                 return Err(format!("block {b}: ref count {rc}, held by {c} sequences"));
             }
+        }
+        if self.running.len() + self.waiting.len() != self.seqs.len() {
+            return Err(format!(
+                "{} running + {} waiting but {} sequences",
+                self.running.len(),
+                self.waiting.len(),
+                self.seqs.len()
+            ));
         }
         Ok(())
     }

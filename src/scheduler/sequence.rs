@@ -1,4 +1,5 @@
-//! What the scheduler knows of a sequence.
+//! A sequence: one record of everything about it, owned by the scheduler; `state` is what
+//! the engine adds (sampler, detokenizer, stop state), opaque to the scheduler.
 
 use crate::kv::{BlockHash, BlockTable};
 use std::sync::Arc;
@@ -6,7 +7,7 @@ use std::sync::Arc;
 pub type SeqId = u64;
 
 #[derive(Debug)]
-pub struct Sequence {
+pub struct Sequence<S = ()> {
     pub id: SeqId,
     /// Prompt, then generated tokens.
     pub tokens: Vec<u32>,
@@ -25,10 +26,11 @@ pub struct Sequence {
     pub block_hashes: Vec<BlockHash>,
     /// Prompt tokens found in the prefix cache when the sequence was first admitted.
     pub cached_tokens: usize,
+    pub state: S,
 }
 
-impl Sequence {
-    pub fn new(id: SeqId, prompt: Vec<u32>, priority: i32, arrival: u64) -> Self {
+impl<S> Sequence<S> {
+    pub fn new(id: SeqId, prompt: Vec<u32>, priority: i32, arrival: u64, state: S) -> Self {
         Sequence {
             id,
             tokens: prompt,
@@ -40,6 +42,7 @@ impl Sequence {
             cache_salt: None,
             block_hashes: Vec::new(),
             cached_tokens: 0,
+            state,
         }
     }
 

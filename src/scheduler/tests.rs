@@ -15,11 +15,11 @@ fn sched_with(max_seqs: usize, max_tokens: usize, blocks: usize, prefix_caching:
 }
 
 fn seq_of(id: SeqId, tokens: &[u32]) -> Sequence {
-    Sequence::new(id, tokens.to_vec(), 0, id)
+    Sequence::new(id, tokens.to_vec(), 0, id, ())
 }
 
 fn seq(id: SeqId, len: usize, priority: i32) -> Sequence {
-    Sequence::new(id, (0..len as u32).collect(), priority, id)
+    Sequence::new(id, (0..len as u32).collect(), priority, id, ())
 }
 
 /// Runs a step as the engine would: every sampled sequence gets a token.
