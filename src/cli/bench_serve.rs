@@ -96,7 +96,9 @@ async fn one(http: &reqwest::Client, url: &str, body: &Value) -> Result<Sample> 
 pub fn run(args: BenchServeArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async {
-        let http = reqwest::Client::builder().timeout(Duration::from_secs(600)).build()?;
+        // A fresh connection per request: servers that close idle keep-alive connections
+        // (llama-server) would otherwise fail a request sent on a dying one.
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(600)).pool_max_idle_per_host(0).build()?;
         let url = args.url.trim_end_matches('/').to_string();
         let model = match &args.model {
             Some(m) => m.clone(),

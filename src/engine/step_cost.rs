@@ -17,6 +17,8 @@ const FORGET: f64 = 0.99;
 const DEFAULT_STRETCH: f64 = 3.0;
 /// Prefill tokens a step with decodes may always carry, so new prompts keep moving.
 pub const MIN_PREFILL: usize = 64;
+/// Prefill tokens beside decodes while the model is still being fitted.
+const WARM_PREFILL: usize = 128;
 
 pub struct StepCost {
     /// Coefficients of (1, rows, attended/1000), in milliseconds.
@@ -74,11 +76,14 @@ impl StepCost {
     }
 
     /// Prefill tokens a step may carry beside `decodes` decode rows attending to
-    /// `decode_attended` positions; `None` when nothing needs limiting (no decodes, or the
-    /// model is not fitted yet). At least [`MIN_PREFILL`], at most `max`.
+    /// `decode_attended` positions; `None` when nothing is decoding. At least
+    /// [`MIN_PREFILL`], at most `max`; a fixed cautious amount until the model is fitted.
     pub fn prefill_budget(&self, decodes: usize, decode_attended: usize, max: usize) -> Option<usize> {
-        if decodes == 0 || self.seen < WARM_STEPS {
+        if decodes == 0 {
             return None;
+        }
+        if self.seen < WARM_STEPS {
+            return Some(WARM_PREFILL.min(max));
         }
         let base = self.predict(decodes, decode_attended);
         let target = self.target_ms.unwrap_or(DEFAULT_STRETCH * base.max(0.1));
@@ -113,7 +118,7 @@ mod tests {
     fn learns_a_linear_step_time_and_budgets_prefill() {
         let law = |rows: usize, att: usize| 20.0 + 0.5 * rows as f64 + 2.0 * att as f64 / 1000.0;
         let mut c = StepCost::new(None);
-        assert_eq!(c.prefill_budget(4, 400, 512), None, "not fitted yet");
+        assert_eq!(c.prefill_budget(4, 400, 512), Some(WARM_PREFILL), "not fitted yet: cautious");
         for i in 0..200 {
             let rows = 1 + (i * 37) % 300;
             let att = attended(i % 500, rows);
