@@ -4,15 +4,21 @@
 //! A step's forward time is modelled as `fixed + per_row · rows + per_ctx · attended`,
 //! where `fixed` is reading the weights once, `rows` pay the matrix multiplies and
 //! `attended` (the context positions all rows attend to, in thousands) pays attention.
-//! Recursive least squares with forgetting keeps the fit current as the machine's speed
-//! drifts. A step that carries decodes gets only as many prefill tokens as keep its
+//! Least squares over exponentially decayed sums of the observations keeps the fit current
+//! as the machine's speed drifts. The sums are kept per band of step sizes, and a band
+//! forgets only as it gets new steps: hours of decode-only steps refresh the decode band
+//! without erasing what the last prefill steps taught (a single decayed sum, or recursive
+//! least squares, would lose or wind up exactly the terms a prefill step needs). A small
+//! ridge keeps the fit defined while the steps seen cannot yet tell the terms apart. A step that carries decodes gets only as many prefill tokens as keep its
 //! predicted time under the target, so a long prompt joining the batch delays each running
 //! stream by a bounded amount instead of by its whole prefill.
 
 /// Steps observed before the model is trusted to limit anything.
 const WARM_STEPS: u32 = 8;
-/// Weight of the past per step: about the last hundred steps count.
-const FORGET: f64 = 0.99;
+/// Weight of the past per step: about the last two hundred steps count.
+const FORGET: f64 = 0.995;
+/// Ridge added to the normal equations' diagonal.
+const RIDGE: f64 = 1e-3;
 /// Without `--max-step-ms`, a step may take this many times a decode-only step.
 const DEFAULT_STRETCH: f64 = 3.0;
 /// Prefill tokens a step with decodes may always carry, so new prompts keep moving.
@@ -20,11 +26,21 @@ pub const MIN_PREFILL: usize = 64;
 /// Prefill tokens beside decodes while the model is still being fitted.
 const WARM_PREFILL: usize = 128;
 
+/// Upper bounds (rows) of the bands of step sizes whose observations decay separately.
+const BANDS: [usize; 4] = [8, 32, 128, 512];
+
+/// Decayed sums of x·xᵀ and x·ms over one band's steps.
+#[derive(Clone, Copy, Default)]
+struct Sums {
+    xx: [[f64; 3]; 3],
+    xy: [f64; 3],
+}
+
 pub struct StepCost {
     /// Coefficients of (1, rows, attended/1000), in milliseconds.
     w: [f64; 3],
-    /// Inverse correlation matrix of the recursive least squares fit.
-    p: [[f64; 3]; 3],
+    /// One per band of [`BANDS`], and one for larger steps.
+    bands: [Sums; BANDS.len() + 1],
     seen: u32,
     /// The step-time target in milliseconds; `None`: a stretch of the decode-only time.
     target_ms: Option<f64>,
@@ -41,11 +57,7 @@ pub fn attended(start: usize, n: usize) -> usize {
 
 impl StepCost {
     pub fn new(target_ms: Option<f64>) -> Self {
-        let mut p = [[0.0; 3]; 3];
-        for (i, row) in p.iter_mut().enumerate() {
-            row[i] = 1e4;
-        }
-        StepCost { w: [0.0; 3], p, seen: 0, target_ms }
+        StepCost { w: [0.0; 3], bands: Default::default(), seen: 0, target_ms }
     }
 
     /// Predicted forward time in milliseconds.
@@ -60,17 +72,25 @@ impl StepCost {
             return;
         }
         let x = features(rows, attended);
-        let px: Vec<f64> = (0..3).map(|i| (0..3).map(|j| self.p[i][j] * x[j]).sum()).collect();
-        let denom = FORGET + (0..3).map(|i| x[i] * px[i]).sum::<f64>();
-        let gain: Vec<f64> = px.iter().map(|v| v / denom).collect();
-        let err = ms - self.predict(rows, attended);
-        for (w, g) in self.w.iter_mut().zip(&gain) {
-            *w += g * err;
-        }
-        for (row, g) in self.p.iter_mut().zip(&gain) {
-            for (p, v) in row.iter_mut().zip(&px) {
-                *p = (*p - g * v) / FORGET;
+        let band = &mut self.bands[BANDS.iter().position(|&b| rows <= b).unwrap_or(BANDS.len())];
+        for i in 0..3 {
+            for j in 0..3 {
+                band.xx[i][j] = band.xx[i][j] * FORGET + x[i] * x[j];
             }
+            band.xy[i] = band.xy[i] * FORGET + x[i] * ms;
+        }
+        let (mut a, mut b) = ([[0.0; 3]; 3], [0.0; 3]);
+        for band in &self.bands {
+            for (row, band_row) in a.iter_mut().zip(&band.xx) {
+                row.iter_mut().zip(band_row).for_each(|(x, y)| *x += y);
+            }
+            b.iter_mut().zip(&band.xy).for_each(|(x, y)| *x += y);
+        }
+        for (i, row) in a.iter_mut().enumerate() {
+            row[i] += RIDGE;
+        }
+        if let Some(w) = solve3(a, b) {
+            self.w = w;
         }
         self.seen += 1;
     }
@@ -102,9 +122,58 @@ impl StepCost {
     }
 }
 
+/// Solves `a · w = b` by Gaussian elimination with partial pivoting; `None` if singular.
+fn solve3(mut a: [[f64; 3]; 3], mut b: [f64; 3]) -> Option<[f64; 3]> {
+    for col in 0..3 {
+        let pivot = (col..3).max_by(|&i, &j| a[i][col].abs().total_cmp(&a[j][col].abs()))?;
+        if a[pivot][col].abs() < 1e-12 {
+            return None;
+        }
+        a.swap(col, pivot);
+        b.swap(col, pivot);
+        for r in col + 1..3 {
+            let f = a[r][col] / a[col][col];
+            let pivot_row = a[col];
+            a[r].iter_mut().zip(pivot_row).skip(col).for_each(|(x, p)| *x -= f * p);
+            b[r] -= f * b[col];
+        }
+    }
+    let mut w = [0.0; 3];
+    for r in (0..3).rev() {
+        let rest: f64 = (r + 1..3).map(|c| a[r][c] * w[c]).sum();
+        w[r] = (b[r] - rest) / a[r][r];
+    }
+    Some(w)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn solves_a_3x3_system() {
+        let w = solve3([[2.0, 1.0, 0.0], [0.0, 0.0, 3.0], [1.0, 4.0, 1.0]], [4.0, 9.0, 12.0]).unwrap();
+        let want = [1.0, 2.0, 3.0];
+        assert!(w.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-9), "{w:?}");
+        assert!(solve3([[1.0, 2.0, 3.0], [2.0, 4.0, 6.0], [0.0, 0.0, 1.0]], [1.0, 2.0, 3.0]).is_none());
+    }
+
+    /// A long run of identical decode steps does not wind the fit up: a prefill step's
+    /// time is still predicted sensibly afterwards.
+    #[test]
+    fn identical_steps_do_not_wind_the_fit_up() {
+        let law = |rows: usize, att: usize| 20.0 + 0.5 * rows as f64 + 2.0 * att as f64 / 1000.0;
+        let mut c = StepCost::new(None);
+        for i in 0..100 {
+            let rows = 1 + (i * 37) % 300;
+            c.observe(rows, attended(0, rows), law(rows, attended(0, rows)));
+        }
+        for _ in 0..5000 {
+            c.observe(32, 4000, law(32, 4000));
+        }
+        let (rows, att) = (200, attended(0, 200));
+        assert!((c.predict(rows, att) - law(rows, att)).abs() < 0.05 * law(rows, att), "{}", c.predict(rows, att));
+    }
 
     #[test]
     fn attended_counts_positions() {
