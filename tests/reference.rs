@@ -240,3 +240,40 @@ fn chat_prompt_ids_match_reference() {
         }
     }
 }
+
+/// `--dtype auto` keeps 16-bit weights 16-bit (half the bytes) and, widening them exactly
+/// in the kernel, computes the very logits of the f32 path: bit for bit, both formats.
+#[test]
+fn sixteen_bit_weights_stay_16_bit_and_exact() {
+    if shared_models().is_none() {
+        return;
+    }
+    use weft::model::WeightDtype;
+    for family in ["tiny-llama3", "tiny-qwen3", "tiny-phi3", "tiny-gemma2"] {
+        for path in [family.to_string(), format!("{family}/{family}.gguf")] {
+            let (wide, half) = (model(&path), common::model_as(&path, WeightDtype::Auto));
+            let (a, b) = (wide.model.weight_bytes() as f64, half.model.weight_bytes() as f64);
+            assert!(b < 0.55 * a, "{path}: {b} bytes of weights against {a} as f32");
+            for case in reference(family) {
+                let logits = |m: &weft::loaded::LoadedModel| {
+                    let c = &m.model.config;
+                    let n = case.prompt_ids.len();
+                    let mut kv = KvCache::new(c.num_layers, n.div_ceil(16), 16, c.num_kv_heads, c.head_dim);
+                    let mut alloc = BlockAllocator::new(kv.num_blocks(), false);
+                    let mut table = BlockTable::default();
+                    table.reserve(&mut alloc, n, 16).unwrap();
+                    let seq = [SeqStep {
+                        context_len: 0,
+                        num_tokens: n,
+                        seq_len: n,
+                        block_table: table.blocks(),
+                        sample: true,
+                    }];
+                    let mut ws = Workspace::default();
+                    m.model.forward(&StepInput { tokens: &case.prompt_ids, seqs: &seq }, &mut kv, &mut ws).to_vec()
+                };
+                assert!(logits(&wide) == logits(&half), "{path} {}", case.id);
+            }
+        }
+    }
+}

@@ -8,6 +8,9 @@
 //! - **Speed at decode batch sizes.** Weights are packed once at load into 16-column panels
 //!   stored k-major ([`PackedMatrix`]), so the kernel streams them sequentially (bandwidth
 //!   bound at m = 1) and a 6×16 register tile keeps both FMA units busy for m ≥ 6.
+//! - **16-bit weights stay 16-bit.** Panels may hold f16 or bf16 values, widened to f32 as
+//!   they are loaded into registers: half the bytes streamed per token, and, since widening
+//!   is exact, results bit-identical to packing the widened values as f32.
 //!
 //! Work is split over panels of output columns, so at m = 1 both cores stream disjoint
 //! parts of the weights. Call it from inside the engine's rayon pool: dispatch from outside
@@ -32,12 +35,40 @@ const PARALLEL_MIN_WORK: usize = 1 << 16;
 /// Below this many elements of `X` its packing runs on the calling thread.
 const PARALLEL_MIN_PACK: usize = 1 << 15;
 
+/// The 16-bit float formats weights can stay in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Half {
+    F16,
+    Bf16,
+}
+
+impl Half {
+    /// The value of a bit pattern of this format.
+    pub fn to_f32(self, bits: u16) -> f32 {
+        match self {
+            Half::F16 => half::f16::from_bits(bits).to_f32(),
+            Half::Bf16 => half::bf16::from_bits(bits).to_f32(),
+        }
+    }
+}
+
+/// Panel storage: f32, or 16-bit bit patterns of one [`Half`] format.
+enum Panels {
+    F32(F32Buf),
+    Half(Half, Vec<u16>),
+}
+
+/// Element kinds as the kernels see them (const generic parameters).
+const KIND_F32: u8 = 0;
+const KIND_F16: u8 = 1;
+const KIND_BF16: u8 = 2;
+
 /// A weight matrix `[n, k]` repacked for [`matmul`]: K-blocks of `KC` rows, each holding
 /// every panel of `NP` output columns as `[kc][NP]` (the last panel zero-padded).
 pub struct PackedMatrix {
     n: usize,
     k: usize,
-    data: F32Buf,
+    data: Panels,
 }
 
 impl PackedMatrix {
@@ -51,7 +82,37 @@ impl PackedMatrix {
                 data[Self::offset(panels, k, row, col)] = v;
             }
         }
-        PackedMatrix { n, k, data }
+        PackedMatrix { n, k, data: Panels::F32(data) }
+    }
+
+    /// Packs a row-major `[n, k]` matrix of 16-bit floats (bit patterns), keeping them 16-bit.
+    pub fn pack_half(w: &[u16], format: Half, n: usize, k: usize) -> Self {
+        assert_eq!(w.len(), n * k, "pack: {} elements for a [{n}, {k}] matrix", w.len());
+        let panels = n.div_ceil(NP);
+        let mut data = vec![0u16; panels * NP * k];
+        for (row, src) in w.chunks_exact(k).enumerate() {
+            for (col, &v) in src.iter().enumerate() {
+                data[Self::offset(panels, k, row, col)] = v;
+            }
+        }
+        PackedMatrix { n, k, data: Panels::Half(format, data) }
+    }
+
+    /// The element at a packed offset, as f32.
+    fn at(&self, i: usize) -> f32 {
+        match &self.data {
+            Panels::F32(d) => d[i],
+            Panels::Half(h, d) => h.to_f32(d[i]),
+        }
+    }
+
+    /// The panels' first byte and the kernels' element kind.
+    fn raw(&self) -> (*const u8, u8) {
+        match &self.data {
+            Panels::F32(d) => (d.as_ptr().cast(), KIND_F32),
+            Panels::Half(Half::F16, d) => (d.as_ptr().cast(), KIND_F16),
+            Panels::Half(Half::Bf16, d) => (d.as_ptr().cast(), KIND_BF16),
+        }
     }
 
     #[inline]
@@ -63,14 +124,17 @@ impl PackedMatrix {
 
     /// Bytes of weights one pass over the matrix reads.
     pub fn bytes(&self) -> usize {
-        self.data.len() * std::mem::size_of::<f32>()
+        match &self.data {
+            Panels::F32(d) => d.len() * 4,
+            Panels::Half(_, d) => d.len() * 2,
+        }
     }
 
     /// Copies row `r` (for example an embedding, when the LM head is tied to it).
     pub fn row_into(&self, r: usize, out: &mut [f32]) {
         let panels = self.n.div_ceil(NP);
         for (c, o) in out[..self.k].iter_mut().enumerate() {
-            *o = self.data[Self::offset(panels, self.k, r, c)];
+            *o = self.at(Self::offset(panels, self.k, r, c));
         }
     }
 }
@@ -83,6 +147,16 @@ pub fn matmul(x: &[f32], w: &PackedMatrix, y: &mut [f32], m: usize) {
     if m == 0 || n == 0 {
         return;
     }
+    match w.raw().1 {
+        KIND_F16 => run::<KIND_F16>(x, w, y, m),
+        KIND_BF16 => run::<KIND_BF16>(x, w, y, m),
+        _ => run::<KIND_F32>(x, w, y, m),
+    }
+}
+
+/// [`matmul`] for panels of element kind `KIND`.
+fn run<const KIND: u8>(x: &[f32], w: &PackedMatrix, y: &mut [f32], m: usize) {
+    let (n, k) = (w.n, w.k);
     let out = SharedOut(y.as_mut_ptr());
     let panels = n.div_ceil(NP);
     PACKED_X.with_borrow_mut(|xp| {
@@ -91,7 +165,7 @@ pub fn matmul(x: &[f32], w: &PackedMatrix, y: &mut [f32], m: usize) {
         let threads = rayon::current_num_threads();
         if threads == 1 || m * n * k < PARALLEL_MIN_WORK {
             // SAFETY: one task covers all panels of a buffer checked above.
-            unsafe { panel_range(xp, tiles, w, out, 0, panels) };
+            unsafe { panel_range::<KIND>(xp, tiles, w, out, 0, panels) };
             return;
         }
         // Several tasks per thread so uneven progress (the other core busy) balances out, a
@@ -101,7 +175,7 @@ pub fn matmul(x: &[f32], w: &PackedMatrix, y: &mut [f32], m: usize) {
         let tasks = (threads * 4).max(panels.div_ceil(MAX_TASK_PANELS)).next_multiple_of(threads).min(panels);
         (0..tasks).into_par_iter().for_each(|t| {
             // SAFETY: tasks write disjoint column ranges of a buffer checked above.
-            unsafe { panel_range(xp, tiles, w, out, t * panels / tasks, (t + 1) * panels / tasks) };
+            unsafe { panel_range::<KIND>(xp, tiles, w, out, t * panels / tasks, (t + 1) * panels / tasks) };
         });
     });
 }
@@ -167,23 +241,31 @@ unsafe impl Sync for SharedOut {}
 ///
 /// # Safety
 /// `y` must point to `m * n` writable floats that no other thread writes in these columns.
-unsafe fn panel_range(xp: &[f32], tiles: &[RowTile], w: &PackedMatrix, y: SharedOut, p0: usize, p1: usize) {
+unsafe fn panel_range<const KIND: u8>(
+    xp: &[f32],
+    tiles: &[RowTile],
+    w: &PackedMatrix,
+    y: SharedOut,
+    p0: usize,
+    p1: usize,
+) {
     let (n, k) = (w.n, w.k);
     let panels = n.div_ceil(NP);
+    let (base, _) = w.raw();
+    let es = elem_size(KIND);
     // An M-block's outputs stay in cache while every K-block adds to them; within a K-block
     // the block's tiles share a panel of weights while it is in L1.
     for (b0, block_tiles) in m_blocks(tiles) {
         for k0 in (0..k).step_by(KC) {
             let kcb = KC.min(k - k0);
-            let block = &w.data[k0 * panels * NP..];
             for p in p0..p1 {
-                let wp = &block[p * kcb * NP..(p + 1) * kcb * NP];
+                let wp = base.add((k0 * panels * NP + p * kcb * NP) * es);
                 let cols = NP.min(n - p * NP);
                 for (t, tile) in block_tiles.iter().enumerate() {
                     let xs = &xp[(b0 + t) * MR * k + k0 * MR..];
                     let yp = y.0.add(tile.start * n + p * NP);
                     if cols == NP {
-                        tile_kernel(tile.rows, xs, wp, kcb, yp, n, k0 == 0);
+                        tile_kernel::<KIND>(tile.rows, xs, wp, kcb, yp, n, k0 == 0);
                     } else {
                         // Edge panel: run the full-width tile on a scratch copy.
                         let mut tmp = [0f32; MR * NP];
@@ -192,7 +274,7 @@ unsafe fn panel_range(xp: &[f32], tiles: &[RowTile], w: &PackedMatrix, y: Shared
                                 tmp[r * NP + c] = *yp.add(r * n + c);
                             }
                         }
-                        tile_kernel(tile.rows, xs, wp, kcb, tmp.as_mut_ptr(), NP, k0 == 0);
+                        tile_kernel::<KIND>(tile.rows, xs, wp, kcb, tmp.as_mut_ptr(), NP, k0 == 0);
                         for r in 0..tile.rows {
                             for c in 0..cols {
                                 *yp.add(r * n + c) = tmp[r * NP + c];
@@ -218,24 +300,55 @@ fn m_blocks(tiles: &[RowTile]) -> impl Iterator<Item = (usize, &[RowTile])> {
     })
 }
 
-/// `rows × NP` outputs at `y` (row stride `ldy`) over one K-block; `x` is the tile's packed
-/// `[kcb][MR]` values; `first` starts the sums from zero, otherwise they continue from `y`.
+fn elem_size(kind: u8) -> usize {
+    if kind == KIND_F32 {
+        4
+    } else {
+        2
+    }
+}
+
+/// Element `i` of panels of kind `KIND` at `p`, as f32.
 ///
 /// # Safety
-/// `y` must be valid for `rows` rows of `NP` floats at stride `ldy`.
+/// `p` must be valid for element `i`.
 #[inline]
-unsafe fn tile_kernel(rows: usize, x: &[f32], wp: &[f32], kcb: usize, y: *mut f32, ldy: usize, first: bool) {
-    debug_assert!(x.len() >= kcb * MR && wp.len() >= kcb * NP);
+unsafe fn read<const KIND: u8>(p: *const u8, i: usize) -> f32 {
+    match KIND {
+        KIND_F32 => *p.cast::<f32>().add(i),
+        KIND_F16 => Half::F16.to_f32(*p.cast::<u16>().add(i)),
+        _ => Half::Bf16.to_f32(*p.cast::<u16>().add(i)),
+    }
+}
+
+/// `rows × NP` outputs at `y` (row stride `ldy`) over one K-block; `x` is the tile's packed
+/// `[kcb][MR]` values, `wp` the panel's `[kcb][NP]` weights of kind `KIND`; `first` starts
+/// the sums from zero, otherwise they continue from `y`.
+///
+/// # Safety
+/// `wp` must cover `kcb × NP` elements and `y` must be valid for `rows` rows of `NP` floats
+/// at stride `ldy`.
+#[inline]
+unsafe fn tile_kernel<const KIND: u8>(
+    rows: usize,
+    x: &[f32],
+    wp: *const u8,
+    kcb: usize,
+    y: *mut f32,
+    ldy: usize,
+    first: bool,
+) {
+    debug_assert!(x.len() >= kcb * MR);
     #[cfg(target_arch = "x86_64")]
     if avx2::available() {
-        let (x, wp) = (x.as_ptr(), wp.as_ptr());
+        let x = x.as_ptr();
         match rows {
-            6 => avx2::tile::<6>(x, wp, kcb, y, ldy, first),
-            5 => avx2::tile::<5>(x, wp, kcb, y, ldy, first),
-            4 => avx2::tile::<4>(x, wp, kcb, y, ldy, first),
-            3 => avx2::tile::<3>(x, wp, kcb, y, ldy, first),
-            2 => avx2::tile::<2>(x, wp, kcb, y, ldy, first),
-            _ => avx2::tile::<1>(x, wp, kcb, y, ldy, first),
+            6 => avx2::tile::<6, KIND>(x, wp, kcb, y, ldy, first),
+            5 => avx2::tile::<5, KIND>(x, wp, kcb, y, ldy, first),
+            4 => avx2::tile::<4, KIND>(x, wp, kcb, y, ldy, first),
+            3 => avx2::tile::<3, KIND>(x, wp, kcb, y, ldy, first),
+            2 => avx2::tile::<2, KIND>(x, wp, kcb, y, ldy, first),
+            _ => avx2::tile::<1, KIND>(x, wp, kcb, y, ldy, first),
         }
         return;
     }
@@ -243,7 +356,7 @@ unsafe fn tile_kernel(rows: usize, x: &[f32], wp: &[f32], kcb: usize, y: *mut f3
         for c in 0..NP {
             let mut acc = if first { 0.0 } else { *y.add(r * ldy + c) };
             for kk in 0..kcb {
-                acc = x[kk * MR + r].mul_add(wp[kk * NP + c], acc);
+                acc = x[kk * MR + r].mul_add(read::<KIND>(wp, kk * NP + c), acc);
             }
             *y.add(r * ldy + c) = acc;
         }
@@ -252,7 +365,7 @@ unsafe fn tile_kernel(rows: usize, x: &[f32], wp: &[f32], kcb: usize, y: *mut f3
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
-    use super::{MR, NP};
+    use super::{KIND_F16, KIND_F32, MR, NP};
 
     /// How many `k` steps (64-byte lines of a panel) ahead to prefetch weights.
     const PREFETCH_AHEAD: usize = 24;
@@ -261,21 +374,39 @@ pub(crate) mod avx2 {
 
     pub fn available() -> bool {
         static AVAILABLE: OnceLock<bool> = OnceLock::new();
-        *AVAILABLE.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))
+        *AVAILABLE.get_or_init(|| {
+            is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+        })
+    }
+
+    /// Eight weights of kind `KIND` at element `i` of `wp`, widened to f32 (exactly).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn load8<const KIND: u8>(wp: *const u8, i: usize) -> __m256 {
+        match KIND {
+            KIND_F32 => _mm256_loadu_ps(wp.cast::<f32>().add(i)),
+            KIND_F16 => _mm256_cvtph_ps(_mm_loadu_si128(wp.cast::<u16>().add(i).cast())),
+            // bf16 is the top half of an f32.
+            _ => {
+                let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(wp.cast::<u16>().add(i).cast()));
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(h))
+            }
+        }
     }
 
     /// # Safety
-    /// AVX2 and FMA must be available; `x` covers `kcb × MR`, `wp` covers `kcb × NP`, and
-    /// `y` covers `R` rows of `NP` at stride `ldy`.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn tile<const R: usize>(
+    /// AVX2, FMA and F16C must be available; `x` covers `kcb × MR`, `wp` covers `kcb × NP`
+    /// elements of kind `KIND`, and `y` covers `R` rows of `NP` at stride `ldy`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn tile<const R: usize, const KIND: u8>(
         x: *const f32,
-        wp: *const f32,
+        wp: *const u8,
         kcb: usize,
         y: *mut f32,
         ldy: usize,
         first: bool,
     ) {
+        let es = super::elem_size(KIND);
         const V: usize = NP / 8;
         let mut acc = [[_mm256_setzero_ps(); V]; R];
         if !first {
@@ -289,11 +420,11 @@ pub(crate) mod avx2 {
             // With several rows the tile is compute-bound, so ask for the weights early; a
             // single row is bandwidth-bound and the hardware prefetcher does better alone.
             if R > 1 {
-                _mm_prefetch::<_MM_HINT_T0>(wp.add((kk + PREFETCH_AHEAD) * NP) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(wp.add((kk + PREFETCH_AHEAD) * NP * es) as *const i8);
             }
             let mut wv = [_mm256_setzero_ps(); V];
             for (v, w) in wv.iter_mut().enumerate() {
-                *w = _mm256_loadu_ps(wp.add(kk * NP + 8 * v));
+                *w = load8::<KIND>(wp, kk * NP + 8 * v);
             }
             for (r, a) in acc.iter_mut().enumerate() {
                 let xb = _mm256_broadcast_ss(&*x.add(kk * MR + r));
@@ -370,6 +501,34 @@ mod tests {
             let mut one = vec![0f32; n];
             matmul(&xs[i * k..(i + 1) * k], &w, &mut one, 1);
             assert_eq!(one, all[i * n..(i + 1) * n], "row {i}");
+        }
+    }
+
+    /// 16-bit panels give exactly the f32 result of the widened values, on every path
+    /// (edge panels, several K-blocks, one row and many).
+    #[test]
+    fn half_panels_match_widened_f32_bit_for_bit() {
+        for format in [Half::F16, Half::Bf16] {
+            for &(m, k, n) in &[(1, 300, 37), (7, 520, 16), (33, 64, 50)] {
+                let bits: Vec<u16> = random_vec(n * k, 9)
+                    .iter()
+                    .map(|&v| match format {
+                        Half::F16 => half::f16::from_f32(v).to_bits(),
+                        Half::Bf16 => half::bf16::from_f32(v).to_bits(),
+                    })
+                    .collect();
+                let wide: Vec<f32> = bits.iter().map(|&b| format.to_f32(b)).collect();
+                let x = random_vec(m * k, 10);
+                let (mut a, mut b) = (vec![0f32; m * n], vec![0f32; m * n]);
+                let packed = PackedMatrix::pack_half(&bits, format, n, k);
+                assert_eq!(packed.bytes() * 2, PackedMatrix::pack(&wide, n, k).bytes());
+                matmul(&x, &packed, &mut a, m);
+                matmul(&x, &PackedMatrix::pack(&wide, n, k), &mut b, m);
+                assert_eq!(a, b, "{format:?} m={m} k={k} n={n}");
+                let mut row = vec![0f32; k];
+                packed.row_into(n - 1, &mut row);
+                assert_eq!(row, wide[(n - 1) * k..]);
+            }
         }
     }
 

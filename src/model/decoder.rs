@@ -9,6 +9,7 @@ use super::loader::WeightSource;
 use super::tensor::Tensor;
 use super::weight::{Weight, WeightDtype};
 use crate::kernels::attention::{attend, KvSpan, Scoring, Scratch};
+use crate::kernels::matmul::Half;
 use crate::kernels::norm::{gelu_tanh_mul, rmsnorm_in_place};
 use crate::kernels::qmatmul::{QActs, QMatrix};
 use crate::kernels::rope::Rope;
@@ -61,16 +62,21 @@ impl Rotary {
 }
 
 /// Untied token embeddings: a lookup table, never multiplied, so it stays as loaded
-/// (memory-mapped f32 where the file allows) or in its block format.
+/// (memory-mapped f32 where the file allows), 16-bit, or in its block format.
 enum Embeddings {
     Rows(Tensor),
+    Half(Half, Vec<u16>),
     Blocks(QMatrix),
 }
 
 impl Embeddings {
     fn row_into(&self, tok: usize, out: &mut [f32]) {
+        let d = out.len();
         match self {
-            Embeddings::Rows(t) => out.copy_from_slice(&t.data()[tok * out.len()..(tok + 1) * out.len()]),
+            Embeddings::Rows(t) => out.copy_from_slice(&t.data()[tok * d..(tok + 1) * d]),
+            Embeddings::Half(h, bits) => {
+                out.iter_mut().zip(&bits[tok * d..(tok + 1) * d]).for_each(|(o, &b)| *o = h.to_f32(b))
+            }
             Embeddings::Blocks(q) => q.row_into(tok, out),
         }
     }
@@ -244,9 +250,10 @@ impl Decoder {
         let (embed, lm_head) = if c.tie_word_embeddings && !src.contains("lm_head.weight") {
             (None, Weight::load(src, &emb, dtype)?)
         } else {
-            let embed = match Weight::load_blocks(src, &emb, dtype)? {
-                Some(q) => Embeddings::Blocks(q),
-                None => Embeddings::Rows(src.load(emb[0].0, &emb[0].1)?),
+            let embed = match (Weight::load_blocks(src, &emb, dtype)?, Weight::load_half(src, &emb, dtype)?) {
+                (Some(q), _) => Embeddings::Blocks(q),
+                (None, Some((h, bits))) => Embeddings::Half(h, bits),
+                (None, None) => Embeddings::Rows(src.load(emb[0].0, &emb[0].1)?),
             };
             (Some(embed), Weight::load(src, &[("lm_head.weight", [c.vocab_size, d])], dtype)?)
         };

@@ -2,6 +2,7 @@
 //! reference path), or the file's GGML block formats computed with int8 activations.
 
 use super::loader::WeightSource;
+use crate::kernels::matmul::Half;
 use crate::kernels::qmatmul::{qmatmul, quantize_rows, QActs, QMatrix};
 use crate::kernels::{matmul, PackedMatrix};
 use anyhow::Result;
@@ -33,11 +34,15 @@ pub enum Weight {
 
 impl Weight {
     /// Stacks `parts` (tensor names with their `[rows, k]` shapes) along the output
-    /// dimension: kept in their block formats when `dtype` is `Auto` and every part is
-    /// stored in one, else widened to f32 and packed.
+    /// dimension: when `dtype` is `Auto`, kept in their block formats, or 16-bit, when every
+    /// part is stored so; else widened to f32 and packed.
     pub fn load(src: &dyn WeightSource, parts: &[(&str, [usize; 2])], dtype: WeightDtype) -> Result<Self> {
         if let Some(q) = Self::load_blocks(src, parts, dtype)? {
             return Ok(Weight::Quant(q));
+        }
+        if let Some((format, bits)) = Self::load_half(src, parts, dtype)? {
+            let rows: usize = parts.iter().map(|(_, s)| s[0]).sum();
+            return Ok(Weight::F32(PackedMatrix::pack_half(&bits, format, rows, parts[0].1[1])));
         }
         let k = parts[0].1[1];
         let rows: usize = parts.iter().map(|(_, s)| s[0]).sum();
@@ -69,6 +74,27 @@ impl Weight {
             }
         }
         Ok(Some(QMatrix::new(parts[0].1[1], blocks)?))
+    }
+
+    /// `parts` stacked as 16-bit floats, when `dtype` is `Auto` and every part is stored in
+    /// the same 16-bit format; `None` otherwise.
+    pub fn load_half(
+        src: &dyn WeightSource,
+        parts: &[(&str, [usize; 2])],
+        dtype: WeightDtype,
+    ) -> Result<Option<(Half, Vec<u16>)>> {
+        if dtype != WeightDtype::Auto {
+            return Ok(None);
+        }
+        let mut all: Option<(Half, Vec<u16>)> = None;
+        for (name, shape) in parts {
+            match (src.load_half(name, shape)?, &mut all) {
+                (Some((f, bits)), None) => all = Some((f, bits)),
+                (Some((f, bits)), Some((g, acc))) if f == *g => acc.extend(bits),
+                _ => return Ok(None),
+            }
+        }
+        Ok(all)
     }
 
     /// Bytes of weights one pass over the matrix reads.

@@ -2,6 +2,7 @@
 //! for interleaved RoPE (arch `llama` only) mapped back to the rotate_half order.
 
 use super::{check_shape, Tensor, WeightSource};
+use crate::kernels::matmul::Half;
 use crate::kernels::qmatmul::QMatrix;
 use crate::kernels::quant::GgmlType;
 use crate::model::config::{Arch, ModelConfig};
@@ -116,6 +117,17 @@ impl WeightSource for GgufWeights<'_> {
         let info = self.info(name, shape)?;
         let data = self.hf_rows(name, self.file.dequantize(info), shape[1..].iter().product());
         Ok(Tensor::owned(shape.to_vec(), data))
+    }
+
+    fn load_half(&self, name: &str, shape: &[usize]) -> Result<Option<(Half, Vec<u16>)>> {
+        let info = self.info(name, shape)?;
+        let format = match info.dtype {
+            GgmlType::F16 => Half::F16,
+            GgmlType::Bf16 => Half::Bf16,
+            _ => return Ok(None),
+        };
+        let bits: Vec<u16> = self.file.raw(info).chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect();
+        Ok(Some((format, self.hf_rows(name, bits, shape[1..].iter().product()))))
     }
 
     fn load_blocks(&self, name: &str, shape: &[usize]) -> Result<Option<(GgmlType, Vec<u8>)>> {

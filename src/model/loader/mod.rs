@@ -8,6 +8,7 @@ pub use gguf::GgufWeights;
 pub use safetensors::SafetensorsWeights;
 
 use super::tensor::Tensor;
+use crate::kernels::matmul::Half;
 use crate::kernels::quant::GgmlType;
 use anyhow::Result;
 
@@ -18,6 +19,11 @@ pub trait WeightSource {
     /// The tensor's raw blocks when it is stored in a GGML block format (row-major rows of
     /// whole blocks, in Hugging Face row order), so it can be computed without widening.
     fn load_blocks(&self, _name: &str, _shape: &[usize]) -> Result<Option<(GgmlType, Vec<u8>)>> {
+        Ok(None)
+    }
+    /// The tensor's 16-bit float bit patterns (Hugging Face row order) when it is stored as
+    /// f16 or bf16, so it can stay 16-bit.
+    fn load_half(&self, _name: &str, _shape: &[usize]) -> Result<Option<(Half, Vec<u16>)>> {
         Ok(None)
     }
     /// Whether Gemma's `(1 + w)` norm weights are stored with the 1 already added, as

@@ -2,6 +2,7 @@
 //! memory map, f16/bf16 are widened to f32 once at load.
 
 use super::{check_shape, Tensor, WeightSource};
+use crate::kernels::matmul::Half;
 use anyhow::{bail, Context, Result};
 use half::{bf16, f16};
 use memmap2::Mmap;
@@ -62,9 +63,32 @@ impl SafetensorsWeights {
     }
 }
 
+impl SafetensorsWeights {
+    /// The entry `name`, its file, and its bytes, checked to have `shape`.
+    fn entry(&self, name: &str, shape: &[usize]) -> Result<(&Entry, &[u8])> {
+        let Some(e) = self.entries.get(name) else {
+            let dir = self.files[0].0.parent().unwrap_or(Path::new("."));
+            bail!("{}: tensor {name} not found in any *.safetensors file", dir.display());
+        };
+        let (path, map) = &self.files[e.file];
+        check_shape(path, name, shape, &e.shape)?;
+        Ok((e, &map[e.offset..e.offset + e.len_bytes]))
+    }
+}
+
 impl WeightSource for SafetensorsWeights {
     fn contains(&self, name: &str) -> bool {
         self.entries.contains_key(name)
+    }
+
+    fn load_half(&self, name: &str, shape: &[usize]) -> Result<Option<(Half, Vec<u16>)>> {
+        let (e, bytes) = self.entry(name, shape)?;
+        let format = match e.dtype {
+            Dtype::F16 => Half::F16,
+            Dtype::BF16 => Half::Bf16,
+            _ => return Ok(None),
+        };
+        Ok(Some((format, bytes.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect())))
     }
 
     fn load(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
