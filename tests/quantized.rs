@@ -24,13 +24,7 @@ fn teacher_forced(m: &LoadedModel, prompt: &[u32], generated: &[u32]) -> Vec<Vec
     let mut ws = Workspace::default();
     let (mut ctx, mut feed, mut out) = (0, prompt.to_vec(), Vec::new());
     for &next in generated {
-        let seq = [SeqStep {
-            context_len: ctx,
-            num_tokens: feed.len(),
-            seq_len: ctx + feed.len(),
-            block_table: table.blocks(),
-            sample: true,
-        }];
+        let seq = [SeqStep::sampled(ctx, feed.len(), table.blocks())];
         out.push(llama.forward(&StepInput { tokens: &feed, seqs: &seq }, &mut kv, &mut ws).to_vec());
         ctx += feed.len();
         feed = vec![next];

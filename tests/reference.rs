@@ -53,13 +53,7 @@ fn logits_and_greedy_steps_match_reference() {
             let mut ctx = 0;
             let mut feed = case.prompt_ids.clone();
             for (step, &want) in case.generated_ids.iter().enumerate() {
-                let seq = [SeqStep {
-                    context_len: ctx,
-                    num_tokens: feed.len(),
-                    seq_len: ctx + feed.len(),
-                    block_table: table.blocks(),
-                    sample: true,
-                }];
+                let seq = [SeqStep::sampled(ctx, feed.len(), table.blocks())];
                 let logits = llama.forward(&StepInput { tokens: &feed, seqs: &seq }, &mut kv, &mut ws).to_vec();
                 assert_eq!(logits.len(), vocab);
                 if step == 0 {

@@ -260,13 +260,7 @@ fn bare_decode(model: &crate::model::Decoder, prompt: &[u32], gen: usize) -> f64
         if step == 1 {
             start = Instant::now();
         }
-        let seq = [SeqStep {
-            context_len: ctx,
-            num_tokens: feed.len(),
-            seq_len: ctx + feed.len(),
-            block_table: table.blocks(),
-            sample: true,
-        }];
+        let seq = [SeqStep::sampled(ctx, feed.len(), table.blocks())];
         let next = crate::sampling::argmax(model.forward(&StepInput { tokens: &feed, seqs: &seq }, &mut kv, &mut ws));
         ctx += feed.len();
         feed = vec![next];

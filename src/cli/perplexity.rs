@@ -75,17 +75,7 @@ impl<'m> Lane<'m> {
     /// Feeds token `pos` of every chunk; log-probabilities of the next token, per chunk.
     fn step(&mut self, chunks: &[&[u32]], pos: usize) -> Vec<Vec<f64>> {
         let tokens: Vec<u32> = chunks.iter().map(|c| c[pos]).collect();
-        let seqs: Vec<SeqStep> = self
-            .tables
-            .iter()
-            .map(|t| SeqStep {
-                context_len: pos,
-                num_tokens: 1,
-                seq_len: pos + 1,
-                block_table: t.blocks(),
-                sample: true,
-            })
-            .collect();
+        let seqs: Vec<SeqStep> = self.tables.iter().map(|t| SeqStep::sampled(pos, 1, t.blocks())).collect();
         let logits = self.model.model.forward(&StepInput { tokens: &tokens, seqs: &seqs }, &mut self.kv, &mut self.ws);
         logits.chunks_exact(self.model.model.config.vocab_size).map(log_softmax).collect()
     }

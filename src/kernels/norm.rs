@@ -95,38 +95,31 @@ mod tests {
         }
     }
 
-    #[test]
-    fn gelu_tanh_mul_matches_naive() {
-        let (rows, f) = (2, 9);
-        let gu: Vec<f32> = random_vec(rows * 2 * f, 4).iter().map(|x| x * 4.0).collect();
+    /// A gated activation `act(gate) · up` against its naive f64 form `f(gate, up)`.
+    fn check_gated(act: fn(&[f32], usize, &mut [f32]), naive: fn(f64, f64) -> f64, tol: f32, what: &str) {
+        let (rows, f) = (3, 21);
+        let gu: Vec<f32> = random_vec(rows * 2 * f, 3).iter().map(|x| x * 4.0).collect();
         let mut out = vec![0f32; rows * f];
-        gelu_tanh_mul(&gu, f, &mut out);
+        act(&gu, f, &mut out);
         let want: Vec<f32> = (0..rows * f)
             .map(|i| {
                 let (r, c) = (i / f, i % f);
-                let x = gu[r * 2 * f + c] as f64;
-                let u = gu[r * 2 * f + f + c] as f64;
-                let gelu = 0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x.powi(3))).tanh());
-                (gelu * u) as f32
+                naive(gu[r * 2 * f + c] as f64, gu[r * 2 * f + f + c] as f64) as f32
             })
             .collect();
-        assert_close(&out, &want, 1e-5, "gelu_tanh_mul");
+        assert_close(&out, &want, tol, what);
+    }
+
+    #[test]
+    fn gelu_tanh_mul_matches_naive() {
+        let gelu = |x: f64, u: f64| {
+            0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x.powi(3))).tanh()) * u
+        };
+        check_gated(gelu_tanh_mul, gelu, 1e-5, "gelu_tanh_mul");
     }
 
     #[test]
     fn silu_mul_matches_naive() {
-        let (rows, f) = (3, 21);
-        let gu = random_vec(rows * 2 * f, 3);
-        let mut out = vec![0f32; rows * f];
-        silu_mul(&gu, f, &mut out);
-        let want: Vec<f32> = (0..rows * f)
-            .map(|i| {
-                let (r, c) = (i / f, i % f);
-                let g = gu[r * 2 * f + c] as f64;
-                let u = gu[r * 2 * f + f + c] as f64;
-                (g / (1.0 + (-g).exp()) * u) as f32
-            })
-            .collect();
-        assert_close(&out, &want, 1e-6, "silu_mul");
+        check_gated(silu_mul, |g, u| g / (1.0 + (-g).exp()) * u, 1e-5, "silu_mul");
     }
 }

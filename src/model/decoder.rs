@@ -109,6 +109,15 @@ pub struct SeqStep<'a> {
     pub sample: bool,
 }
 
+impl<'a> SeqStep<'a> {
+    /// `num_tokens` tokens after `context_len` that end the sequence's known tokens,
+    /// sampled after the last: a plain generation loop (benchmarks, perplexity, reference
+    /// checks).
+    pub fn sampled(context_len: usize, num_tokens: usize, block_table: &'a [u32]) -> Self {
+        SeqStep { context_len, num_tokens, seq_len: context_len + num_tokens, block_table, sample: true }
+    }
+}
+
 /// A step: the tokens of all sequences, concatenated in `seqs` order.
 pub struct StepInput<'a> {
     pub tokens: &'a [u32],
