@@ -9,22 +9,10 @@ use weft::tokenizer::{ChatContext, ChatTemplate};
 
 /// Renderings where weft knowingly departs from jinja2: (template, conversations, why).
 const KNOWN: &[(&str, &[&str], &str)] = &[
-    // `{% for tool in tools %}` with `tools=None`: jinja2 raises, minijinja iterates `none`
-    // as empty (hard-wired). transformers only picks a `tool_use` template when tools are
-    // given, so these renderings (no tools) do not occur in use.
-    ("NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja", NO_TOOLS, "for-loop over none renders empty"),
-    ("NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja", NO_TOOLS, "for-loop over none renders empty"),
-    ("CohereForAI-c4ai-command-r-plus-tool_use.jinja", NO_TOOLS, "for-loop over none renders empty"),
     // `"..."|safe + t | tojson`: jinja2's Markup escapes the JSON it is added to (&#34;),
     // minijinja's safe strings do not; weft's prompt carries the JSON the model was trained on.
     ("meetkai-functionary-medium-v3.1.jinja", &["tool_call"], "Markup concatenation does not escape"),
-    // `tools | map(attribute='function') | tojson`: jinja2 cannot serialize the generator;
-    // minijinja's map gives a list, which serializes.
-    ("llama-cpp-deepseek-r1.jinja", &["tool_call"], "map() result serializes"),
 ];
-
-/// The conversations without tools.
-const NO_TOOLS: &[&str] = &["system_user", "multi_turn_gen", "multi_turn_nogen", "user_unicode_nogen"];
 
 #[test]
 fn real_templates_render_as_jinja2_does() {

@@ -6,8 +6,11 @@
 use anyhow::{anyhow, Result};
 use chrono::NaiveDateTime;
 use minijinja::value::Kwargs;
-use minijinja::{Environment, Error, ErrorKind, Value};
+use minijinja::value::{Object, ObjectExt, ObjectRepr, Rest, ValueOrKwargs};
+use minijinja::{context, Environment, Error, ErrorKind, State, Value};
 use serde_json::Value as Json;
+use std::borrow::Cow;
+use std::sync::Arc;
 
 pub struct ChatTemplate {
     env: Environment<'static>,
@@ -54,6 +57,31 @@ impl ChatTemplate {
         // As in Python, `none` is not iterable (minijinja's own test says it is), so
         // `tools is iterable and tools | length > 0` holds up when no tools are given.
         env.add_test("iterable", |v: Value| !v.is_none() && v.try_iter().is_ok());
+        env.add_test("none", |v: Value| v.is_none() || v.downcast_object_ref::<PyNone>().is_some());
+        // jinja2's select/reject/map filters test their input before iterating it, so
+        // `None | selectattr(...)` is empty there.
+        use minijinja::filters;
+        env.add_filter("select", |st: &mut State, v: Value, t: Option<Cow<str>>, a: Rest<ValueOrKwargs>| {
+            filters::select(st, or_empty(v), t, a)
+        });
+        env.add_filter("reject", |st: &mut State, v: Value, t: Option<Cow<str>>, a: Rest<ValueOrKwargs>| {
+            filters::reject(st, or_empty(v), t, a)
+        });
+        env.add_filter(
+            "selectattr",
+            |st: &mut State, v: Value, attr: Cow<str>, t: Option<Cow<str>>, a: Rest<ValueOrKwargs>| {
+                filters::selectattr(st, or_empty(v), attr, t, a)
+            },
+        );
+        env.add_filter(
+            "rejectattr",
+            |st: &mut State, v: Value, attr: Cow<str>, t: Option<Cow<str>>, a: Rest<ValueOrKwargs>| {
+                filters::rejectattr(st, or_empty(v), attr, t, a)
+            },
+        );
+        env.add_filter("map", |st: &mut State, v: Value, a: Rest<ValueOrKwargs>| {
+            Ok::<_, Error>(Value::from_object(Generator(filters::map(st, or_empty(v), a)?)))
+        });
         env.add_template_owned("chat", source.to_owned()).map_err(|e| anyhow!("chat template does not parse: {e}"))?;
         Ok(ChatTemplate { env, bos_token, eos_token })
     }
@@ -64,11 +92,61 @@ impl ChatTemplate {
         let tmpl = self.env.get_template("chat").map_err(|e| anyhow!("{e}"))?;
         let mut vars: serde_json::Map<String, Json> = ctx.kwargs.cloned().unwrap_or_default();
         vars.insert("messages".into(), Json::Array(ctx.messages.to_vec()));
-        vars.insert("tools".into(), ctx.tools.map_or(Json::Null, |t| Json::Array(t.to_vec())));
         vars.insert("add_generation_prompt".into(), Json::Bool(ctx.add_generation_prompt));
         vars.insert("bos_token".into(), Json::String(self.bos_token.clone()));
         vars.insert("eos_token".into(), Json::String(self.eos_token.clone()));
-        tmpl.render(minijinja::value::Serde(&vars)).map_err(|e| anyhow!("rendering the chat template: {e}"))
+        // As transformers passes it: `tools=None` when the request has none.
+        let tools = match ctx.tools {
+            Some(t) => Value::from(minijinja::value::Serde(t)),
+            None => Value::from_object(PyNone),
+        };
+        tmpl.render(context! { tools => tools, ..Value::from(minijinja::value::Serde(&vars)) })
+            .map_err(|e| anyhow!("rendering the chat template: {e}"))
+    }
+}
+
+/// Python's `None` where minijinja's `none` behaves differently: iterating it, or taking
+/// its length, is an error (minijinja iterates `none` as empty, so a template that loops
+/// over `tools` without checking would render where transformers refuses). It is falsy,
+/// `is none`, and serializes as `null`.
+#[derive(Debug)]
+struct PyNone;
+
+impl Object for PyNone {
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        ObjectRepr::Plain
+    }
+
+    fn is_true(self: &Arc<Self>) -> bool {
+        false
+    }
+
+    fn render(self: &Arc<Self>, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("None")
+    }
+}
+
+/// What jinja2's `map` filter returns: a generator, which iterates like a list but cannot
+/// be turned into JSON (`tools | map(...) | tojson` fails there, so it fails here).
+#[derive(Debug)]
+struct Generator(Vec<Value>);
+
+impl Object for Generator {
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        ObjectRepr::Iterable
+    }
+
+    fn enumerate(self: &Arc<Self>) -> minijinja::value::Enumerator {
+        self.mapped_enumerator(|this| Box::new(this.0.clone().into_iter()))
+    }
+}
+
+/// A [`PyNone`] as the empty list; anything else as it is.
+fn or_empty(v: Value) -> Value {
+    if v.downcast_object_ref::<PyNone>().is_some() {
+        Value::from(Vec::<Value>::new())
+    } else {
+        v
     }
 }
 
@@ -80,6 +158,15 @@ fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
     let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
     let _: Option<bool> = kwargs.get("ensure_ascii")?;
     kwargs.assert_all_used()?;
+    if value.downcast_object_ref::<PyNone>().is_some() {
+        return Ok(Value::from("null"));
+    }
+    if value.downcast_object_ref::<Generator>().is_some() {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            "a generator (the result of map) is not JSON serializable",
+        ));
+    }
     let json = serde_json::to_value(&value).map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
     let mut out = String::new();
     write_py_json(&json, indent, sort_keys.unwrap_or(false), 0, &mut out);
