@@ -11,8 +11,10 @@ use std::path::Path;
 pub struct LoadedModel {
     pub model: Decoder,
     pub tokenizer: Tokenizer,
-    /// A short name for logs and the API (directory or file stem).
+    /// The name the API reports (`--served-model-name`, else the directory or file stem).
     pub name: String,
+    /// Further names requests may use for it.
+    pub aliases: Vec<String>,
 }
 
 impl LoadedModel {
@@ -44,6 +46,11 @@ impl LoadedModel {
         if let Some(bad) = tokenizer.eos_ids.iter().chain(&tokenizer.bos_id).find(|&&id| id as usize >= vocab) {
             bail!("{}: special token id {bad} is outside the vocabulary ({vocab})", path.display());
         }
-        Ok(LoadedModel { model, tokenizer, name })
+        Ok(LoadedModel { model, tokenizer, name, aliases: Vec::new() })
+    }
+
+    /// Whether a request naming `model` means this one.
+    pub fn serves(&self, model: &str) -> bool {
+        self.name == model || self.aliases.iter().any(|a| a == model)
     }
 }

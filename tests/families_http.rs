@@ -91,3 +91,32 @@ async fn chat_template_flag_overrides_the_model_template() {
     assert!(err.contains("broken.jinja") && err.contains("does not parse"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `--served-model-name`: the first name is reported, every name is accepted, any other
+/// model is OpenAI's 404 `model_not_found`; `/v1/models/{id}` and `/version` answer.
+#[tokio::test(flavor = "multi_thread")]
+async fn served_model_names_and_model_routes() {
+    if shared_models().is_none() {
+        return;
+    }
+    let s = Server::start("tiny-qwen2", &["--served-model-name", "qwen-tiny", "gpt-3.5-turbo"]).await;
+    let (_, list) = s.get("/v1/models").await;
+    let list: Value = serde_json::from_str(&list).unwrap();
+    assert_eq!(list["data"][0]["id"], "qwen-tiny");
+    for name in ["qwen-tiny", "gpt-3.5-turbo"] {
+        let (status, body) = s.post("/v1/completions", json!({"model": name, "prompt": "Hi", "max_tokens": 1})).await;
+        assert_eq!(status, 200, "{name}: {body}");
+        assert_eq!(body["model"], "qwen-tiny");
+        let (status, card) = s.get(&format!("/v1/models/{name}")).await;
+        assert_eq!(status, 200, "{card}");
+        assert_eq!(serde_json::from_str::<Value>(&card).unwrap()["id"], name);
+    }
+    let (status, body) = s
+        .post("/v1/chat/completions", json!({"model": "tiny-qwen2", "messages": [{"role": "user", "content": "Hi"}]}))
+        .await;
+    assert_eq!((status, body["error"]["code"].as_str()), (404, Some("model_not_found")), "{body}");
+    assert_eq!(s.get("/v1/models/other").await.0, 404);
+    let (status, version) = s.get("/version").await;
+    assert_eq!(status, 200);
+    assert_eq!(serde_json::from_str::<Value>(&version).unwrap()["version"], env!("CARGO_PKG_VERSION"));
+}

@@ -66,7 +66,7 @@ async fn completions_streaming_and_every_error_path() {
         (json!({"prompt": "x", "temperature": "hot"}), 400, Some("temperature")),
         (json!({"prompt": "x", "temperature": -1}), 400, Some("temperature")),
         (json!({"prompt": "x", "bogus": 1}), 400, Some("bogus")),
-        (json!({"prompt": "x", "model": "gpt-4"}), 400, Some("model")),
+        (json!({"prompt": "x", "model": "gpt-4"}), 404, Some("model")),
         (json!({"prompt": []}), 400, Some("prompt")),
         (json!({"prompt": [[]]}), 400, Some("prompt")),
         (json!({"prompt": "x", "max_tokens": 600}), 400, Some("max_tokens")),

@@ -39,6 +39,18 @@ impl ApiError {
         }
     }
 
+    /// OpenAI's 404 for a model this server does not serve.
+    pub fn model_not_found(model: &str, served: &str) -> Self {
+        ApiError {
+            status: 404,
+            code: Some("model_not_found"),
+            ..ApiError::invalid(
+                format!("The model `{model}` does not exist; this server serves `{served}`."),
+                Some("model"),
+            )
+        }
+    }
+
     pub fn unavailable(message: impl Into<String>) -> Self {
         ApiError { status: 503, message: message.into(), kind: "service_unavailable", param: None, code: None }
     }

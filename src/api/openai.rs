@@ -250,13 +250,7 @@ impl ChatRequest {
 
 fn check_model(engine: &EngineHandle, gen: &GenerationFields) -> Result<(), ApiError> {
     match &gen.model {
-        Some(m) if m != &engine.model().name => Err(ApiError {
-            code: Some("model_not_found"),
-            ..ApiError::invalid(
-                format!("model `{m}` does not exist; this server serves `{}`", engine.model().name),
-                Some("model"),
-            )
-        }),
+        Some(m) if !engine.model().serves(m) => Err(ApiError::model_not_found(m, &engine.model().name)),
         _ => Ok(()),
     }
 }

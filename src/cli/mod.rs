@@ -60,6 +60,10 @@ pub struct EngineArgs {
     /// the file's size in memory, fastest for one stream).
     #[arg(long, default_value = "f32")]
     pub dtype: WeightDtype,
+    /// Names the API serves the model under (the first is the one reported); requests
+    /// naming any other model get 404 [default: the directory or file stem].
+    #[arg(long, num_args = 1.., value_name = "NAME")]
+    pub served_model_name: Vec<String>,
     /// A Jinja chat template file to use instead of the model's own.
     #[arg(long, value_name = "FILE")]
     pub chat_template: Option<PathBuf>,
@@ -168,6 +172,10 @@ impl EngineArgs {
         };
         let t0 = std::time::Instant::now();
         let mut loaded = LoadedModel::open(&path, self.dtype)?;
+        if let Some((first, rest)) = self.served_model_name.split_first() {
+            loaded.name = first.clone();
+            loaded.aliases = rest.to_vec();
+        }
         if let Some(file) = &self.chat_template {
             let source = std::fs::read_to_string(file)
                 .map_err(|e| anyhow::anyhow!("reading chat template {}: {e}", file.display()))?;

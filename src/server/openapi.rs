@@ -71,6 +71,8 @@ pub fn document() -> Value {
             "/v1/completions": {"post": op("OpenAI completions", Some(obj(completion, &["prompt"])), json!({"type": "object"}), true)},
             "/v1/chat/completions": {"post": op("OpenAI chat completions", Some(obj(chat, &["messages"])), json!({"type": "object"}), true)},
             "/v1/models": {"get": op("The served model", None, json!({"type": "object"}), false)},
+            "/v1/models/{id}": {"get": op("The model, under any name it is served as (404 otherwise)", None, json!({"type": "object"}), false)},
+            "/version": {"get": op("The server's version", None, json!({"type": "object"}), false)},
             "/tokenize": {"post": op("Text to token ids", Some(obj(json!({"model": {"type": "string"}, "prompt": {"type": "string"}}), &["prompt"])),
                 json!({"type": "object", "properties": {"tokens": {"type": "array", "items": int}, "count": int, "max_model_len": int}}), false)},
             "/detokenize": {"post": op("Token ids to text", Some(obj(json!({"model": {"type": "string"}, "tokens": {"type": "array", "items": int}}), &["tokens"])),

@@ -27,6 +27,8 @@ pub fn router(state: Arc<AppState>, max_body: usize) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
+        .route("/version", get(|| async { Json(json!({"version": env!("CARGO_PKG_VERSION")})) }))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/generate", post(generate))
@@ -148,12 +150,26 @@ async fn chat_completions(State(st): St, body: Body) -> Response {
     )
 }
 
+/// The model object for the name `id`.
+fn model_card(id: &str, e: &EngineHandle) -> Value {
+    json!({"id": id, "object": "model", "created": unix_time(), "owned_by": "weft", "max_model_len": e.max_model_len()})
+}
+
 async fn models(State(st): St) -> Response {
-    respond(st.engine().map(|e| {
+    respond(
+        st.engine().map(|e| Json(json!({"object": "list", "data": [model_card(&e.model().name, e)]})).into_response()),
+    )
+}
+
+/// `GET /v1/models/{id}`: the model under any name it is served as, else 404.
+async fn model(State(st): St, axum::extract::Path(id): axum::extract::Path<String>) -> Response {
+    respond(st.engine().and_then(|e| {
         let m = e.model();
-        Json(json!({"object": "list", "data": [{"id": m.name, "object": "model", "created": unix_time(),
-            "owned_by": "weft", "max_model_len": e.max_model_len()}]}))
-        .into_response()
+        if m.serves(&id) {
+            Ok(Json(model_card(&id, e)).into_response())
+        } else {
+            Err(ApiError::model_not_found(&id, &m.name))
+        }
     }))
 }
 
