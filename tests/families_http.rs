@@ -93,7 +93,8 @@ async fn chat_template_flag_overrides_the_model_template() {
 }
 
 /// `--served-model-name`: the first name is reported, every name is accepted, any other
-/// model is OpenAI's 404 `model_not_found`; `/v1/models/{id}` and `/version` answer.
+/// model is OpenAI's 404 `model_not_found`; `/v1/models/{id}` and `/version` answer;
+/// unknown request fields are ignored.
 #[tokio::test(flavor = "multi_thread")]
 async fn served_model_names_and_model_routes() {
     if shared_models().is_none() {
@@ -116,6 +117,14 @@ async fn served_model_names_and_model_routes() {
         .await;
     assert_eq!((status, body["error"]["code"].as_str()), (404, Some("model_not_found")), "{body}");
     assert_eq!(s.get("/v1/models/other").await.0, 404);
+    // Fields weft has no use for are ignored (as vLLM does); ones it cannot honour are refused.
+    let extra = json!({"model": "qwen-tiny", "prompt": "Hi", "max_tokens": 1, "store": true,
+        "metadata": {"k": "v"}, "service_tier": "auto", "some_new_field": [1, 2]});
+    let (status, body) = s.post("/v1/completions", extra).await;
+    assert_eq!(status, 200, "{body}");
+    let tools = json!({"messages": [{"role": "user", "content": "Hi"}], "tools": []});
+    let (status, body) = s.post("/v1/chat/completions", tools).await;
+    assert_eq!((status, body["error"]["param"].as_str()), (400, Some("tools")), "{body}");
     let (status, version) = s.get("/version").await;
     assert_eq!(status, 200);
     assert_eq!(serde_json::from_str::<Value>(&version).unwrap()["version"], env!("CARGO_PKG_VERSION"));

@@ -80,9 +80,45 @@ impl From<crate::engine::SubmitError> for ApiError {
     }
 }
 
+/// Request fields of OpenAI's or vLLM's API that weft cannot honour yet. They are refused with
+/// a clear reason: ignoring `response_format` or `tools` would hand back text the client
+/// cannot use.
+const UNSUPPORTED: &[&str] = &[
+    "response_format",
+    "tools",
+    "tool_choice",
+    "functions",
+    "function_call",
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "suffix",
+    "best_of",
+    "min_tokens",
+    "include_stop_str_in_output",
+    "truncate_prompt_tokens",
+    "prompt_logprobs",
+];
+
+/// Logs an ignored request field, once per name (and for a bounded number of names, so a
+/// client sending endless new names cannot grow the set).
+fn warn_ignored(name: &str) {
+    static SEEN: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
+    let name: String = name.chars().take(64).collect();
+    if seen.len() < 256 && !seen.contains(&name) {
+        eprintln!("weft: warning: ignoring request field `{name}`, which weft does not use");
+        seen.push(name);
+    }
+}
+
 /// Deserializes a JSON object into its own fields (`A`, keys `own`) and the shared
-/// generation fields (`B`, keys `shared`), refusing any other key and naming the field of a
-/// type error. (Two passes instead of `serde(flatten)`, which loses the field's name.)
+/// generation fields (`B`, keys `shared`), naming the field of a type error. Fields weft
+/// cannot honour are refused; any other unknown field is ignored (as vLLM does), with a
+/// warning the first time its name is seen. (Two passes instead of `serde(flatten)`, which
+/// loses the field's name.)
 pub fn parse_split<A: DeserializeOwned, B: DeserializeOwned>(
     v: Value,
     own: &[&str],
@@ -91,9 +127,12 @@ pub fn parse_split<A: DeserializeOwned, B: DeserializeOwned>(
     let Value::Object(map) = v else {
         return Err(ApiError::invalid("the request body must be a JSON object", None));
     };
-    if let Some(k) = map.keys().find(|k| !own.contains(&k.as_str()) && !shared.contains(&k.as_str())) {
-        return Err(ApiError::invalid(format!("unknown field `{k}`"), Some(k)));
+    let known = |k: &str| own.contains(&k) || shared.contains(&k);
+    if let Some(k) = map.keys().find(|k| !known(k) && UNSUPPORTED.contains(&k.as_str())) {
+        return Err(ApiError::invalid(format!("`{k}` is not supported by this server yet"), Some(k)));
     }
+    let (map, ignored): (serde_json::Map<_, _>, serde_json::Map<_, _>) = map.into_iter().partition(|(k, _)| known(k));
+    ignored.keys().for_each(|k| warn_ignored(k));
     let (a, b): (serde_json::Map<_, _>, serde_json::Map<_, _>) =
         map.into_iter().partition(|(k, _)| own.contains(&k.as_str()));
     Ok((deserialize(Value::Object(a))?, deserialize(Value::Object(b))?))
