@@ -272,23 +272,18 @@ impl EngineLoop {
         #[cfg(feature = "fault-injection")]
         fault::check(&plan, &self.sched);
         let mut tokens = Vec::with_capacity(plan.iter().map(|s| s.num_tokens).sum());
+        let mut steps = Vec::with_capacity(plan.len());
         for s in &plan {
             let seq = self.sched.get(s.id).expect("scheduled sequence exists");
             tokens.extend_from_slice(&seq.tokens[s.context_len..s.context_len + s.num_tokens]);
+            steps.push(SeqStep {
+                context_len: s.context_len,
+                num_tokens: s.num_tokens,
+                seq_len: seq.tokens.len(),
+                block_table: seq.block_table.blocks(),
+                sample: s.sample,
+            });
         }
-        let steps: Vec<SeqStep> = plan
-            .iter()
-            .map(|s| {
-                let seq = self.sched.get(s.id).expect("scheduled");
-                SeqStep {
-                    context_len: s.context_len,
-                    num_tokens: s.num_tokens,
-                    seq_len: seq.tokens.len(),
-                    block_table: seq.block_table.blocks(),
-                    sample: s.sample,
-                }
-            })
-            .collect();
         let t1 = Instant::now();
         let model = self.shared.model.clone();
         // The workspace leaves `self` for the step, so its logits can be read while the

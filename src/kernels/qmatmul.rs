@@ -345,8 +345,8 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     pub fn available() -> bool {
-        static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *AVAILABLE.get_or_init(|| crate::kernels::matmul::avx2::available() && is_x86_feature_detected!("f16c"))
+        // The f32 kernels' check includes F16C (their 16-bit panels need it too).
+        crate::kernels::matmul::avx2::available()
     }
 
     /// The f16 at byte `i` of `b`, converted by the F16C unit.

@@ -1,7 +1,7 @@
 //! Weights from a GGUF file under their Hugging Face names, with llama.cpp's q/k row order
 //! for interleaved RoPE (arch `llama` only) mapped back to the rotate_half order.
 
-use super::{check_shape, Tensor, WeightSource};
+use super::{check_shape, le_u16s, Tensor, WeightSource};
 use crate::kernels::matmul::Half;
 use crate::kernels::qmatmul::QMatrix;
 use crate::kernels::quant::GgmlType;
@@ -126,7 +126,7 @@ impl WeightSource for GgufWeights<'_> {
             GgmlType::Bf16 => Half::Bf16,
             _ => return Ok(None),
         };
-        let bits: Vec<u16> = self.file.raw(info).chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect();
+        let bits = le_u16s(self.file.raw(info));
         Ok(Some((format, self.hf_rows(name, bits, shape[1..].iter().product()))))
     }
 

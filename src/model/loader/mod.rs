@@ -33,6 +33,11 @@ pub trait WeightSource {
     }
 }
 
+/// Little-endian 16-bit values (f16/bf16 bit patterns) of raw tensor bytes.
+fn le_u16s(bytes: &[u8]) -> Vec<u16> {
+    bytes.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect()
+}
+
 fn check_shape(file: &std::path::Path, name: &str, want: &[usize], found: &[usize]) -> Result<()> {
     anyhow::ensure!(want == found, "{}: tensor {name} has shape {found:?}, expected {want:?}", file.display());
     Ok(())

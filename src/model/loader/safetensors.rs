@@ -1,10 +1,9 @@
 //! Hugging Face safetensors (one file or shards): f32 tensors are borrowed from the
 //! memory map, f16/bf16 are widened to f32 once at load.
 
-use super::{check_shape, Tensor, WeightSource};
+use super::{check_shape, le_u16s, Tensor, WeightSource};
 use crate::kernels::matmul::Half;
 use anyhow::{bail, Context, Result};
-use half::{bf16, f16};
 use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
 use std::collections::HashMap;
@@ -64,15 +63,15 @@ impl SafetensorsWeights {
 }
 
 impl SafetensorsWeights {
-    /// The entry `name`, its file, and its bytes, checked to have `shape`.
-    fn entry(&self, name: &str, shape: &[usize]) -> Result<(&Entry, &[u8])> {
+    /// The entry `name` and its file (path and map), checked to have `shape`.
+    fn entry(&self, name: &str, shape: &[usize]) -> Result<(&Entry, &Path, &Arc<Mmap>)> {
         let Some(e) = self.entries.get(name) else {
             let dir = self.files[0].0.parent().unwrap_or(Path::new("."));
             bail!("{}: tensor {name} not found in any *.safetensors file", dir.display());
         };
         let (path, map) = &self.files[e.file];
         check_shape(path, name, shape, &e.shape)?;
-        Ok((e, &map[e.offset..e.offset + e.len_bytes]))
+        Ok((e, path, map))
     }
 }
 
@@ -82,22 +81,17 @@ impl WeightSource for SafetensorsWeights {
     }
 
     fn load_half(&self, name: &str, shape: &[usize]) -> Result<Option<(Half, Vec<u16>)>> {
-        let (e, bytes) = self.entry(name, shape)?;
+        let (e, _, map) = self.entry(name, shape)?;
         let format = match e.dtype {
             Dtype::F16 => Half::F16,
             Dtype::BF16 => Half::Bf16,
             _ => return Ok(None),
         };
-        Ok(Some((format, bytes.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect())))
+        Ok(Some((format, le_u16s(&map[e.offset..e.offset + e.len_bytes]))))
     }
 
     fn load(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
-        let Some(e) = self.entries.get(name) else {
-            let dir = self.files[0].0.parent().unwrap_or(Path::new("."));
-            bail!("{}: tensor {name} not found in any *.safetensors file", dir.display());
-        };
-        let (path, map) = &self.files[e.file];
-        check_shape(path, name, shape, &e.shape)?;
+        let (e, path, map) = self.entry(name, shape)?;
         let n: usize = shape.iter().product();
         let bytes = &map[e.offset..e.offset + e.len_bytes];
         let data = match e.dtype {
@@ -107,8 +101,8 @@ impl WeightSource for SafetensorsWeights {
                 }
                 bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
             }
-            Dtype::F16 => bytes.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
-            Dtype::BF16 => bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+            Dtype::F16 => le_u16s(bytes).into_iter().map(|b| Half::F16.to_f32(b)).collect(),
+            Dtype::BF16 => le_u16s(bytes).into_iter().map(|b| Half::Bf16.to_f32(b)).collect(),
             other => bail!("{}: tensor {name} has dtype {other:?}; supported: F32, F16, BF16", path.display()),
         };
         Ok(Tensor::owned(shape.to_vec(), data))
