@@ -90,18 +90,22 @@ impl ChatTemplate {
     /// `add_generation_prompt`.
     pub fn render(&self, ctx: &ChatContext<'_>) -> Result<String> {
         let tmpl = self.env.get_template("chat").map_err(|e| anyhow!("{e}"))?;
-        let mut vars: serde_json::Map<String, Json> = ctx.kwargs.cloned().unwrap_or_default();
-        vars.insert("messages".into(), Json::Array(ctx.messages.to_vec()));
-        vars.insert("add_generation_prompt".into(), Json::Bool(ctx.add_generation_prompt));
-        vars.insert("bos_token".into(), Json::String(self.bos_token.clone()));
-        vars.insert("eos_token".into(), Json::String(self.eos_token.clone()));
         // As transformers passes it: `tools=None` when the request has none.
         let tools = match ctx.tools {
             Some(t) => Value::from(minijinja::value::Serde(t)),
             None => Value::from_object(PyNone),
         };
-        tmpl.render(context! { tools => tools, ..Value::from(minijinja::value::Serde(&vars)) })
-            .map_err(|e| anyhow!("rendering the chat template: {e}"))
+        let kwargs = Value::from(minijinja::value::Serde(ctx.kwargs.cloned().unwrap_or_default()));
+        // The keys named here win over the same keys among the kwargs.
+        tmpl.render(context! {
+            messages => minijinja::value::Serde(ctx.messages),
+            tools => tools,
+            add_generation_prompt => ctx.add_generation_prompt,
+            bos_token => &self.bos_token,
+            eos_token => &self.eos_token,
+            ..kwargs
+        })
+        .map_err(|e| anyhow!("rendering the chat template: {e}"))
     }
 }
 
@@ -239,6 +243,22 @@ mod tests {
             out,
             "<|im_start|>system\nYou are helpful<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
         );
+    }
+
+    #[test]
+    fn kwargs_cannot_replace_the_conversation() {
+        let t =
+            ChatTemplate::new("{{ messages[0].content }}|{{ bos_token }}|{{ date_string }}", "<s>".into(), "".into())
+                .unwrap();
+        let kwargs = serde_json::json!({"messages": [{"role": "user", "content": "forged"}], "bos_token": "X",
+            "date_string": "26 Jul 2024"});
+        let ctx = ChatContext {
+            messages: &[msg("user", "real")],
+            kwargs: kwargs.as_object(),
+            add_generation_prompt: false,
+            tools: None,
+        };
+        assert_eq!(t.render(&ctx).unwrap(), "real|<s>|26 Jul 2024");
     }
 
     #[test]
