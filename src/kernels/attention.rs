@@ -17,11 +17,27 @@ pub struct PagedKv<'a> {
     pub k: &'a [f32],
     pub v: &'a [f32],
     pub block_size: usize,
+    /// Kv heads in the pools (their stride).
     pub kv_heads: usize,
     pub head_dim: usize,
+    /// The kv heads this view reads, `first_head..first_head + view_heads` (all of them
+    /// unless narrowed by [`PagedKv::head`]).
+    pub first_head: usize,
+    pub view_heads: usize,
 }
 
-impl PagedKv<'_> {
+impl<'a> PagedKv<'a> {
+    /// The pools of one layer, every kv head in view.
+    pub fn new(k: &'a [f32], v: &'a [f32], block_size: usize, kv_heads: usize, head_dim: usize) -> Self {
+        PagedKv { k, v, block_size, kv_heads, head_dim, first_head: 0, view_heads: kv_heads }
+    }
+
+    /// This view narrowed to kv head `h` alone, so the heads of one sequence can be
+    /// attended in parallel (a decode step has too few rows to keep the cores busy).
+    pub fn head(self, h: usize) -> Self {
+        PagedKv { first_head: h, view_heads: 1, ..self }
+    }
+
     /// Offset of (position, kv head) in the pools.
     #[inline]
     pub fn offset(&self, block_table: &[u32], pos: usize, kv_head: usize) -> usize {
@@ -91,12 +107,12 @@ pub fn attend(q: &[f32], kv: PagedKv<'_>, span: KvSpan<'_>, scoring: Scoring, sc
         // SAFETY: the CPU supports AVX2 and FMA, and the head dim is a multiple of 8.
         return unsafe { attend_avx2(q, kv, span, scoring, scores, out) };
     }
-    let group_width = q.len() / kv.kv_heads;
+    let group_width = q.len() / kv.view_heads;
     let head_stride = kv.block_size * hd;
     let mut p0 = 0;
     for (base, len) in kv.runs(span.block_table, start, end) {
         for (g, qg) in q.chunks_exact(group_width).enumerate() {
-            let kb = base + g * head_stride;
+            let kb = base + (kv.first_head + g) * head_stride;
             for j in 0..len {
                 let k = &kv.k[kb + j * hd..kb + (j + 1) * hd];
                 for (hh, qh) in qg.chunks_exact(hd).enumerate() {
@@ -112,7 +128,7 @@ pub fn attend(q: &[f32], kv: PagedKv<'_>, span: KvSpan<'_>, scoring: Scoring, sc
     let mut p0 = 0;
     for (base, len) in kv.runs(span.block_table, start, end) {
         for (g, og) in out.chunks_exact_mut(group_width).enumerate() {
-            let vb = base + g * head_stride;
+            let vb = base + (kv.first_head + g) * head_stride;
             for j in 0..len {
                 let v = &kv.v[vb + j * hd..vb + (j + 1) * hd];
                 for (hh, oh) in og.chunks_exact_mut(hd).enumerate() {
@@ -141,12 +157,12 @@ unsafe fn attend_avx2(
     let (start, end) = (span.first_pos, span.last_pos + 1);
     let n = end - start;
     let scale = scoring.scale;
-    let group = q.len() / hd / kv.kv_heads;
+    let group = q.len() / hd / kv.view_heads;
     let head_stride = kv.block_size * hd;
     let mut p0 = 0;
     for (base, len) in kv.runs(span.block_table, start, end) {
         for (h, qh) in q.chunks_exact(hd).enumerate() {
-            let kb = kv.k[base + h / group * head_stride..][..len * hd].as_ptr();
+            let kb = kv.k[base + (kv.first_head + h / group) * head_stride..][..len * hd].as_ptr();
             let row = &mut scores[h * n + p0..h * n + p0 + len];
             for j in (0..len).step_by(8) {
                 // Past the run's end the last row repeats; those scores are not kept.
@@ -177,7 +193,7 @@ unsafe fn attend_avx2(
     let mut p0 = 0;
     for (bi, (base, len)) in kv.runs(span.block_table, start, end).enumerate() {
         for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
-            let vb = kv.v[base + h / group * head_stride..][..len * hd].as_ptr();
+            let vb = kv.v[base + (kv.first_head + h / group) * head_stride..][..len * hd].as_ptr();
             let w = &scores[h * n + p0..h * n + p0 + len];
             for c0 in (0..hd).step_by(64) {
                 let (o, v) = (oh.as_mut_ptr().add(c0), vb.add(c0));
@@ -303,7 +319,7 @@ mod tests {
         let (bs, kvh, blocks, group) = (4, 2, 8, 3);
         let k = random_vec(blocks * bs * kvh * hd, 1);
         let v = random_vec(blocks * bs * kvh * hd, 2);
-        let kv = PagedKv { k: &k, v: &v, block_size: bs, kv_heads: kvh, head_dim: hd };
+        let kv = PagedKv::new(&k, &v, bs, kvh, hd);
         let table = [5u32, 0, 7, 2];
         let heads = kvh * group;
         let q = random_vec(heads * hd, 3);
@@ -313,6 +329,12 @@ mod tests {
             let mut out = vec![0f32; heads * hd];
             let span = KvSpan { block_table: &table, first_pos: first, last_pos: last };
             attend(&q, kv, span, Scoring { scale, softcap }, &mut Scratch::default(), &mut out);
+            // One kv head at a time gives the same heads, bit for bit.
+            for (g, (qg, og)) in q.chunks(group * hd).zip(out.chunks(group * hd)).enumerate() {
+                let mut one = vec![0f32; group * hd];
+                attend(qg, kv.head(g), span, Scoring { scale, softcap }, &mut Scratch::default(), &mut one);
+                assert_eq!(one, og, "kv head {g} alone");
+            }
 
             let at = |pool: &[f32], p: usize, g: usize| {
                 let o = ((table[p / bs] as usize * kvh + g) * bs + p % bs) * hd;
@@ -341,7 +363,7 @@ mod tests {
 
     #[test]
     fn runs_walk_blocks_in_position_order() {
-        let kv = PagedKv { k: &[], v: &[], block_size: 2, kv_heads: 3, head_dim: 4 };
+        let kv = PagedKv::new(&[], &[], 2, 3, 4);
         let table = [4u32, 1, 6];
         for (start, end) in [(0, 3), (1, 3), (2, 6), (3, 5), (5, 6)] {
             let got: Vec<usize> = kv

@@ -37,7 +37,7 @@ impl KvCache {
 
     pub fn layer(&self, layer: usize) -> PagedKv<'_> {
         let (k, v) = &self.layers[layer];
-        PagedKv { k, v, block_size: self.block_size, kv_heads: self.kv_heads, head_dim: self.head_dim }
+        PagedKv::new(k, v, self.block_size, self.kv_heads, self.head_dim)
     }
 
     /// Copies block `src` into block `dst` in every layer (copy-on-write for forks).

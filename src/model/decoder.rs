@@ -379,11 +379,15 @@ impl Decoder {
             }
             let view = kv.layer(li);
             let qkv_ro: &[f32] = qkv;
-            attn.par_chunks_mut(qd).enumerate().for_each_init(Scratch::default, |scratch, (r, out)| {
+            // One task per (row, kv head): a decode step has a row or two per sequence.
+            let gw = qd / c.num_kv_heads;
+            attn.par_chunks_mut(gw).enumerate().for_each_init(Scratch::default, |scratch, (i, out)| {
+                let (r, g) = (i / c.num_kv_heads, i % c.num_kv_heads);
                 let (si, pos) = rows[r];
                 let first_pos = layer.window.map_or(0, |w| (pos + 1).saturating_sub(w));
                 let span = KvSpan { block_table: input.seqs[si].block_table, first_pos, last_pos: pos };
-                attend(&qkv_ro[r * width..r * width + qd], view, span, scoring, scratch, out);
+                let q = &qkv_ro[r * width + g * gw..r * width + (g + 1) * gw];
+                attend(q, view.head(g), span, scoring, scratch, out);
             });
             layer.wo.matmul(attn, &mut ws.xq, tmp, t);
             let post = layer.post_attn_norm.as_ref().map(Tensor::data);

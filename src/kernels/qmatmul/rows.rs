@@ -1,152 +1,50 @@
-//! `Y = X · Wᵀ` with `W` kept in a GGML block format, as llama.cpp computes it: each row of
-//! `X` is quantized to int8 per 32 values (one f32 scale per block, plus the integer sums
-//! of each half block for the formats with an offset), each 32-value block of `W` is
-//! decoded to int8 lanes with one scale per 16 values, and their dot products are integer
-//! (`maddubs`/`madd` on AVX2) with one f32 multiply-add per block.
-//!
-//! **Batch invariance.** A row's result is the same chain of operations whatever else is
-//! in the step: rows are quantized on their own, and a row tile only shares the decoded
-//! weights between rows, never a sum. **Bandwidth.** Weights are read in their file's size
-//! (a Q4 model reads about a seventh of its f32 bytes per token), which is what bounds
-//! decode at one sequence.
+//! The row-by-row path: each weight row in its file's layout, decoded one 32-value block at
+//! a time. Every block format runs here; rows that [`super::x8`] interleaves do not.
 
-use super::quant::{dequantize, f16_at, scale_min_k4, GgmlType, BLOCK_FORMATS};
+use super::{write, Part, QActs, SharedOut, QB, TILE};
+use crate::kernels::quant::{f16_at, scale_min_k4, GgmlType, BLOCK_FORMATS};
 use rayon::prelude::*;
 
-/// Values per activation block (and per decoded weight block).
-const QB: usize = 32;
-/// Activation rows that share one decoded weight block.
-const TILE: usize = 8;
+pub(super) use portable::dot_rows as portable_dot_rows;
+
+/// Whether the AVX2 kernels can run here (AVX2, FMA and F16C).
+#[cfg(target_arch = "x86_64")]
+pub(super) fn avx2_available() -> bool {
+    avx2::available()
+}
+
 /// Weight rows per parallel task.
 const ROWS_PER_TASK: usize = 16;
 
-/// One run of rows of a single block format.
-struct Part {
-    dtype: GgmlType,
-    rows: usize,
+/// Every row of part `p` (rows `row_bytes` apart) against every row of `X`, written to
+/// columns `col0..col0 + p.rows` of `y` (row stride `n`).
+///
+/// # Safety
+/// `y` must hold `m × n` values and no other task may write these columns.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn part(
+    xq: &QActs,
+    p: &Part,
     row_bytes: usize,
-    data: Vec<u8>,
-}
-
-/// A weight `[n, k]` in GGML block formats, row-major blocks; stacked projections of
-/// different formats (say Q4_K q/k and Q6_K v) are parts that follow each other.
-pub struct QMatrix {
-    n: usize,
     k: usize,
-    parts: Vec<Part>,
-}
-
-impl QMatrix {
-    /// Stacks parts `(format, rows, raw bytes)` of `k` columns each.
-    pub fn new(k: usize, parts: Vec<(GgmlType, usize, Vec<u8>)>) -> anyhow::Result<Self> {
-        let mut out = Vec::with_capacity(parts.len());
-        for (dtype, rows, data) in parts {
-            let (per_block, block_bytes) = dtype.block();
-            anyhow::ensure!(
-                k.is_multiple_of(per_block) && k.is_multiple_of(QB) && dtype.block().0 >= QB,
-                "{dtype:?} rows of {k} values are not whole blocks of {per_block}"
-            );
-            let row_bytes = k / per_block * block_bytes;
-            anyhow::ensure!(data.len() == rows * row_bytes, "{dtype:?} [{rows}, {k}]: {} bytes", data.len());
-            out.push(Part { dtype, rows, row_bytes, data });
-        }
-        Ok(QMatrix { n: out.iter().map(|p| p.rows).sum(), k, parts: out })
-    }
-
-    /// Whether `dtype` can be computed quantized (block formats; floats stay f32).
-    pub fn supports(dtype: GgmlType) -> bool {
-        dtype.block().0 >= QB
-    }
-
-    /// Values per row (`k`).
-    pub fn cols(&self) -> usize {
-        self.k
-    }
-
-    /// Bytes of weights one pass over the matrix reads.
-    pub fn bytes(&self) -> usize {
-        self.parts.iter().map(|p| p.data.len()).sum()
-    }
-
-    /// Row `r`, dequantized (an embedding, when the LM head is tied to it).
-    pub fn row_into(&self, mut r: usize, out: &mut [f32]) {
-        for p in &self.parts {
-            if r < p.rows {
-                let row = dequantize(p.dtype, &p.data[r * p.row_bytes..(r + 1) * p.row_bytes]);
-                out[..self.k].copy_from_slice(&row);
-                return;
-            }
-            r -= p.rows;
-        }
-        panic!("row {r} past the end of the matrix");
+    col0: usize,
+    n: usize,
+    m: usize,
+    y: SharedOut,
+    parallel: bool,
+) {
+    let run = |t: usize| {
+        let rows = t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(p.rows);
+        // SAFETY: tasks write disjoint columns of the caller's.
+        unsafe { rows_task(xq, p, row_bytes, k, rows, col0, n, m, y) };
+    };
+    let tasks = p.rows.div_ceil(ROWS_PER_TASK);
+    if parallel {
+        (0..tasks).into_par_iter().for_each(run);
+    } else {
+        (0..tasks).for_each(run);
     }
 }
-
-/// `X`'s rows quantized for [`qmatmul`].
-#[derive(Default)]
-pub struct QActs {
-    q: Vec<i8>,
-    /// One scale per 32 values.
-    d: Vec<f32>,
-    /// Integer sums of each 16-value half block, for the formats with an offset.
-    sums: Vec<i32>,
-    /// `d · (sum of the block)`, for the formats with one offset per 32 values.
-    dsum: Vec<f32>,
-}
-
-/// Quantizes `m` rows of `k` values: per 32, `d = max|x| / 127`, `q = round(x / d)`.
-pub fn quantize_rows(x: &[f32], m: usize, k: usize, out: &mut QActs) {
-    let blocks = m * k / QB;
-    out.q.resize(m * k, 0);
-    out.d.resize(blocks, 0.0);
-    out.sums.resize(2 * blocks, 0);
-    out.dsum.resize(blocks, 0.0);
-    let work = x[..m * k].par_chunks(QB * 64).zip(out.q.par_chunks_mut(QB * 64));
-    let work = work.zip(out.d.par_chunks_mut(64)).zip(out.sums.par_chunks_mut(128)).zip(out.dsum.par_chunks_mut(64));
-    work.for_each(|((((x, q), d), sums), dsum)| {
-        let blocks = x.chunks_exact(QB).zip(q.chunks_exact_mut(QB)).zip(d).zip(sums.chunks_exact_mut(2)).zip(dsum);
-        for ((((x, q), d), s), ds) in blocks {
-            let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
-            *d = amax / 127.0;
-            let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
-            for (q, &v) in q.iter_mut().zip(x) {
-                *q = (v * id).round() as i8;
-            }
-            s[0] = q[..16].iter().map(|&v| v as i32).sum();
-            s[1] = q[16..].iter().map(|&v| v as i32).sum();
-            *ds = *d * (s[0] + s[1]) as f32;
-        }
-    });
-}
-
-/// `y[i, j] = Σ_k x[i, k] · w[j, k]` for `i < m`; `y` is `[m, n]` row-major; `xq` holds
-/// `X` quantized by [`quantize_rows`].
-pub fn qmatmul(xq: &QActs, w: &QMatrix, y: &mut [f32], m: usize) {
-    let (n, k) = (w.n, w.k);
-    assert!(xq.q.len() >= m * k && y.len() >= m * n, "qmatmul: buffers too small");
-    let out = SharedOut(y.as_mut_ptr());
-    let mut first_row = 0;
-    for p in &w.parts {
-        let tasks = p.rows.div_ceil(ROWS_PER_TASK);
-        let run = |t: usize| {
-            let rows = t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(p.rows);
-            // SAFETY: tasks write disjoint columns `first_row + rows` of `y`, checked above.
-            unsafe { rows_task(xq, p, k, rows, first_row, n, m, out) };
-        };
-        if m * p.rows * k < 1 << 16 {
-            (0..tasks).for_each(run);
-        } else {
-            (0..tasks).into_par_iter().for_each(run);
-        }
-        first_row += p.rows;
-    }
-}
-
-#[derive(Clone, Copy)]
-struct SharedOut(*mut f32);
-// SAFETY: tasks write disjoint elements.
-unsafe impl Send for SharedOut {}
-unsafe impl Sync for SharedOut {}
 
 /// Weight rows `rows` of part `p` against every row of `X`, written to column
 /// `col0 + row` of `y` (row stride `n`).
@@ -157,6 +55,7 @@ unsafe impl Sync for SharedOut {}
 unsafe fn rows_task(
     xq: &QActs,
     p: &Part,
+    row_bytes: usize,
     k: usize,
     rows: std::ops::Range<usize>,
     col0: usize,
@@ -171,7 +70,7 @@ unsafe fn rows_task(
     while i < m {
         let tile = TILE.min(m - i);
         for r in rows.clone() {
-            let row = &p.data[r * p.row_bytes..(r + 1) * p.row_bytes];
+            let row = &p.data[r * row_bytes..(r + 1) * row_bytes];
             let mut acc = [0f32; TILE];
             #[cfg(target_arch = "x86_64")]
             if avx2::available() {
@@ -184,13 +83,6 @@ unsafe fn rows_task(
             write(y, n, col0 + r, i, &acc[..tile]);
         }
         i += tile;
-    }
-}
-
-fn write(y: SharedOut, n: usize, col: usize, first: usize, vals: &[f32]) {
-    for (t, &v) in vals.iter().enumerate() {
-        // SAFETY: the caller owns column `col` of rows `first..first + vals.len()`.
-        unsafe { *y.0.add((first + t) * n + col) = v };
     }
 }
 
@@ -540,63 +432,10 @@ mod avx2 {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::random_blocks;
+    use super::super::{quantize_rows, QActs};
     use super::*;
     use crate::kernels::testing::random_vec;
-
-    /// Random blocks of `dtype` with sane scales (random bytes, then every f16 scale field
-    /// rewritten to a small positive value).
-    fn random_blocks(dtype: GgmlType, n_blocks: usize, seed: u64) -> Vec<u8> {
-        let (_, bytes) = dtype.block();
-        let noise = random_vec(n_blocks * bytes, seed);
-        let mut raw: Vec<u8> = noise.iter().map(|v| ((v + 1.0) * 127.5) as u8).collect();
-        let scale_at: &[usize] = match dtype {
-            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => &[0],
-            GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
-            GgmlType::Q6K => &[208],
-            GgmlType::Q2K => &[80, 82],
-            GgmlType::Q3K => &[108],
-            _ => &[],
-        };
-        for (i, blk) in raw.chunks_exact_mut(bytes).enumerate() {
-            for &at in scale_at {
-                let v = half::f16::from_f32(0.01 + 0.001 * ((i + at) % 7) as f32).to_le_bytes();
-                blk[at..at + 2].copy_from_slice(&v);
-            }
-        }
-        raw
-    }
-
-    const TYPES: [GgmlType; 10] = BLOCK_FORMATS;
-
-    /// Every format against the naive version: dequantize the weights, dequantize the
-    /// quantized activations, dot in f64.
-    #[test]
-    fn matches_dequantize_then_dot_for_every_format() {
-        for dtype in TYPES {
-            let per = dtype.block().0;
-            let (m, n, k) = (5, 19, 2 * per.max(64));
-            let raw = random_blocks(dtype, n * k / per, 3);
-            let w = QMatrix::new(k, vec![(dtype, n, raw.clone())]).unwrap();
-            let wf = dequantize(dtype, &raw);
-            let x = random_vec(m * k, 4);
-            let mut xq = QActs::default();
-            quantize_rows(&x, m, k, &mut xq);
-            let mut y = vec![0f32; m * n];
-            qmatmul(&xq, &w, &mut y, m);
-            for i in 0..m {
-                for j in 0..n {
-                    let want: f64 = (0..k)
-                        .map(|c| wf[j * k + c] as f64 * xq.q[i * k + c] as f64 * xq.d[(i * k + c) / QB] as f64)
-                        .sum();
-                    let got = y[i * n + j] as f64;
-                    assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()), "{dtype:?} [{i},{j}] {got} vs {want}");
-                }
-            }
-            // The int8 activations stay close to the f32 ones.
-            let exact: f64 = (0..k).map(|c| wf[c] as f64 * x[c] as f64).sum();
-            assert!((y[0] as f64 - exact).abs() < 0.05 * (1.0 + exact.abs()), "{dtype:?} {} vs {exact}", y[0]);
-        }
-    }
 
     /// The AVX2 decoders give the scalar ones' lanes, scales and offsets, and both dot
     /// paths agree.
@@ -606,7 +445,7 @@ mod tests {
         if !avx2::available() {
             return;
         }
-        for dtype in TYPES {
+        for dtype in BLOCK_FORMATS {
             let (per, bytes) = dtype.block();
             let raw = random_blocks(dtype, 3, 12);
             for blk in raw.chunks_exact(bytes) {
@@ -632,51 +471,5 @@ mod tests {
                 assert!((a[t] - b[t]).abs() <= 1e-5 * (1.0 + a[t].abs()), "{dtype:?}: {} vs {}", a[t], b[t]);
             }
         }
-    }
-
-    /// A row's result is bit-identical alone or inside any batch.
-    #[test]
-    fn rows_are_bit_identical_whatever_the_batch() {
-        for dtype in [GgmlType::Q4_1, GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q8_0] {
-            let per = dtype.block().0;
-            let (n, k) = (40, 2 * per.max(64));
-            let w = QMatrix::new(k, vec![(dtype, n, random_blocks(dtype, n * k / per, 5))]).unwrap();
-            let x = random_vec(9 * k, 6);
-            let run = |rows: &[f32], m: usize| {
-                let mut xq = QActs::default();
-                quantize_rows(rows, m, k, &mut xq);
-                let mut y = vec![0f32; m * n];
-                qmatmul(&xq, &w, &mut y, m);
-                y
-            };
-            let all = run(&x, 9);
-            for i in 0..9 {
-                assert_eq!(run(&x[i * k..(i + 1) * k], 1), all[i * n..(i + 1) * n], "{dtype:?} row {i}");
-            }
-        }
-    }
-
-    /// Stacked parts of different formats write their own columns; rows read back.
-    #[test]
-    fn mixed_parts_and_row_reads() {
-        let k = 256;
-        let a = random_blocks(GgmlType::Q4K, 3, 8);
-        let b = random_blocks(GgmlType::Q6K, 2, 9);
-        let w = QMatrix::new(k, vec![(GgmlType::Q4K, 3, a.clone()), (GgmlType::Q6K, 2, b.clone())]).unwrap();
-        let x = random_vec(k, 10);
-        let mut xq = QActs::default();
-        quantize_rows(&x, 1, k, &mut xq);
-        let mut y = vec![0f32; 5];
-        qmatmul(&xq, &w, &mut y, 1);
-        let single = |dtype, raw: Vec<u8>, rows| {
-            let mut out = vec![0f32; rows];
-            qmatmul(&xq, &QMatrix::new(k, vec![(dtype, rows, raw)]).unwrap(), &mut out, 1);
-            out
-        };
-        assert_eq!(y[..3], single(GgmlType::Q4K, a.clone(), 3)[..]);
-        assert_eq!(y[3..], single(GgmlType::Q6K, b.clone(), 2)[..]);
-        let mut row = vec![0f32; k];
-        w.row_into(4, &mut row);
-        assert_eq!(row, dequantize(GgmlType::Q6K, &b[210..]));
     }
 }

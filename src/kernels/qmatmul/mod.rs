@@ -1,0 +1,292 @@
+//! `Y = X · Wᵀ` with `W` kept in a GGML block format, as llama.cpp computes it: each row of
+//! `X` is quantized to int8 per 32 values (one f32 scale per block, plus the integer sums
+//! of each half block for the formats with an offset), each 32-value block of `W` is
+//! decoded to int8 lanes with one scale per 16 values, and their dot products are integer
+//! (`maddubs`/`madd` on AVX2) with one f32 multiply-add per block.
+//!
+//! **Batch invariance.** A row's result is the same chain of operations whatever else is
+//! in the step: rows are quantized on their own, and a row tile only shares the decoded
+//! weights between rows, never a sum. **Bandwidth.** Weights are read in their file's size
+//! (a Q4 model reads about a seventh of its f32 bytes per token), which is what bounds
+//! decode at one sequence.
+
+use super::quant::{dequantize, GgmlType};
+use rayon::prelude::*;
+
+mod rows;
+mod x8;
+
+/// Values per activation block (and per decoded weight block).
+const QB: usize = 32;
+/// Activation rows that share one decoded weight block.
+const TILE: usize = 8;
+
+/// How a part's rows are laid out in memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    /// The file's layout: each row its blocks in order, `row_bytes` apart.
+    Rows { row_bytes: usize },
+    /// Groups of eight rows interleaved block by block ([`x8`]); `rows` is a multiple of 8.
+    X8,
+}
+
+/// One run of rows of a single block format.
+struct Part {
+    dtype: GgmlType,
+    rows: usize,
+    layout: Layout,
+    data: Vec<u8>,
+}
+
+impl Part {
+    /// Row `r`'s raw blocks in the file's layout.
+    fn raw_row(&self, r: usize, k: usize) -> Vec<u8> {
+        match self.layout {
+            Layout::Rows { row_bytes } => self.data[r * row_bytes..(r + 1) * row_bytes].to_vec(),
+            Layout::X8 => x8::raw_row(self.dtype, &self.data, r, k),
+        }
+    }
+}
+
+/// A weight `[n, k]` in GGML block formats; stacked projections of different formats (say
+/// Q4_K q/k and Q6_K v) are parts that follow each other. Formats with an interleaved
+/// kernel are repacked at load into groups of eight rows (same bytes, or 3% more for
+/// Q4_K), the rest stay row by row.
+pub struct QMatrix {
+    n: usize,
+    k: usize,
+    parts: Vec<Part>,
+}
+
+impl QMatrix {
+    /// Stacks parts `(format, rows, raw bytes)` of `k` columns each, interleaving what
+    /// [`x8`] computes (a tail of fewer than eight rows stays row by row).
+    pub fn new(k: usize, parts: Vec<(GgmlType, usize, Vec<u8>)>) -> anyhow::Result<Self> {
+        let mut out = Vec::with_capacity(parts.len());
+        for (dtype, rows, data) in parts {
+            let (per_block, block_bytes) = dtype.block();
+            anyhow::ensure!(
+                k.is_multiple_of(per_block) && k.is_multiple_of(QB) && dtype.block().0 >= QB,
+                "{dtype:?} rows of {k} values are not whole blocks of {per_block}"
+            );
+            let row_bytes = k / per_block * block_bytes;
+            anyhow::ensure!(data.len() == rows * row_bytes, "{dtype:?} [{rows}, {k}]: {} bytes", data.len());
+            let grouped = if x8::supports(dtype) { rows / x8::GROUP * x8::GROUP } else { 0 };
+            if grouped > 0 {
+                let data = x8::interleave(dtype, &data[..grouped * row_bytes], k);
+                out.push(Part { dtype, rows: grouped, layout: Layout::X8, data });
+            }
+            if grouped < rows {
+                let data = data[grouped * row_bytes..].to_vec();
+                out.push(Part { dtype, rows: rows - grouped, layout: Layout::Rows { row_bytes }, data });
+            }
+        }
+        Ok(QMatrix { n: out.iter().map(|p| p.rows).sum(), k, parts: out })
+    }
+
+    /// Whether `dtype` can be computed quantized (block formats; floats stay f32).
+    pub fn supports(dtype: GgmlType) -> bool {
+        dtype.block().0 >= QB
+    }
+
+    /// Values per row (`k`).
+    pub fn cols(&self) -> usize {
+        self.k
+    }
+
+    /// Bytes of weights one pass over the matrix reads.
+    pub fn bytes(&self) -> usize {
+        self.parts.iter().map(|p| p.data.len()).sum()
+    }
+
+    /// Row `r`, dequantized (an embedding, when the LM head is tied to it).
+    pub fn row_into(&self, mut r: usize, out: &mut [f32]) {
+        for p in &self.parts {
+            if r < p.rows {
+                out[..self.k].copy_from_slice(&dequantize(p.dtype, &p.raw_row(r, self.k)));
+                return;
+            }
+            r -= p.rows;
+        }
+        panic!("row {r} past the end of the matrix");
+    }
+}
+
+/// `X`'s rows quantized for [`qmatmul`].
+#[derive(Default)]
+pub struct QActs {
+    q: Vec<i8>,
+    /// One scale per 32 values.
+    d: Vec<f32>,
+    /// Integer sums of each 16-value half block, for the formats with an offset.
+    sums: Vec<i32>,
+    /// `d · (sum of the block)`, for the formats with one offset per 32 values.
+    dsum: Vec<f32>,
+}
+
+/// Quantizes `m` rows of `k` values: per 32, `d = max|x| / 127`, `q = round(x / d)`.
+pub fn quantize_rows(x: &[f32], m: usize, k: usize, out: &mut QActs) {
+    let blocks = m * k / QB;
+    out.q.resize(m * k, 0);
+    out.d.resize(blocks, 0.0);
+    out.sums.resize(2 * blocks, 0);
+    out.dsum.resize(blocks, 0.0);
+    let work = x[..m * k].par_chunks(QB * 64).zip(out.q.par_chunks_mut(QB * 64));
+    let work = work.zip(out.d.par_chunks_mut(64)).zip(out.sums.par_chunks_mut(128)).zip(out.dsum.par_chunks_mut(64));
+    work.for_each(|((((x, q), d), sums), dsum)| {
+        let blocks = x.chunks_exact(QB).zip(q.chunks_exact_mut(QB)).zip(d).zip(sums.chunks_exact_mut(2)).zip(dsum);
+        for ((((x, q), d), s), ds) in blocks {
+            let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+            *d = amax / 127.0;
+            let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+            for (q, &v) in q.iter_mut().zip(x) {
+                *q = (v * id).round() as i8;
+            }
+            s[0] = q[..16].iter().map(|&v| v as i32).sum();
+            s[1] = q[16..].iter().map(|&v| v as i32).sum();
+            *ds = *d * (s[0] + s[1]) as f32;
+        }
+    });
+}
+
+/// `y[i, j] = Σ_k x[i, k] · w[j, k]` for `i < m`; `y` is `[m, n]` row-major; `xq` holds
+/// `X` quantized by [`quantize_rows`].
+pub fn qmatmul(xq: &QActs, w: &QMatrix, y: &mut [f32], m: usize) {
+    let (n, k) = (w.n, w.k);
+    assert!(xq.q.len() >= m * k && y.len() >= m * n, "qmatmul: buffers too small");
+    let out = SharedOut(y.as_mut_ptr());
+    let mut first_row = 0;
+    for p in &w.parts {
+        // Small products run on the calling thread: a dispatch would cost more than the work.
+        let parallel = m * p.rows * k >= 1 << 16;
+        // SAFETY: each part writes only its own columns `first_row..first_row + p.rows` of
+        // `y`, whose size was checked above.
+        unsafe {
+            match p.layout {
+                Layout::Rows { row_bytes } => rows::part(xq, p, row_bytes, k, first_row, n, m, out, parallel),
+                Layout::X8 => x8::part(xq, p, k, first_row, n, m, out, parallel),
+            }
+        }
+        first_row += p.rows;
+    }
+}
+
+#[derive(Clone, Copy)]
+struct SharedOut(*mut f32);
+// SAFETY: tasks write disjoint elements.
+unsafe impl Send for SharedOut {}
+unsafe impl Sync for SharedOut {}
+
+fn write(y: SharedOut, n: usize, col: usize, first: usize, vals: &[f32]) {
+    for (t, &v) in vals.iter().enumerate() {
+        // SAFETY: the caller owns column `col` of rows `first..first + vals.len()`.
+        unsafe { *y.0.add((first + t) * n + col) = v };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::testing::random_vec;
+
+    /// Random blocks of `dtype` with sane scales (random bytes, then every f16 scale field
+    /// rewritten to a small positive value).
+    pub(super) fn random_blocks(dtype: GgmlType, n_blocks: usize, seed: u64) -> Vec<u8> {
+        let (_, bytes) = dtype.block();
+        let noise = random_vec(n_blocks * bytes, seed);
+        let mut raw: Vec<u8> = noise.iter().map(|v| ((v + 1.0) * 127.5) as u8).collect();
+        let scale_at: &[usize] = match dtype {
+            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => &[0],
+            GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
+            GgmlType::Q6K => &[208],
+            GgmlType::Q2K => &[80, 82],
+            GgmlType::Q3K => &[108],
+            _ => &[],
+        };
+        for (i, blk) in raw.chunks_exact_mut(bytes).enumerate() {
+            for &at in scale_at {
+                let v = half::f16::from_f32(0.01 + 0.001 * ((i + at) % 7) as f32).to_le_bytes();
+                blk[at..at + 2].copy_from_slice(&v);
+            }
+        }
+        raw
+    }
+
+    const TYPES: [GgmlType; 10] = crate::kernels::quant::BLOCK_FORMATS;
+
+    /// Every format against the naive version: dequantize the weights, dequantize the
+    /// quantized activations, dot in f64.
+    #[test]
+    fn matches_dequantize_then_dot_for_every_format() {
+        for dtype in TYPES {
+            let per = dtype.block().0;
+            let (m, n, k) = (5, 19, 2 * per.max(64));
+            let raw = random_blocks(dtype, n * k / per, 3);
+            let w = QMatrix::new(k, vec![(dtype, n, raw.clone())]).unwrap();
+            let wf = dequantize(dtype, &raw);
+            let x = random_vec(m * k, 4);
+            let mut xq = QActs::default();
+            quantize_rows(&x, m, k, &mut xq);
+            let mut y = vec![0f32; m * n];
+            qmatmul(&xq, &w, &mut y, m);
+            for i in 0..m {
+                for j in 0..n {
+                    let want: f64 = (0..k)
+                        .map(|c| wf[j * k + c] as f64 * xq.q[i * k + c] as f64 * xq.d[(i * k + c) / QB] as f64)
+                        .sum();
+                    let got = y[i * n + j] as f64;
+                    assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()), "{dtype:?} [{i},{j}] {got} vs {want}");
+                }
+            }
+            // The int8 activations stay close to the f32 ones.
+            let exact: f64 = (0..k).map(|c| wf[c] as f64 * x[c] as f64).sum();
+            assert!((y[0] as f64 - exact).abs() < 0.05 * (1.0 + exact.abs()), "{dtype:?} {} vs {exact}", y[0]);
+        }
+    }
+
+    /// A row's result is bit-identical alone or inside any batch.
+    #[test]
+    fn rows_are_bit_identical_whatever_the_batch() {
+        for dtype in [GgmlType::Q4_1, GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q8_0] {
+            let per = dtype.block().0;
+            let (n, k) = (40, 2 * per.max(64));
+            let w = QMatrix::new(k, vec![(dtype, n, random_blocks(dtype, n * k / per, 5))]).unwrap();
+            let x = random_vec(9 * k, 6);
+            let run = |rows: &[f32], m: usize| {
+                let mut xq = QActs::default();
+                quantize_rows(rows, m, k, &mut xq);
+                let mut y = vec![0f32; m * n];
+                qmatmul(&xq, &w, &mut y, m);
+                y
+            };
+            let all = run(&x, 9);
+            for i in 0..9 {
+                assert_eq!(run(&x[i * k..(i + 1) * k], 1), all[i * n..(i + 1) * n], "{dtype:?} row {i}");
+            }
+        }
+    }
+
+    /// Stacked parts of different formats write their own columns; rows read back.
+    #[test]
+    fn mixed_parts_and_row_reads() {
+        let k = 256;
+        let a = random_blocks(GgmlType::Q4K, 3, 8);
+        let b = random_blocks(GgmlType::Q6K, 2, 9);
+        let w = QMatrix::new(k, vec![(GgmlType::Q4K, 3, a.clone()), (GgmlType::Q6K, 2, b.clone())]).unwrap();
+        let x = random_vec(k, 10);
+        let mut xq = QActs::default();
+        quantize_rows(&x, 1, k, &mut xq);
+        let mut y = vec![0f32; 5];
+        qmatmul(&xq, &w, &mut y, 1);
+        let single = |dtype, raw: Vec<u8>, rows| {
+            let mut out = vec![0f32; rows];
+            qmatmul(&xq, &QMatrix::new(k, vec![(dtype, rows, raw)]).unwrap(), &mut out, 1);
+            out
+        };
+        assert_eq!(y[..3], single(GgmlType::Q4K, a.clone(), 3)[..]);
+        assert_eq!(y[3..], single(GgmlType::Q6K, b.clone(), 2)[..]);
+        let mut row = vec![0f32; k];
+        w.row_into(4, &mut row);
+        assert_eq!(row, dequantize(GgmlType::Q6K, &b[210..]));
+    }
+}

@@ -1,0 +1,478 @@
+//! The interleaved path: eight weight rows repacked block by block at load, so that one
+//! AVX2 register holds four consecutive values of each of the eight rows and each 32-bit
+//! lane accumulates a different output column (llama.cpp's `q4_0_8x8` idea). Four
+//! activation bytes are broadcast against it; there are no horizontal sums, the f16 scales
+//! of eight rows convert in one instruction, and the unsigned nibble formats need no sign
+//! tricks. A record (one block of eight rows) holds the eight rows' f16 fields, then their
+//! values in 4-byte chunks, chunk-major:
+//!
+//! - Q4_0 `d[8]`, nibbles (144 bytes, as the file); Q4_1 `d[8] m[8]`, nibbles (160);
+//!   Q8_0 `d[8]`, values (272);
+//! - Q4_K `d[8] dmin[8] sc[8 sub][8] m[8 sub][8]`, nibbles (1184 bytes against the file's
+//!   1152: the 6-bit scales are unpacked so a lane loads its row's with one instruction).
+//!
+//! Each row of `X` is one chain of operations whatever the tile it is in, so results stay
+//! batch-invariant.
+
+use super::{Part, QActs, SharedOut, QB};
+use crate::kernels::quant::{scale_min_k4, GgmlType};
+use rayon::prelude::*;
+
+/// Rows interleaved into one group.
+pub const GROUP: usize = 8;
+/// Parallel tasks per thread: few, so each streams a long contiguous run of weights, but
+/// enough that work stealing evens out the threads.
+const TASKS_PER_THREAD: usize = 4;
+/// Bytes of weights a task runs all activation tiles over before moving on (half of L2).
+const CHUNK_BYTES: usize = 256 << 10;
+/// Activation rows computed together against one group's decoded weights.
+const TILE: usize = 4;
+
+/// Where a block format keeps its fields, for repacking.
+struct Shape {
+    /// Offsets of the f16 fields in a block (scale, then min).
+    halves: &'static [usize],
+    /// Q4_K's 12 bytes of packed 6-bit scales and mins (at 4), unpacked to bytes.
+    k_scales: bool,
+    /// Offset and length of the values.
+    qs: (usize, usize),
+}
+
+fn shape(dtype: GgmlType) -> Shape {
+    match dtype {
+        GgmlType::Q4_0 => Shape { halves: &[0], k_scales: false, qs: (2, 16) },
+        GgmlType::Q4_1 => Shape { halves: &[0, 2], k_scales: false, qs: (4, 16) },
+        GgmlType::Q8_0 => Shape { halves: &[0], k_scales: false, qs: (2, 32) },
+        GgmlType::Q4K => Shape { halves: &[0, 2], k_scales: true, qs: (16, 128) },
+        other => unreachable!("{other:?} is not interleaved"),
+    }
+}
+
+/// Whether `dtype` has an interleaved kernel.
+pub fn supports(dtype: GgmlType) -> bool {
+    matches!(dtype, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q4K)
+}
+
+/// Bytes of one record and where its values start.
+fn record(dtype: GgmlType) -> (usize, usize) {
+    let s = shape(dtype);
+    let head = s.halves.len() * 2 * GROUP + if s.k_scales { 16 * GROUP } else { 0 };
+    (head + s.qs.1 * GROUP, head)
+}
+
+/// Repacks whole groups of rows of `k` values (file layout) into records.
+pub fn interleave(dtype: GgmlType, data: &[u8], k: usize) -> Vec<u8> {
+    let (per, block_bytes) = dtype.block();
+    let blocks = k / per;
+    let row_bytes = blocks * block_bytes;
+    let groups = data.len() / row_bytes / GROUP;
+    let (rec_bytes, head) = record(dtype);
+    let s = shape(dtype);
+    let mut out = vec![0u8; groups * blocks * rec_bytes];
+    for (i, rec) in out.chunks_exact_mut(rec_bytes).enumerate() {
+        let (g, b) = (i / blocks, i % blocks);
+        for r in 0..GROUP {
+            let at = (g * GROUP + r) * row_bytes + b * block_bytes;
+            let blk = &data[at..at + block_bytes];
+            for (f, &h) in s.halves.iter().enumerate() {
+                rec[f * 16 + r * 2..f * 16 + r * 2 + 2].copy_from_slice(&blk[h..h + 2]);
+            }
+            if s.k_scales {
+                let base = s.halves.len() * 16;
+                for sub in 0..8 {
+                    let (sc, m) = scale_min_k4(sub, &blk[4..16]);
+                    rec[base + sub * GROUP + r] = sc;
+                    rec[base + 64 + sub * GROUP + r] = m;
+                }
+            }
+            for ch in 0..s.qs.1 / 4 {
+                let from = s.qs.0 + 4 * ch;
+                rec[head + ch * 32 + r * 4..head + ch * 32 + r * 4 + 4].copy_from_slice(&blk[from..from + 4]);
+            }
+        }
+    }
+    out
+}
+
+/// Row `r` of interleaved `data` back in the file's layout.
+pub fn raw_row(dtype: GgmlType, data: &[u8], r: usize, k: usize) -> Vec<u8> {
+    let (per, block_bytes) = dtype.block();
+    let blocks = k / per;
+    let (rec_bytes, head) = record(dtype);
+    let group = &data[r / GROUP * blocks * rec_bytes..(r / GROUP + 1) * blocks * rec_bytes];
+    let (r, s) = (r % GROUP, shape(dtype));
+    let mut out = vec![0u8; blocks * block_bytes];
+    for (rec, blk) in group.chunks_exact(rec_bytes).zip(out.chunks_exact_mut(block_bytes)) {
+        for (f, &h) in s.halves.iter().enumerate() {
+            blk[h..h + 2].copy_from_slice(&rec[f * 16 + r * 2..f * 16 + r * 2 + 2]);
+        }
+        if s.k_scales {
+            let base = s.halves.len() * 16;
+            let sc = |sub: usize| rec[base + sub * GROUP + r];
+            let m = |sub: usize| rec[base + 64 + sub * GROUP + r];
+            for j in 0..4 {
+                blk[4 + j] = sc(j) | ((sc(j + 4) >> 4) << 6);
+                blk[8 + j] = m(j) | ((m(j + 4) >> 4) << 6);
+                blk[12 + j] = (sc(j + 4) & 0xF) | ((m(j + 4) & 0xF) << 4);
+            }
+        }
+        for ch in 0..s.qs.1 / 4 {
+            let to = s.qs.0 + 4 * ch;
+            blk[to..to + 4].copy_from_slice(&rec[head + ch * 32 + r * 4..head + ch * 32 + r * 4 + 4]);
+        }
+    }
+    out
+}
+
+/// Every group of part `p` against every row of `X`, written to columns
+/// `col0..col0 + p.rows` of `y` (row stride `n`).
+///
+/// # Safety
+/// `y` must hold `m × n` values and no other task may write these columns.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn part(
+    xq: &QActs,
+    p: &Part,
+    k: usize,
+    col0: usize,
+    n: usize,
+    m: usize,
+    y: SharedOut,
+    parallel: bool,
+) {
+    let groups = p.rows / GROUP;
+    let per_task = groups.div_ceil(TASKS_PER_THREAD * rayon::current_num_threads()).max(1);
+    let run = |t: usize| {
+        let groups = t * per_task..((t + 1) * per_task).min(groups);
+        // SAFETY: tasks write disjoint columns of the caller's.
+        unsafe { groups_task(xq, p, k, groups, col0, n, m, y) };
+    };
+    let tasks = groups.div_ceil(per_task);
+    if parallel {
+        (0..tasks).into_par_iter().for_each(run);
+    } else {
+        (0..tasks).for_each(run);
+    }
+}
+
+/// # Safety
+/// As [`part`], for the columns of `groups`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn groups_task(
+    xq: &QActs,
+    p: &Part,
+    k: usize,
+    groups: std::ops::Range<usize>,
+    col0: usize,
+    n: usize,
+    m: usize,
+    y: SharedOut,
+) {
+    let blocks = k / p.dtype.block().0;
+    let group_bytes = blocks * record(p.dtype).0;
+    // Chunks of groups that fit in L2, then activation tiles, then the chunk's groups: the
+    // weights are read from memory once, and the tile stays in L1.
+    let chunk = (CHUNK_BYTES / group_bytes).max(1);
+    for first in groups.clone().step_by(chunk) {
+        let chunk = first..(first + chunk).min(groups.end);
+        x8_tiles(xq, p, k, blocks, group_bytes, chunk, col0, n, m, y);
+    }
+}
+
+/// # Safety
+/// As [`part`], for the columns of `groups`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn x8_tiles(
+    xq: &QActs,
+    p: &Part,
+    k: usize,
+    blocks: usize,
+    group_bytes: usize,
+    groups: std::ops::Range<usize>,
+    col0: usize,
+    n: usize,
+    m: usize,
+    y: SharedOut,
+) {
+    let mut i = 0;
+    while i < m {
+        let tile = TILE.min(m - i);
+        for g in groups.clone() {
+            let data = &p.data[g * group_bytes..(g + 1) * group_bytes];
+            let mut acc = [[0f32; GROUP]; TILE];
+            #[cfg(target_arch = "x86_64")]
+            let done = if super::rows::avx2_available() {
+                // SAFETY: AVX2, FMA and F16C were detected; `data` is one group's records.
+                unsafe { avx2::group(p.dtype, data, xq, i, tile, blocks, &mut acc) };
+                true
+            } else {
+                false
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            let done = false;
+            if !done {
+                portable_group(p.dtype, data, xq, i, tile, k, &mut acc);
+            }
+            for (t, row) in acc[..tile].iter().enumerate() {
+                // SAFETY: the caller owns these eight columns of row `i + t`.
+                unsafe { std::ptr::copy_nonoverlapping(row.as_ptr(), y.0.add((i + t) * n + col0 + g * GROUP), GROUP) };
+            }
+        }
+        i += tile;
+    }
+}
+
+/// The portable fallback: each row of the group back in its file layout, through the
+/// row-by-row kernel.
+fn portable_group(
+    dtype: GgmlType,
+    data: &[u8],
+    xq: &QActs,
+    first: usize,
+    tile: usize,
+    k: usize,
+    acc: &mut [[f32; GROUP]; TILE],
+) {
+    let cols: Vec<[f32; super::TILE]> = (0..GROUP)
+        .map(|r| {
+            let mut col = [0f32; super::TILE];
+            super::rows::portable_dot_rows(dtype, &raw_row(dtype, data, r, k), xq, first, tile, k / QB, &mut col);
+            col
+        })
+        .collect();
+    for (t, row) in acc[..tile].iter_mut().enumerate() {
+        row.iter_mut().zip(&cols).for_each(|(v, col)| *v = col[t]);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::*;
+    use std::arch::x86_64::*;
+
+    /// One group's records against activation rows `first..first + tile`.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C must be available; `data` holds `blocks` records.
+    pub unsafe fn group(
+        dtype: GgmlType,
+        data: &[u8],
+        xq: &QActs,
+        first: usize,
+        tile: usize,
+        blocks: usize,
+        acc: &mut [[f32; GROUP]; TILE],
+    ) {
+        macro_rules! by_tile {
+            ($f:ident $(, $c:literal)?) => {
+                match tile {
+                    1 => $f::<$($c,)? 1>,
+                    2 => $f::<$($c,)? 2>,
+                    3 => $f::<$($c,)? 3>,
+                    _ => $f::<$($c,)? 4>,
+                }
+            };
+        }
+        let f = match dtype {
+            GgmlType::Q4_0 => by_tile!(legacy_q4, 0),
+            GgmlType::Q4_1 => by_tile!(legacy_q4, 1),
+            GgmlType::Q8_0 => by_tile!(q8_0),
+            GgmlType::Q4K => by_tile!(q4_k),
+            other => unreachable!("{other:?} is not interleaved"),
+        };
+        debug_assert!((1..=TILE).contains(&tile));
+        f(data.as_ptr(), xq, first, blocks, acc)
+    }
+
+    /// Four activation bytes at `x`, in every lane.
+    #[inline(always)]
+    unsafe fn bcast(x: *const i8) -> __m256i {
+        _mm256_set1_epi32(x.cast::<i32>().read_unaligned())
+    }
+
+    #[inline(always)]
+    unsafe fn store(acc: &[__m256; TILE], out: &mut [[f32; GROUP]; TILE], rows: usize) {
+        for t in 0..rows {
+            _mm256_storeu_ps(out[t].as_mut_ptr(), acc[t]);
+        }
+    }
+
+    /// Q4_0 (`OFFSET = 0`: values are nibbles − 8) and Q4_1 (`OFFSET = 1`: `d·q + m`).
+    /// The nibbles stay unsigned for `maddubs`; Q4_0's −8 is taken off the integer sum.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn legacy_q4<const OFFSET: usize, const R: usize>(
+        p: *const u8,
+        xq: &QActs,
+        first: usize,
+        blocks: usize,
+        out: &mut [[f32; GROUP]; TILE],
+    ) {
+        let (rec_bytes, head) = record(if OFFSET == 1 { GgmlType::Q4_1 } else { GgmlType::Q4_0 });
+        let (ones, low4) = (_mm256_set1_epi16(1), _mm256_set1_epi8(0xF));
+        let mut acc = [_mm256_setzero_ps(); TILE];
+        for b in 0..blocks {
+            let rec = p.add(b * rec_bytes);
+            let dw = _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()));
+            // w[j]: values 4j..4j + 4 of every row (low nibbles, then high ones).
+            let mut w = [_mm256_setzero_si256(); 8];
+            for c in 0..4 {
+                let v = _mm256_loadu_si256(rec.add(head + 32 * c).cast());
+                w[c] = _mm256_and_si256(v, low4);
+                w[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+            }
+            for (t, acc) in acc[..R].iter_mut().enumerate() {
+                let xb = (first + t) * blocks + b;
+                let x = xq.q.as_ptr().add(xb * QB);
+                // Eight products of at most 2·15·127 each fit in i16.
+                let mut s16 = _mm256_maddubs_epi16(w[0], bcast(x));
+                for (j, w) in w.iter().enumerate().skip(1) {
+                    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(*w, bcast(x.add(4 * j))));
+                }
+                let mut s = _mm256_madd_epi16(s16, ones);
+                if OFFSET == 0 {
+                    let sum = xq.sums.get_unchecked(2 * xb) + xq.sums.get_unchecked(2 * xb + 1);
+                    s = _mm256_sub_epi32(s, _mm256_set1_epi32(8 * sum));
+                }
+                let d = _mm256_mul_ps(dw, _mm256_set1_ps(*xq.d.get_unchecked(xb)));
+                *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), *acc);
+                if OFFSET == 1 {
+                    let mw = _mm256_cvtph_ps(_mm_loadu_si128(rec.add(16).cast()));
+                    *acc = _mm256_fmadd_ps(mw, _mm256_set1_ps(*xq.dsum.get_unchecked(xb)), *acc);
+                }
+            }
+        }
+        store(&acc, out, R);
+    }
+
+    /// Q8_0: signed weights, so `|w|` against `x` carrying `w`'s sign.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q8_0<const R: usize>(
+        p: *const u8,
+        xq: &QActs,
+        first: usize,
+        blocks: usize,
+        out: &mut [[f32; GROUP]; TILE],
+    ) {
+        let (rec_bytes, head) = record(GgmlType::Q8_0);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_setzero_ps(); TILE];
+        for b in 0..blocks {
+            let rec = p.add(b * rec_bytes);
+            let dw = _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()));
+            let vals = rec.add(head);
+            let aw: [__m256i; 8] =
+                std::array::from_fn(|c| _mm256_abs_epi8(_mm256_loadu_si256(vals.add(32 * c).cast())));
+            for (t, acc) in acc[..R].iter_mut().enumerate() {
+                let xb = (first + t) * blocks + b;
+                let x = xq.q.as_ptr().add(xb * QB);
+                let mut s = _mm256_setzero_si256();
+                for (c, aw) in aw.iter().enumerate() {
+                    let w = _mm256_loadu_si256(vals.add(32 * c).cast());
+                    let prod = _mm256_maddubs_epi16(*aw, _mm256_sign_epi8(bcast(x.add(4 * c)), w));
+                    s = _mm256_add_epi32(s, _mm256_madd_epi16(prod, ones));
+                }
+                let d = _mm256_mul_ps(dw, _mm256_set1_ps(*xq.d.get_unchecked(xb)));
+                *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), *acc);
+            }
+        }
+        store(&acc, out, R);
+    }
+
+    /// Q4_K: per 32-value sub-block, `d·sc` times the integer sum (the 6-bit scale applied
+    /// in `madd`), minus `dmin·m` times the activations' sum.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q4_k<const R: usize>(
+        p: *const u8,
+        xq: &QActs,
+        first: usize,
+        blocks: usize,
+        out: &mut [[f32; GROUP]; TILE],
+    ) {
+        let (rec_bytes, head) = record(GgmlType::Q4K);
+        let low4 = _mm256_set1_epi8(0xF);
+        let mut acc = [_mm256_setzero_ps(); TILE];
+        for b in 0..blocks {
+            let rec = p.add(b * rec_bytes);
+            let dw = _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()));
+            let dmin = _mm256_cvtph_ps(_mm_loadu_si128(rec.add(16).cast()));
+            for (t, acc) in acc[..R].iter_mut().enumerate() {
+                let xb0 = ((first + t) * blocks + b) * 8;
+                let x = xq.q.as_ptr().add(xb0 * QB);
+                for pair in 0..4 {
+                    let (mut lo, mut hi) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                    for c in 0..8 {
+                        let v = _mm256_loadu_si256(rec.add(head + pair * 256 + 32 * c).cast());
+                        let (vl, vh) = (_mm256_and_si256(v, low4), _mm256_and_si256(_mm256_srli_epi16(v, 4), low4));
+                        lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(vl, bcast(x.add(2 * pair * QB + 4 * c))));
+                        hi = _mm256_add_epi16(hi, _mm256_maddubs_epi16(vh, bcast(x.add((2 * pair + 1) * QB + 4 * c))));
+                    }
+                    for (h, s16) in [lo, hi].into_iter().enumerate() {
+                        let sub = 2 * pair + h;
+                        let xb = xb0 + sub;
+                        let sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(rec.add(32 + 8 * sub).cast()));
+                        let dot = _mm256_madd_epi16(s16, _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16)));
+                        let d = _mm256_mul_ps(dw, _mm256_set1_ps(*xq.d.get_unchecked(xb)));
+                        *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot), *acc);
+                        let m = _mm256_cvtepu8_epi32(_mm_loadl_epi64(rec.add(96 + 8 * sub).cast()));
+                        let dm = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(m));
+                        *acc = _mm256_fnmadd_ps(dm, _mm256_set1_ps(*xq.dsum.get_unchecked(xb)), *acc);
+                    }
+                }
+            }
+        }
+        store(&acc, out, R);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::random_blocks;
+    use super::super::{quantize_rows, QActs};
+    use super::*;
+    use crate::kernels::testing::random_vec;
+
+    /// The portable fallback and the AVX2 kernels agree on every format and tile height.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn portable_matches_avx2() {
+        if !super::super::rows::avx2_available() {
+            return;
+        }
+        for dtype in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4K] {
+            let per = dtype.block().0;
+            let k = 2 * per.max(64);
+            let data = interleave(dtype, &random_blocks(dtype, GROUP * k / per, 31), k);
+            let x = random_vec(TILE * k, 32);
+            let mut xq = QActs::default();
+            quantize_rows(&x, TILE, k, &mut xq);
+            for tile in 1..=TILE {
+                let (mut a, mut b) = ([[0f32; GROUP]; TILE], [[0f32; GROUP]; TILE]);
+                portable_group(dtype, &data, &xq, 0, tile, k, &mut a);
+                // SAFETY: AVX2 was detected above; `data` is one group's records.
+                unsafe { avx2::group(dtype, &data, &xq, 0, tile, k / per, &mut b) };
+                for (ra, rb) in a.iter().zip(&b).take(tile) {
+                    for (va, vb) in ra.iter().zip(rb) {
+                        assert!((va - vb).abs() <= 1e-4 * (1.0 + va.abs()), "{dtype:?} tile {tile}: {va} vs {vb}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Repacking and reading a row back give the file's bytes, for every interleaved format.
+    #[test]
+    fn interleave_round_trips() {
+        for dtype in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4K] {
+            let (per, bytes) = dtype.block();
+            let k = 2 * per.max(64);
+            let rows = 16;
+            let raw = random_blocks(dtype, rows * k / per, 21);
+            let packed = interleave(dtype, &raw, k);
+            assert_eq!(packed.len(), rows * k / per * bytes / GROUP * record(dtype).0 / bytes);
+            let row_bytes = k / per * bytes;
+            for r in 0..rows {
+                assert_eq!(raw_row(dtype, &packed, r, k), raw[r * row_bytes..(r + 1) * row_bytes], "{dtype:?} {r}");
+            }
+        }
+    }
+}
