@@ -215,7 +215,8 @@ async fn openai_client_chat_and_completions() {
     if common::shared_models().is_none() {
         return;
     }
-    let s = Server::start(SMOL, &["--api-key", "sekret"]).await;
+    // The exact f32 path, whose greedy answer is known.
+    let s = Server::start(SMOL, &["--api-key", "sekret", "--dtype", "f32"]).await;
     let model = "SmolLM2-135M-Instruct.Q4_1";
     let client =
         Client::with_config(OpenAIConfig::new().with_api_base(format!("{}/v1", s.base)).with_api_key("sekret"));

@@ -55,10 +55,10 @@ pub struct EngineArgs {
     /// A Hugging Face model directory or a .gguf file [default: SmolLM2-135M-Instruct, cached].
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// Weights widened to f32 (`f32`: the exact reference path, fastest batched) or
-    /// computed as stored (`auto`: block formats stay quantized with int8 activations, at
-    /// the file's size in memory, fastest for one stream).
-    #[arg(long, default_value = "f32")]
+    /// Weights computed as stored (`auto`: block formats stay quantized with int8
+    /// activations and 16-bit floats stay 16-bit, at the file's size in memory; the fastest
+    /// at every batch size) or widened to f32 at load (`f32`: the exact reference path).
+    #[arg(long, default_value = "auto")]
     pub dtype: WeightDtype,
     /// Names the API serves the model under (the first is the one reported); requests
     /// naming any other model get 404 [default: the directory or file stem].
