@@ -164,6 +164,15 @@ impl GgufFile {
         &self.mmap[info.offset..info.offset + info.len_bytes]
     }
 
+    /// Drops a tensor's pages from this process's memory once it has been copied out: they
+    /// stay in the page cache and come back from the file if read again, so loading holds
+    /// at most one tensor of the file beside the weights built from it.
+    pub fn release(&self, info: &TensorInfo) {
+        // SAFETY: the map is read-only, so dropping its pages loses nothing: a later read
+        // faults them in again from the file. Failing to release is harmless.
+        let _ = unsafe { self.mmap.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, info.offset, info.len_bytes) };
+    }
+
     /// A tensor dequantized to f32, row-major.
     pub fn dequantize(&self, info: &TensorInfo) -> Vec<f32> {
         dequantize(info.dtype, self.raw(info))

@@ -9,7 +9,9 @@
 //! - Q4_0 `d[8]`, nibbles (144 bytes, as the file); Q4_1 `d[8] m[8]`, nibbles (160);
 //!   Q8_0 `d[8]`, values (272);
 //! - Q4_K `d[8] dmin[8] sc[8 sub][8] m[8 sub][8]`, nibbles (1184 bytes against the file's
-//!   1152: the 6-bit scales are unpacked so a lane loads its row's with one instruction).
+//!   1152: the 6-bit scales are unpacked so a lane loads its row's with one instruction);
+//!   Q5_K the same with the fifth bits before the nibbles (1440 against 1408);
+//! - Q6_K `d[8] sc[16][8]`, low nibbles, high bits (1680, as the file).
 //!
 //! Each row of `X` is one chain of operations whatever the tile it is in, so results stay
 //! batch-invariant.
@@ -32,32 +34,56 @@ const TILE: usize = 4;
 struct Shape {
     /// Offsets of the f16 fields in a block (scale, then min).
     halves: &'static [usize],
-    /// Q4_K's 12 bytes of packed 6-bit scales and mins (at 4), unpacked to bytes.
+    /// Q4_K/Q5_K's 12 bytes of packed 6-bit scales and mins (at 4), unpacked to bytes,
+    /// `sc[8 sub][8 rows]` then `m[8 sub][8 rows]`.
     k_scales: bool,
-    /// Offset and length of the values.
-    qs: (usize, usize),
+    /// Offset and length of byte fields kept `[byte][8 rows]` (Q6_K's 16 scales).
+    bytes: (usize, usize),
+    /// Offsets and lengths of the value arrays, each kept in 4-byte chunks, chunk-major.
+    qs: &'static [(usize, usize)],
 }
 
 fn shape(dtype: GgmlType) -> Shape {
+    let (none, k_scales) = ((0, 0), false);
     match dtype {
-        GgmlType::Q4_0 => Shape { halves: &[0], k_scales: false, qs: (2, 16) },
-        GgmlType::Q4_1 => Shape { halves: &[0, 2], k_scales: false, qs: (4, 16) },
-        GgmlType::Q8_0 => Shape { halves: &[0], k_scales: false, qs: (2, 32) },
-        GgmlType::Q4K => Shape { halves: &[0, 2], k_scales: true, qs: (16, 128) },
+        GgmlType::Q4_0 => Shape { halves: &[0], k_scales, bytes: none, qs: &[(2, 16)] },
+        GgmlType::Q4_1 => Shape { halves: &[0, 2], k_scales, bytes: none, qs: &[(4, 16)] },
+        GgmlType::Q8_0 => Shape { halves: &[0], k_scales, bytes: none, qs: &[(2, 32)] },
+        GgmlType::Q4K => Shape { halves: &[0, 2], k_scales: true, bytes: none, qs: &[(16, 128)] },
+        GgmlType::Q5K => Shape { halves: &[0, 2], k_scales: true, bytes: none, qs: &[(16, 32), (48, 128)] },
+        GgmlType::Q6K => Shape { halves: &[208], k_scales, bytes: (192, 16), qs: &[(0, 128), (128, 64)] },
         other => unreachable!("{other:?} is not interleaved"),
+    }
+}
+
+impl Shape {
+    /// Where the byte fields start in a record.
+    fn bytes_at(&self) -> usize {
+        self.halves.len() * 2 * GROUP
+    }
+
+    /// Where the values start in a record.
+    fn values_at(&self) -> usize {
+        self.bytes_at() + if self.k_scales { 16 * GROUP } else { 0 } + self.bytes.1 * GROUP
+    }
+
+    /// Block offsets of the values' 4-byte chunks, in record order.
+    fn chunks(&self) -> impl Iterator<Item = usize> + '_ {
+        self.qs.iter().flat_map(|&(at, len)| (at..at + len).step_by(4))
     }
 }
 
 /// Whether `dtype` has an interleaved kernel.
 pub fn supports(dtype: GgmlType) -> bool {
-    matches!(dtype, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q4K)
+    use GgmlType::*;
+    matches!(dtype, Q4_0 | Q4_1 | Q8_0 | Q4K | Q5K | Q6K)
 }
 
 /// Bytes of one record and where its values start.
 fn record(dtype: GgmlType) -> (usize, usize) {
     let s = shape(dtype);
-    let head = s.halves.len() * 2 * GROUP + if s.k_scales { 16 * GROUP } else { 0 };
-    (head + s.qs.1 * GROUP, head)
+    let values: usize = s.qs.iter().map(|q| q.1).sum();
+    (s.values_at() + values * GROUP, s.values_at())
 }
 
 /// Repacks whole groups of rows of `k` values (file layout) into records.
@@ -77,16 +103,18 @@ pub fn interleave(dtype: GgmlType, data: &[u8], k: usize) -> Vec<u8> {
             for (f, &h) in s.halves.iter().enumerate() {
                 rec[f * 16 + r * 2..f * 16 + r * 2 + 2].copy_from_slice(&blk[h..h + 2]);
             }
+            let base = s.bytes_at();
             if s.k_scales {
-                let base = s.halves.len() * 16;
                 for sub in 0..8 {
                     let (sc, m) = scale_min_k4(sub, &blk[4..16]);
                     rec[base + sub * GROUP + r] = sc;
                     rec[base + 64 + sub * GROUP + r] = m;
                 }
             }
-            for ch in 0..s.qs.1 / 4 {
-                let from = s.qs.0 + 4 * ch;
+            for j in 0..s.bytes.1 {
+                rec[base + j * GROUP + r] = blk[s.bytes.0 + j];
+            }
+            for (ch, from) in s.chunks().enumerate() {
                 rec[head + ch * 32 + r * 4..head + ch * 32 + r * 4 + 4].copy_from_slice(&blk[from..from + 4]);
             }
         }
@@ -106,8 +134,8 @@ pub fn raw_row(dtype: GgmlType, data: &[u8], r: usize, k: usize) -> Vec<u8> {
         for (f, &h) in s.halves.iter().enumerate() {
             blk[h..h + 2].copy_from_slice(&rec[f * 16 + r * 2..f * 16 + r * 2 + 2]);
         }
+        let base = s.bytes_at();
         if s.k_scales {
-            let base = s.halves.len() * 16;
             let sc = |sub: usize| rec[base + sub * GROUP + r];
             let m = |sub: usize| rec[base + 64 + sub * GROUP + r];
             for j in 0..4 {
@@ -116,8 +144,10 @@ pub fn raw_row(dtype: GgmlType, data: &[u8], r: usize, k: usize) -> Vec<u8> {
                 blk[12 + j] = (sc(j + 4) & 0xF) | ((m(j + 4) & 0xF) << 4);
             }
         }
-        for ch in 0..s.qs.1 / 4 {
-            let to = s.qs.0 + 4 * ch;
+        for j in 0..s.bytes.1 {
+            blk[s.bytes.0 + j] = rec[base + j * GROUP + r];
+        }
+        for (ch, to) in s.chunks().enumerate() {
             blk[to..to + 4].copy_from_slice(&rec[head + ch * 32 + r * 4..head + ch * 32 + r * 4 + 4]);
         }
     }
@@ -277,7 +307,9 @@ mod avx2 {
             GgmlType::Q4_0 => by_tile!(legacy_q4, 0),
             GgmlType::Q4_1 => by_tile!(legacy_q4, 1),
             GgmlType::Q8_0 => by_tile!(q8_0),
-            GgmlType::Q4K => by_tile!(q4_k),
+            GgmlType::Q4K => by_tile!(k_quant, false),
+            GgmlType::Q5K => by_tile!(k_quant, true),
+            GgmlType::Q6K => by_tile!(q6_k),
             other => unreachable!("{other:?} is not interleaved"),
         };
         debug_assert!((1..=TILE).contains(&tile));
@@ -378,18 +410,29 @@ mod avx2 {
         store(&acc, out, R);
     }
 
-    /// Q4_K: per 32-value sub-block, `d·sc` times the integer sum (the 6-bit scale applied
-    /// in `madd`), minus `dmin·m` times the activations' sum.
+    /// A lane's 8-bit value at `p` (one per row) as the i16 pair `(v, v)`: `madd` with it
+    /// multiplies both halves of a `maddubs` result by the row's scale.
+    #[inline(always)]
+    unsafe fn scale_pairs<const SIGNED: bool>(p: *const u8) -> __m256i {
+        let b = _mm_loadl_epi64(p.cast());
+        let v = if SIGNED { _mm256_cvtepi8_epi32(b) } else { _mm256_cvtepu8_epi32(b) };
+        _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16))
+    }
+
+    /// Q4_K (`FIVE = false`) and Q5_K: per 32-value sub-block, `d·sc` times the integer
+    /// sum (the 6-bit scale applied in `madd`), minus `dmin·m` times the activations' sum.
+    /// Q5_K's fifth bits come from the `qh` chunks before the nibbles.
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn q4_k<const R: usize>(
+    unsafe fn k_quant<const FIVE: bool, const R: usize>(
         p: *const u8,
         xq: &QActs,
         first: usize,
         blocks: usize,
         out: &mut [[f32; GROUP]; TILE],
     ) {
-        let (rec_bytes, head) = record(GgmlType::Q4K);
-        let low4 = _mm256_set1_epi8(0xF);
+        let (rec_bytes, head) = record(if FIVE { GgmlType::Q5K } else { GgmlType::Q4K });
+        let nibbles = if FIVE { head + 256 } else { head };
+        let (low4, fifth) = (_mm256_set1_epi8(0xF), _mm256_set1_epi8(0x10));
         let mut acc = [_mm256_setzero_ps(); TILE];
         for b in 0..blocks {
             let rec = p.add(b * rec_bytes);
@@ -399,23 +442,101 @@ mod avx2 {
                 let xb0 = ((first + t) * blocks + b) * 8;
                 let x = xq.q.as_ptr().add(xb0 * QB);
                 for pair in 0..4 {
-                    let (mut lo, mut hi) = (_mm256_setzero_si256(), _mm256_setzero_si256());
-                    for c in 0..8 {
-                        let v = _mm256_loadu_si256(rec.add(head + pair * 256 + 32 * c).cast());
-                        let (vl, vh) = (_mm256_and_si256(v, low4), _mm256_and_si256(_mm256_srli_epi16(v, 4), low4));
-                        lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(vl, bcast(x.add(2 * pair * QB + 4 * c))));
-                        hi = _mm256_add_epi16(hi, _mm256_maddubs_epi16(vh, bcast(x.add((2 * pair + 1) * QB + 4 * c))));
+                    let sc = [scale_pairs::<false>(rec.add(32 + 16 * pair)), scale_pairs::<false>(rec.add(40 + 16 * pair))];
+                    let mut dots = [_mm256_setzero_si256(); 2];
+                    // Four products of at most 2·31·127 each fit in i16, then `madd`.
+                    for quarter in 0..2 {
+                        let mut s16 = [_mm256_setzero_si256(); 2];
+                        for c in 4 * quarter..4 * quarter + 4 {
+                            let v = _mm256_loadu_si256(rec.add(nibbles + pair * 256 + 32 * c).cast());
+                            let mut w = [_mm256_and_si256(v, low4), _mm256_and_si256(_mm256_srli_epi16(v, 4), low4)];
+                            if FIVE {
+                                let qh = _mm256_loadu_si256(rec.add(head + 32 * c).cast());
+                                for (h, w) in w.iter_mut().enumerate() {
+                                    let bit = _mm256_set1_epi8(1 << (2 * pair + h));
+                                    let set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
+                                    *w = _mm256_or_si256(*w, _mm256_and_si256(set, fifth));
+                                }
+                            }
+                            for h in 0..2 {
+                                let xs = bcast(x.add((2 * pair + h) * QB + 4 * c));
+                                s16[h] = _mm256_add_epi16(s16[h], _mm256_maddubs_epi16(w[h], xs));
+                            }
+                        }
+                        for h in 0..2 {
+                            dots[h] = _mm256_add_epi32(dots[h], _mm256_madd_epi16(s16[h], sc[h]));
+                        }
                     }
-                    for (h, s16) in [lo, hi].into_iter().enumerate() {
+                    for (h, dot) in dots.into_iter().enumerate() {
                         let sub = 2 * pair + h;
                         let xb = xb0 + sub;
-                        let sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(rec.add(32 + 8 * sub).cast()));
-                        let dot = _mm256_madd_epi16(s16, _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16)));
                         let d = _mm256_mul_ps(dw, _mm256_set1_ps(*xq.d.get_unchecked(xb)));
                         *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot), *acc);
                         let m = _mm256_cvtepu8_epi32(_mm_loadl_epi64(rec.add(96 + 8 * sub).cast()));
                         let dm = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(m));
                         *acc = _mm256_fnmadd_ps(dm, _mm256_set1_ps(*xq.dsum.get_unchecked(xb)), *acc);
+                    }
+                }
+            }
+        }
+        store(&acc, out, R);
+    }
+
+    /// Q6_K: 6-bit values from a low-nibble chunk and a 2-bit chunk, kept unsigned for
+    /// `maddubs`; the signed 8-bit scale of each 16 values applied in `madd`; the −32 taken
+    /// off the integer sum with the activations' half-block sums.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q6_k<const R: usize>(
+        p: *const u8,
+        xq: &QActs,
+        first: usize,
+        blocks: usize,
+        out: &mut [[f32; GROUP]; TILE],
+    ) {
+        let (rec_bytes, head) = record(GgmlType::Q6K);
+        let (ql_at, qh_at) = (head, head + 1024);
+        let (low4, two) = (_mm256_set1_epi8(0xF), _mm256_set1_epi8(0x30));
+        let mut acc = [_mm256_setzero_ps(); TILE];
+        for b in 0..blocks {
+            let rec = p.add(b * rec_bytes);
+            let dw = _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()));
+            let scales = rec.add(16);
+            for (t, acc) in acc[..R].iter_mut().enumerate() {
+                let xb0 = ((first + t) * blocks + b) * 8;
+                let x = xq.q.as_ptr().add(xb0 * QB);
+                for n in 0..2 {
+                    let mut dots = [_mm256_setzero_si256(); 4];
+                    for c in 0..8 {
+                        let ql0 = _mm256_loadu_si256(rec.add(ql_at + 32 * (16 * n + c)).cast());
+                        let ql1 = _mm256_loadu_si256(rec.add(ql_at + 32 * (16 * n + 8 + c)).cast());
+                        let qh = _mm256_loadu_si256(rec.add(qh_at + 32 * (8 * n + c)).cast());
+                        let w = [
+                            _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), two)),
+                            _mm256_or_si256(_mm256_and_si256(ql1, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), two)),
+                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4), _mm256_and_si256(qh, two)),
+                            _mm256_or_si256(
+                                _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
+                                _mm256_and_si256(_mm256_srli_epi16(qh, 2), two),
+                            ),
+                        ];
+                        for (i, w) in w.into_iter().enumerate() {
+                            let sc = scale_pairs::<true>(scales.add(8 * (8 * n + 2 * i + c / 4)));
+                            let prod = _mm256_maddubs_epi16(w, bcast(x.add(n * 128 + 32 * i + 4 * c)));
+                            dots[i] = _mm256_add_epi32(dots[i], _mm256_madd_epi16(prod, sc));
+                        }
+                    }
+                    for (i, dot) in dots.into_iter().enumerate() {
+                        let xb = xb0 + 4 * n + i;
+                        // 32 · (sc_lo · Σx_lo + sc_hi · Σx_hi), the pairs multiplied in one `madd`.
+                        let (lo, hi) = (scales.add(8 * (8 * n + 2 * i)), scales.add(8 * (8 * n + 2 * i + 1)));
+                        let lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64(lo.cast()));
+                        let hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64(hi.cast()));
+                        let sc = _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(hi, 16));
+                        let (s_lo, s_hi) = (*xq.sums.get_unchecked(2 * xb), *xq.sums.get_unchecked(2 * xb + 1));
+                        let sums = _mm256_set1_epi32((s_lo & 0xFFFF) | (s_hi << 16));
+                        let dot = _mm256_sub_epi32(dot, _mm256_slli_epi32(_mm256_madd_epi16(sc, sums), 5));
+                        let d = _mm256_mul_ps(dw, _mm256_set1_ps(*xq.d.get_unchecked(xb)));
+                        *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot), *acc);
                     }
                 }
             }
@@ -431,6 +552,9 @@ mod tests {
     use super::*;
     use crate::kernels::testing::random_vec;
 
+    const FORMATS: [GgmlType; 6] =
+        [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K];
+
     /// The portable fallback and the AVX2 kernels agree on every format and tile height.
     #[cfg(target_arch = "x86_64")]
     #[test]
@@ -438,7 +562,7 @@ mod tests {
         if !super::super::rows::avx2_available() {
             return;
         }
-        for dtype in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4K] {
+        for dtype in FORMATS {
             let per = dtype.block().0;
             let k = 2 * per.max(64);
             let data = interleave(dtype, &random_blocks(dtype, GROUP * k / per, 31), k);
@@ -462,7 +586,7 @@ mod tests {
     /// Repacking and reading a row back give the file's bytes, for every interleaved format.
     #[test]
     fn interleave_round_trips() {
-        for dtype in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4K] {
+        for dtype in FORMATS {
             let (per, bytes) = dtype.block();
             let k = 2 * per.max(64);
             let rows = 16;

@@ -116,6 +116,7 @@ impl WeightSource for GgufWeights<'_> {
     fn load(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
         let info = self.info(name, shape)?;
         let data = self.hf_rows(name, self.file.dequantize(info), shape[1..].iter().product());
+        self.file.release(info);
         Ok(Tensor::owned(shape.to_vec(), data))
     }
 
@@ -127,6 +128,7 @@ impl WeightSource for GgufWeights<'_> {
             _ => return Ok(None),
         };
         let bits = le_u16s(self.file.raw(info));
+        self.file.release(info);
         Ok(Some((format, self.hf_rows(name, bits, shape[1..].iter().product()))))
     }
 
@@ -136,6 +138,7 @@ impl WeightSource for GgufWeights<'_> {
             return Ok(None);
         }
         let raw = self.file.raw(info).to_vec();
+        self.file.release(info);
         let row_bytes = raw.len() / shape[0];
         Ok(Some((info.dtype, self.hf_rows(name, raw, row_bytes))))
     }
