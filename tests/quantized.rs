@@ -6,6 +6,7 @@ mod common;
 
 use common::{collect, greedy, model_as, reference, shared_models};
 use weft::engine::{EngineConfig, EngineHandle};
+use weft::kernels::quant::GgmlType;
 use weft::kv::{BlockAllocator, BlockTable, KvCache};
 use weft::loaded::LoadedModel;
 use weft::model::{SeqStep, StepInput, WeightDtype, Workspace};
@@ -40,7 +41,12 @@ fn log_softmax(x: &[f32]) -> Vec<f64> {
 
 /// (mean KL(f32 ‖ quantized), top-1 agreement) over every step of every case.
 fn compare(path: &str, refs: &str) -> (f64, f64) {
-    let (exact, quant) = (model_as(path, WeightDtype::F32), model_as(path, WeightDtype::Auto));
+    compare_as(path, refs, WeightDtype::Auto)
+}
+
+/// As [`compare`], the second model loaded as `dtype`.
+fn compare_as(path: &str, refs: &str, dtype: WeightDtype) -> (f64, f64) {
+    let (exact, quant) = (model_as(path, WeightDtype::F32), model_as(path, dtype));
     let (mut kl, mut agree, mut steps) = (0.0, 0, 0);
     for case in reference(refs) {
         let a = teacher_forced(&exact, &case.prompt_ids, &case.generated_ids);
@@ -72,6 +78,29 @@ fn quantized_path_stays_close_to_f32_for_every_format() {
     let (kl, agree) = compare(smol, "smollm2-135m-instruct");
     eprintln!("SmolLM2 Q4_1: mean KLD {kl:.5}, top-1 agreement {:.1}%", agree * 100.0);
     assert!(agree >= 0.95 && kl < 0.01, "SmolLM2: KLD {kl}, agreement {agree}");
+}
+
+/// `--quantize T` on a Hugging Face directory of f32 weights (a trained model): the matrices
+/// are quantized at load (Q4_K falls back to Q5_0, its rows being 64 values), and the
+/// result stays close to the f32 path.
+#[test]
+fn quantizing_at_load_stays_close_to_the_float_weights() {
+    if shared_models().is_none() {
+        return;
+    }
+    let stored = model_as("stories260k", WeightDtype::Auto).model.weight_bytes();
+    for (t, min_agree, max_kl) in
+        [(GgmlType::Q8_0, 0.97, 0.002), (GgmlType::Q4_0, 0.8, 0.1), (GgmlType::Q4K, 0.9, 0.03)]
+    {
+        let (kl, agree) = compare_as("stories260k", "stories260k", WeightDtype::Quantize(t));
+        let bytes = model_as("stories260k", WeightDtype::Quantize(t)).model.weight_bytes();
+        eprintln!(
+            "stories260k --quantize {t:?}: {bytes} bytes (as stored: {stored}), mean KLD {kl:.5}, top-1 {:.1}%",
+            agree * 100.0
+        );
+        assert!(bytes < stored, "{t:?}: {bytes} bytes, as stored {stored}");
+        assert!(agree >= min_agree && kl < max_kl, "{t:?}: KLD {kl}, agreement {agree}");
+    }
 }
 
 /// On the quantized path too, the reference prompts give the same greedy ids alone and in

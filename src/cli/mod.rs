@@ -8,6 +8,7 @@ mod machine;
 pub mod model_cache;
 pub mod perplexity;
 mod plot;
+mod quantize;
 
 use crate::engine::{EngineConfig, EngineHandle, RequestLimits};
 use crate::loaded::LoadedModel;
@@ -36,6 +37,8 @@ pub enum Command {
     /// Perplexity over a text file; with --kl-base, KL divergence and top-1 agreement
     /// against a base model.
     Perplexity(perplexity::PerplexityArgs),
+    /// Rewrite a GGUF file's matrices in another block format.
+    Quantize(quantize::QuantizeArgs),
 }
 
 /// Runs the command line.
@@ -46,6 +49,7 @@ pub fn run() -> anyhow::Result<()> {
         Command::Batch(args) => batch::run(args),
         Command::Bench(args) => bench::run(*args),
         Command::Perplexity(args) => perplexity::run(args),
+        Command::Quantize(args) => quantize::run(args),
     }
 }
 
@@ -60,6 +64,11 @@ pub struct EngineArgs {
     /// at every batch size) or widened to f32 at load (`f32`: the exact reference path).
     #[arg(long, default_value = "auto")]
     pub dtype: WeightDtype,
+    /// Quantize float matrices (f32/f16/bf16, from a Hugging Face directory or a GGUF) to
+    /// this block format at load: q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k. Block-format
+    /// weights stay as stored.
+    #[arg(long, value_name = "TYPE", conflicts_with = "dtype")]
+    pub quantize: Option<crate::kernels::quant::GgmlType>,
     /// Names the API serves the model under (the first is the one reported); requests
     /// naming any other model get 404 [default: the directory or file stem].
     #[arg(long, num_args = 1.., value_name = "NAME")]
@@ -171,7 +180,7 @@ impl EngineArgs {
             None => model_cache::default_model()?,
         };
         let t0 = std::time::Instant::now();
-        let mut loaded = LoadedModel::open(&path, self.dtype)?;
+        let mut loaded = LoadedModel::open(&path, self.weight_dtype()?)?;
         if let Some((first, rest)) = self.served_model_name.split_first() {
             loaded.name = first.clone();
             loaded.aliases = rest.to_vec();
@@ -186,9 +195,18 @@ impl EngineArgs {
             loaded.name,
             t0.elapsed().as_secs_f64(),
             loaded.model.weight_bytes() / 1_000_000,
-            self.dtype
+            self.weight_dtype()?
         );
         Ok(loaded)
+    }
+
+    /// The form weights are computed in: `--dtype`, or `--quantize`'s format.
+    pub fn weight_dtype(&self) -> anyhow::Result<WeightDtype> {
+        match self.quantize {
+            None => Ok(self.dtype),
+            Some(t) if crate::kernels::quantize::TARGETS.contains(&t) => Ok(WeightDtype::Quantize(t)),
+            Some(t) => anyhow::bail!("cannot quantize to {t:?} (supported: {:?})", crate::kernels::quantize::TARGETS),
+        }
     }
 }
 

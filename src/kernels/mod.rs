@@ -9,6 +9,7 @@ pub mod matmul;
 pub mod norm;
 pub mod qmatmul;
 pub mod quant;
+pub mod quantize;
 pub mod rope;
 
 pub use matmul::{matmul, PackedMatrix};

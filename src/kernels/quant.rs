@@ -8,7 +8,7 @@ use half::{bf16, f16};
 pub const QK_K: usize = 256;
 
 /// GGML tensor element types this engine reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum GgmlType {
     F32,
     F16,
@@ -56,6 +56,17 @@ impl GgmlType {
             GgmlType::Q5K => (QK_K, 176),
             GgmlType::Q6K => (QK_K, 210),
         }
+    }
+}
+
+impl std::str::FromStr for GgmlType {
+    type Err = String;
+    /// ggml's names, any case: `q8_0`, `Q4_K`, `f16`, ...
+    fn from_str(s: &str) -> Result<Self, String> {
+        let all = [GgmlType::F32, GgmlType::F16, GgmlType::Bf16].into_iter().chain(BLOCK_FORMATS);
+        all.into_iter()
+            .find(|t| format!("{t:?}").replace('K', "_K").eq_ignore_ascii_case(s))
+            .ok_or_else(|| format!("unknown GGML type {s:?}"))
     }
 }
 
@@ -267,6 +278,16 @@ mod tests {
         q51.extend([0x21u8; 16]);
         let got = dequantize(GgmlType::Q5_1, &q51);
         assert_eq!((got[0], got[1], got[31]), (0.5 * 17.0 - 1.0, 0.5 - 1.0, 0.5 * 18.0 - 1.0));
+    }
+
+    #[test]
+    fn parses_ggml_names() {
+        let parse = |s: &str| s.parse::<GgmlType>();
+        assert_eq!(
+            (parse("q4_k"), parse("Q8_0"), parse("bf16")),
+            (Ok(GgmlType::Q4K), Ok(GgmlType::Q8_0), Ok(GgmlType::Bf16))
+        );
+        assert!(parse("q4k").is_err() && parse("q4_k_m").is_err());
     }
 
     #[test]

@@ -2,8 +2,8 @@
 //! checked against the file. Tensor data stays in the file's block formats
 //! ([`crate::kernels::quant`]).
 
-use crate::kernels::quant::dequantize;
 pub use crate::kernels::quant::GgmlType;
+use crate::kernels::quant::{dequantize, BLOCK_FORMATS};
 use anyhow::{bail, ensure, Context, Result};
 use memmap2::Mmap;
 use std::collections::HashMap;
@@ -54,25 +54,33 @@ impl Value {
 }
 
 impl GgmlType {
+    /// The type's id in GGUF files.
+    pub fn id(self) -> u32 {
+        match self {
+            GgmlType::F32 => 0,
+            GgmlType::F16 => 1,
+            GgmlType::Q4_0 => 2,
+            GgmlType::Q4_1 => 3,
+            GgmlType::Q5_0 => 6,
+            GgmlType::Q5_1 => 7,
+            GgmlType::Q8_0 => 8,
+            GgmlType::Q2K => 10,
+            GgmlType::Q3K => 11,
+            GgmlType::Q4K => 12,
+            GgmlType::Q5K => 13,
+            GgmlType::Q6K => 14,
+            GgmlType::Bf16 => 30,
+        }
+    }
+
     fn from_id(id: u32) -> Result<Self> {
-        Ok(match id {
-            0 => GgmlType::F32,
-            1 => GgmlType::F16,
-            2 => GgmlType::Q4_0,
-            3 => GgmlType::Q4_1,
-            6 => GgmlType::Q5_0,
-            7 => GgmlType::Q5_1,
-            8 => GgmlType::Q8_0,
-            10 => GgmlType::Q2K,
-            11 => GgmlType::Q3K,
-            12 => GgmlType::Q4K,
-            13 => GgmlType::Q5K,
-            14 => GgmlType::Q6K,
-            30 => GgmlType::Bf16,
-            other => bail!(
-                "unsupported GGML tensor type {other} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)"
+        let all = [GgmlType::F32, GgmlType::F16, GgmlType::Bf16].into_iter().chain(BLOCK_FORMATS);
+        match all.into_iter().find(|t| t.id() == id) {
+            Some(t) => Ok(t),
+            None => bail!(
+                "unsupported GGML tensor type {id} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)"
             ),
-        })
+        }
     }
 }
 
@@ -91,7 +99,20 @@ pub struct GgufFile {
     pub path: PathBuf,
     pub metadata: HashMap<String, Value>,
     pub tensors: HashMap<String, TensorInfo>,
+    /// The file's layout, for writing a copy ([`super::requantize`]).
+    pub layout: Layout,
     mmap: Mmap,
+}
+
+/// Where things are in the file, beyond what reading the model needs.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    pub version: u32,
+    /// Each metadata entry's key and its bytes (key, type and value, as stored).
+    pub entries: Vec<(String, std::ops::Range<usize>)>,
+    /// Tensor names in file order.
+    pub order: Vec<String>,
+    pub alignment: usize,
 }
 
 impl GgufFile {
@@ -112,10 +133,13 @@ impl GgufFile {
         let n_tensors = r.count(24).context("tensor count")?;
         let n_kv = r.count(13).context("metadata count")?;
         let mut metadata = HashMap::new();
+        let mut entries = Vec::with_capacity(n_kv);
         for _ in 0..n_kv {
+            let start = r.pos;
             let key = r.string()?;
             let ty = r.u32()?;
             let value = r.value(ty, 0).with_context(|| format!("metadata key {key}"))?;
+            entries.push((key.clone(), start..r.pos));
             metadata.insert(key, value);
         }
         let mut infos = Vec::with_capacity(n_tensors);
@@ -133,6 +157,7 @@ impl GgufFile {
         ensure!(align.is_power_of_two(), "general.alignment {align} is not a power of two");
         let data_start = r.pos.next_multiple_of(align);
         let mut tensors = HashMap::new();
+        let order = infos.iter().map(|i| i.0.clone()).collect();
         for (name, shape, dtype, rel) in infos {
             let elems = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
             let Some(elems) = elems else { bail!("tensor {name}: shape {shape:?} overflows") };
@@ -152,11 +177,17 @@ impl GgufFile {
             };
             tensors.insert(name, TensorInfo { shape, dtype, offset, len_bytes });
         }
-        Ok(GgufFile { path: path.to_path_buf(), metadata, tensors, mmap })
+        let layout = Layout { version, entries, order, alignment: align };
+        Ok(GgufFile { path: path.to_path_buf(), metadata, tensors, layout, mmap })
     }
 
     pub fn get(&self, key: &str) -> Option<&Value> {
         self.metadata.get(key)
+    }
+
+    /// The bytes of the file in `range` (a metadata entry, say).
+    pub fn bytes(&self, range: std::ops::Range<usize>) -> &[u8] {
+        &self.mmap[range]
     }
 
     /// Raw bytes of a tensor, still in its on-disk type.
@@ -170,7 +201,9 @@ impl GgufFile {
     pub fn release(&self, info: &TensorInfo) {
         // SAFETY: the map is read-only, so dropping its pages loses nothing: a later read
         // faults them in again from the file. Failing to release is harmless.
-        let _ = unsafe { self.mmap.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, info.offset, info.len_bytes) };
+        let _ = unsafe {
+            self.mmap.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, info.offset, info.len_bytes)
+        };
     }
 
     /// A tensor dequantized to f32, row-major.

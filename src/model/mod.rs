@@ -5,6 +5,7 @@ pub mod config;
 pub mod decoder;
 pub mod gguf;
 pub mod loader;
+pub mod requantize;
 mod tensor;
 pub mod weight;
 

@@ -4,6 +4,8 @@
 use super::loader::WeightSource;
 use crate::kernels::matmul::Half;
 use crate::kernels::qmatmul::{qmatmul, quantize_rows, QActs, QMatrix};
+use crate::kernels::quant::GgmlType;
+use crate::kernels::quantize::{fitting, quantize};
 use crate::kernels::{matmul, PackedMatrix};
 use anyhow::Result;
 
@@ -14,6 +16,15 @@ pub enum WeightDtype {
     Auto,
     /// Everything widened to f32 at load: the exact reference path.
     F32,
+    /// As `Auto`, but float matrices are quantized to this block format at load.
+    Quantize(GgmlType),
+}
+
+impl WeightDtype {
+    /// Whether block-format weights stay in their format.
+    fn keeps_blocks(self) -> bool {
+        self != WeightDtype::F32
+    }
 }
 
 impl std::str::FromStr for WeightDtype {
@@ -40,6 +51,9 @@ impl Weight {
         if let Some(q) = Self::load_blocks(src, parts, dtype)? {
             return Ok(Weight::Quant(q));
         }
+        if let Some(q) = Self::quantize_at_load(src, parts, dtype)? {
+            return Ok(Weight::Quant(q));
+        }
         if let Some((format, bits)) = Self::load_half(src, parts, dtype)? {
             let rows: usize = parts.iter().map(|(_, s)| s[0]).sum();
             return Ok(Weight::F32(PackedMatrix::pack_half(&bits, format, rows, parts[0].1[1])));
@@ -63,7 +77,7 @@ impl Weight {
         parts: &[(&str, [usize; 2])],
         dtype: WeightDtype,
     ) -> Result<Option<QMatrix>> {
-        if dtype != WeightDtype::Auto {
+        if !dtype.keeps_blocks() {
             return Ok(None);
         }
         let mut blocks = Vec::with_capacity(parts.len());
@@ -76,6 +90,23 @@ impl Weight {
         Ok(Some(QMatrix::new(parts[0].1[1], blocks)?))
     }
 
+    /// `parts` read as f32 and quantized to the format `dtype` asks for, when it asks for
+    /// one and the rows are whole blocks of it.
+    fn quantize_at_load(
+        src: &dyn WeightSource,
+        parts: &[(&str, [usize; 2])],
+        dtype: WeightDtype,
+    ) -> Result<Option<QMatrix>> {
+        let WeightDtype::Quantize(target) = dtype else { return Ok(None) };
+        let k = parts[0].1[1];
+        let Some(target) = fitting(target, k) else { return Ok(None) };
+        let mut blocks = Vec::with_capacity(parts.len());
+        for (name, shape) in parts {
+            blocks.push((target, shape[0], quantize(target, src.load(name, shape)?.data())));
+        }
+        Ok(Some(QMatrix::new(k, blocks)?))
+    }
+
     /// `parts` stacked as 16-bit floats, when `dtype` is `Auto` and every part is stored in
     /// the same 16-bit format; `None` otherwise.
     pub fn load_half(
@@ -83,7 +114,7 @@ impl Weight {
         parts: &[(&str, [usize; 2])],
         dtype: WeightDtype,
     ) -> Result<Option<(Half, Vec<u16>)>> {
-        if dtype != WeightDtype::Auto {
+        if !dtype.keeps_blocks() {
             return Ok(None);
         }
         let mut all: Option<(Half, Vec<u16>)> = None;

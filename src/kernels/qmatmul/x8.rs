@@ -442,7 +442,8 @@ mod avx2 {
                 let xb0 = ((first + t) * blocks + b) * 8;
                 let x = xq.q.as_ptr().add(xb0 * QB);
                 for pair in 0..4 {
-                    let sc = [scale_pairs::<false>(rec.add(32 + 16 * pair)), scale_pairs::<false>(rec.add(40 + 16 * pair))];
+                    let sc =
+                        [scale_pairs::<false>(rec.add(32 + 16 * pair)), scale_pairs::<false>(rec.add(40 + 16 * pair))];
                     let mut dots = [_mm256_setzero_si256(); 2];
                     // Four products of at most 2·31·127 each fit in i16, then `madd`.
                     for quarter in 0..2 {
@@ -511,9 +512,18 @@ mod avx2 {
                         let ql1 = _mm256_loadu_si256(rec.add(ql_at + 32 * (16 * n + 8 + c)).cast());
                         let qh = _mm256_loadu_si256(rec.add(qh_at + 32 * (8 * n + c)).cast());
                         let w = [
-                            _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), two)),
-                            _mm256_or_si256(_mm256_and_si256(ql1, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), two)),
-                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4), _mm256_and_si256(qh, two)),
+                            _mm256_or_si256(
+                                _mm256_and_si256(ql0, low4),
+                                _mm256_and_si256(_mm256_slli_epi16(qh, 4), two),
+                            ),
+                            _mm256_or_si256(
+                                _mm256_and_si256(ql1, low4),
+                                _mm256_and_si256(_mm256_slli_epi16(qh, 2), two),
+                            ),
+                            _mm256_or_si256(
+                                _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
+                                _mm256_and_si256(qh, two),
+                            ),
                             _mm256_or_si256(
                                 _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
                                 _mm256_and_si256(_mm256_srli_epi16(qh, 2), two),
@@ -531,7 +541,8 @@ mod avx2 {
                         let (lo, hi) = (scales.add(8 * (8 * n + 2 * i)), scales.add(8 * (8 * n + 2 * i + 1)));
                         let lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64(lo.cast()));
                         let hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64(hi.cast()));
-                        let sc = _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(hi, 16));
+                        let sc =
+                            _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(hi, 16));
                         let (s_lo, s_hi) = (*xq.sums.get_unchecked(2 * xb), *xq.sums.get_unchecked(2 * xb + 1));
                         let sums = _mm256_set1_epi32((s_lo & 0xFFFF) | (s_hi << 16));
                         let dot = _mm256_sub_epi32(dot, _mm256_slli_epi32(_mm256_madd_epi16(sc, sums), 5));

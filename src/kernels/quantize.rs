@@ -1,0 +1,256 @@
+//! f32 → GGML block formats: the inverse of [`super::quant::dequantize`], for `weft
+//! quantize` and for quantizing float weights at load. Each format follows ggml's block
+//! layout exactly; the choice of scales is this engine's own (legacy formats as ggml's
+//! reference does, K-quants by a small search per sub-block for the scale and offset with
+//! the least squared error, then the 6- or 8-bit sub-scales relative to the super-block's).
+
+use super::quant::GgmlType;
+use half::f16;
+
+/// The block formats this module writes.
+pub const TARGETS: [GgmlType; 8] = [
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+];
+
+/// The format a matrix gets when its rows are not whole blocks of `target`: for the
+/// K-quants, a 32-value format of about the same size, as llama.cpp's quantizer picks.
+pub fn fitting(target: GgmlType, k: usize) -> Option<GgmlType> {
+    let fallback = match target {
+        GgmlType::Q4K => GgmlType::Q5_0,
+        GgmlType::Q5K => GgmlType::Q5_1,
+        GgmlType::Q6K => GgmlType::Q8_0,
+        other => other,
+    };
+    [target, fallback].into_iter().find(|t| k.is_multiple_of(t.block().0))
+}
+
+/// Quantizes `x` (whole blocks of `dtype`) into its raw bytes.
+pub fn quantize(dtype: GgmlType, x: &[f32]) -> Vec<u8> {
+    let (per, bytes) = dtype.block();
+    assert!(x.len().is_multiple_of(per), "{} values are not whole {dtype:?} blocks", x.len());
+    let mut out = vec![0u8; x.len() / per * bytes];
+    for (x, b) in x.chunks_exact(per).zip(out.chunks_exact_mut(bytes)) {
+        match dtype {
+            GgmlType::Q8_0 => q8_0(x, b),
+            GgmlType::Q4_0 => legacy(x, b, 4, false),
+            GgmlType::Q4_1 => legacy(x, b, 4, true),
+            GgmlType::Q5_0 => legacy(x, b, 5, false),
+            GgmlType::Q5_1 => legacy(x, b, 5, true),
+            GgmlType::Q4K => k_quant(x, b, false),
+            GgmlType::Q5K => k_quant(x, b, true),
+            GgmlType::Q6K => q6_k(x, b),
+            other => panic!("quantizing to {other:?} is not supported"),
+        }
+    }
+    out
+}
+
+fn put_f16(b: &mut [u8], at: usize, v: f32) {
+    b[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
+}
+
+fn f16_round(v: f32) -> f32 {
+    f16::from_f32(v).to_f32()
+}
+
+fn q8_0(x: &[f32], b: &mut [u8]) {
+    let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+    put_f16(b, 0, d);
+    for (q, v) in b[2..34].iter_mut().zip(x) {
+        *q = (v * id).round() as i8 as u8;
+    }
+}
+
+/// Q4_0/Q5_0 (`offset = false`: symmetric, the value of largest magnitude maps to −2^(bits−1))
+/// and Q4_1/Q5_1 (`d = (max − min) / (2^bits − 1)`, `m = min`), as ggml's reference.
+fn legacy(x: &[f32], b: &mut [u8], bits: u32, offset: bool) {
+    let levels = (1u32 << bits) as f32;
+    let (d, m) = if offset {
+        let (lo, hi) = x.iter().fold((f32::MAX, f32::MIN), |(l, h), &v| (l.min(v), h.max(v)));
+        ((hi - lo) / (levels - 1.0), lo)
+    } else {
+        let max = x.iter().fold(0f32, |a, &v| if v.abs() > a.abs() { v } else { a });
+        (max / -(levels / 2.0), -(levels / 2.0) * (max / -(levels / 2.0)))
+    };
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let q: Vec<u8> = x.iter().map(|&v| (((v - m) * id + 0.5) as i32).clamp(0, levels as i32 - 1) as u8).collect();
+    put_f16(b, 0, d);
+    let mut at = 2;
+    if offset {
+        put_f16(b, 2, m);
+        at = 4;
+    }
+    if bits == 5 {
+        let qh = q.iter().enumerate().fold(0u32, |h, (j, &v)| h | (((v >> 4) as u32 & 1) << j));
+        b[at..at + 4].copy_from_slice(&qh.to_le_bytes());
+        at += 4;
+    }
+    for j in 0..16 {
+        b[at + j] = (q[j] & 0xF) | ((q[j + 16] & 0xF) << 4);
+    }
+}
+
+/// The scale and offset of `x` on `levels` steps (`x ≈ s·q − m`, `q` in `0..levels`) with the
+/// least squared error among a few candidates around the min-max fit; `m ≥ 0`.
+fn fit_min_max(x: &[f32], levels: f32) -> (f32, f32) {
+    let lo = x.iter().fold(0f32, |a, &v| a.min(v));
+    let hi = x.iter().fold(f32::MIN, |a, &v| a.max(v));
+    if hi <= lo {
+        return (0.0, -lo);
+    }
+    let err = |s: f32, m: f32| -> f32 {
+        x.iter()
+            .map(|&v| {
+                let q = ((v + m) / s).round().clamp(0.0, levels - 1.0);
+                (s * q - m - v).powi(2)
+            })
+            .sum()
+    };
+    let mut best = ((hi - lo) / (levels - 1.0), -lo);
+    let mut best_err = err(best.0, best.1);
+    for step in 1..=8 {
+        // Shrinking the range clips the extremes but steps the rest more finely.
+        let s = (hi - lo) / (levels - 1.0) * (1.0 - 0.025 * step as f32);
+        for m in [-lo, -lo - 0.5 * step as f32 * 0.025 * (hi - lo)] {
+            let m = m.max(0.0);
+            let e = err(s, m);
+            if e < best_err {
+                (best, best_err) = ((s, m), e);
+            }
+        }
+    }
+    best
+}
+
+/// Q4_K / Q5_K: eight 32-value sub-blocks, each `d·sc · q − dmin·m` with 6-bit `sc` and `m`.
+fn k_quant(x: &[f32], b: &mut [u8], five: bool) {
+    let levels = if five { 32.0 } else { 16.0 };
+    let fits: Vec<(f32, f32)> = x.chunks_exact(32).map(|s| fit_min_max(s, levels)).collect();
+    let max_s = fits.iter().fold(0f32, |a, f| a.max(f.0));
+    let max_m = fits.iter().fold(0f32, |a, f| a.max(f.1));
+    let d = f16_round(max_s / 63.0);
+    let dmin = f16_round(max_m / 63.0);
+    let q6 = |v: f32, unit: f32| if unit > 0.0 { (v / unit).round().clamp(0.0, 63.0) as u8 } else { 0 };
+    let sc: Vec<u8> = fits.iter().map(|f| q6(f.0, d)).collect();
+    let mn: Vec<u8> = fits.iter().map(|f| q6(f.1, dmin)).collect();
+    put_f16(b, 0, d);
+    put_f16(b, 2, dmin);
+    for j in 0..4 {
+        b[4 + j] = sc[j] | ((sc[j + 4] >> 4) << 6);
+        b[8 + j] = mn[j] | ((mn[j + 4] >> 4) << 6);
+        b[12 + j] = (sc[j + 4] & 0xF) | ((mn[j + 4] & 0xF) << 4);
+    }
+    let q: Vec<u8> = x
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            let (s, m) = (d * sc[i / 32] as f32, dmin * mn[i / 32] as f32);
+            if s > 0.0 {
+                ((v + m) / s).round().clamp(0.0, levels - 1.0) as u8
+            } else {
+                0
+            }
+        })
+        .collect();
+    let qs = if five { 48 } else { 16 };
+    if five {
+        b[16..48].fill(0);
+        for (i, &v) in q.iter().enumerate() {
+            b[16 + i % 32] |= ((v >> 4) & 1) << (i / 32);
+        }
+    }
+    for pair in 0..4 {
+        for l in 0..32 {
+            let (lo, hi) = (q[pair * 64 + l], q[pair * 64 + 32 + l]);
+            b[qs + pair * 32 + l] = (lo & 0xF) | ((hi & 0xF) << 4);
+        }
+    }
+}
+
+/// Q6_K: sixteen 16-value groups, `d·sc · (q − 32)` with signed 8-bit `sc`.
+fn q6_k(x: &[f32], b: &mut [u8]) {
+    // Each group's scale maps its value of largest magnitude to −32, as ggml's reference.
+    let scales: Vec<f32> = x
+        .chunks_exact(16)
+        .map(|g| g.iter().fold(0f32, |a, &v| if v.abs() > a.abs() { v } else { a }) / -32.0)
+        .collect();
+    let max = scales.iter().fold(0f32, |a, &v| if v.abs() > a.abs() { v } else { a });
+    let d = f16_round(max / -128.0);
+    let sc: Vec<i8> =
+        scales.iter().map(|&s| if d != 0.0 { (s / d).round().clamp(-128.0, 127.0) as i8 } else { 0 }).collect();
+    let q: Vec<u8> = x
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            let s = d * sc[i / 16] as f32;
+            if s != 0.0 {
+                ((v / s).round() + 32.0).clamp(0.0, 63.0) as u8
+            } else {
+                32
+            }
+        })
+        .collect();
+    b[..192].fill(0);
+    for n in 0..2 {
+        for l in 0..32 {
+            let at = |i: usize| q[n * 128 + l + 32 * i];
+            let (q1, q2, q3, q4) = (at(0), at(1), at(2), at(3));
+            b[n * 64 + l] = (q1 & 0xF) | ((q3 & 0xF) << 4);
+            b[n * 64 + l + 32] = (q2 & 0xF) | ((q4 & 0xF) << 4);
+            b[128 + n * 32 + l] = (q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6);
+        }
+    }
+    for (o, s) in b[192..208].iter_mut().zip(&sc) {
+        *o = *s as u8;
+    }
+    put_f16(b, 208, d);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::quant::{dequantize, QK_K};
+    use crate::kernels::testing::random_vec;
+
+    /// Relative RMS error of a round trip through each format, on values with outliers.
+    #[test]
+    fn round_trips_through_the_dequantizer() {
+        let mut x = random_vec(4 * QK_K, 7);
+        x[5] = 4.0;
+        x[300] = -3.0;
+        x[608..640].iter_mut().for_each(|v| *v = 0.0);
+        let rms = |v: &[f32]| (v.iter().map(|a| a * a).sum::<f32>() / v.len() as f32).sqrt();
+        for (dtype, bound) in [
+            (GgmlType::Q8_0, 0.01),
+            (GgmlType::Q4_0, 0.15),
+            (GgmlType::Q4_1, 0.12),
+            (GgmlType::Q5_0, 0.08),
+            (GgmlType::Q5_1, 0.06),
+            (GgmlType::Q4K, 0.12),
+            (GgmlType::Q5K, 0.06),
+            (GgmlType::Q6K, 0.04),
+        ] {
+            let raw = quantize(dtype, &x);
+            assert_eq!(raw.len(), x.len() / dtype.block().0 * dtype.block().1);
+            let back = dequantize(dtype, &raw);
+            let err: Vec<f32> = back.iter().zip(&x).map(|(a, b)| a - b).collect();
+            let rel = rms(&err) / rms(&x);
+            assert!(rel < bound, "{dtype:?}: relative RMS error {rel}");
+            // An all-zero block stays zero, with no NaN from a zero scale.
+            assert!(back[608..640].iter().all(|v| *v == 0.0), "{dtype:?}: {:?}", &back[608..640]);
+            // Quantizing the dequantized values again reproduces them (a fixed point).
+            let again = dequantize(dtype, &quantize(dtype, &back));
+            let drift = rms(&again.iter().zip(&back).map(|(a, b)| a - b).collect::<Vec<_>>()) / rms(&x);
+            assert!(drift < bound / 2.0, "{dtype:?}: requantizing drifts by {drift}");
+        }
+    }
+}
