@@ -507,32 +507,43 @@ mod avx2 {
                 let x = xq.q.as_ptr().add(xb0 * QB);
                 for n in 0..2 {
                     let mut dots = [_mm256_setzero_si256(); 4];
-                    for c in 0..8 {
-                        let ql0 = _mm256_loadu_si256(rec.add(ql_at + 32 * (16 * n + c)).cast());
-                        let ql1 = _mm256_loadu_si256(rec.add(ql_at + 32 * (16 * n + 8 + c)).cast());
-                        let qh = _mm256_loadu_si256(rec.add(qh_at + 32 * (8 * n + c)).cast());
-                        let w = [
-                            _mm256_or_si256(
-                                _mm256_and_si256(ql0, low4),
-                                _mm256_and_si256(_mm256_slli_epi16(qh, 4), two),
-                            ),
-                            _mm256_or_si256(
-                                _mm256_and_si256(ql1, low4),
-                                _mm256_and_si256(_mm256_slli_epi16(qh, 2), two),
-                            ),
-                            _mm256_or_si256(
-                                _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
-                                _mm256_and_si256(qh, two),
-                            ),
-                            _mm256_or_si256(
-                                _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
-                                _mm256_and_si256(_mm256_srli_epi16(qh, 2), two),
-                            ),
-                        ];
-                        for (i, w) in w.into_iter().enumerate() {
-                            let sc = scale_pairs::<true>(scales.add(8 * (8 * n + 2 * i + c / 4)));
-                            let prod = _mm256_maddubs_epi16(w, bcast(x.add(n * 128 + 32 * i + 4 * c)));
-                            dots[i] = _mm256_add_epi32(dots[i], _mm256_madd_epi16(prod, sc));
+                    // Chunks 0..4 use each sub-block's first scale, 4..8 its second; two
+                    // products of at most 2·63·127 fit in i16 before `madd` applies it.
+                    for half in 0..2 {
+                        let sc: [__m256i; 4] =
+                            std::array::from_fn(|i| scale_pairs::<true>(scales.add(8 * (8 * n + 2 * i + half))));
+                        for pair in 0..2 {
+                            let mut s16 = [_mm256_setzero_si256(); 4];
+                            for c in 4 * half + 2 * pair..4 * half + 2 * pair + 2 {
+                                let ql0 = _mm256_loadu_si256(rec.add(ql_at + 32 * (16 * n + c)).cast());
+                                let ql1 = _mm256_loadu_si256(rec.add(ql_at + 32 * (16 * n + 8 + c)).cast());
+                                let qh = _mm256_loadu_si256(rec.add(qh_at + 32 * (8 * n + c)).cast());
+                                let w = [
+                                    _mm256_or_si256(
+                                        _mm256_and_si256(ql0, low4),
+                                        _mm256_and_si256(_mm256_slli_epi16(qh, 4), two),
+                                    ),
+                                    _mm256_or_si256(
+                                        _mm256_and_si256(ql1, low4),
+                                        _mm256_and_si256(_mm256_slli_epi16(qh, 2), two),
+                                    ),
+                                    _mm256_or_si256(
+                                        _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
+                                        _mm256_and_si256(qh, two),
+                                    ),
+                                    _mm256_or_si256(
+                                        _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
+                                        _mm256_and_si256(_mm256_srli_epi16(qh, 2), two),
+                                    ),
+                                ];
+                                for (i, w) in w.into_iter().enumerate() {
+                                    let xs = bcast(x.add(n * 128 + 32 * i + 4 * c));
+                                    s16[i] = _mm256_add_epi16(s16[i], _mm256_maddubs_epi16(w, xs));
+                                }
+                            }
+                            for i in 0..4 {
+                                dots[i] = _mm256_add_epi32(dots[i], _mm256_madd_epi16(s16[i], sc[i]));
+                            }
                         }
                     }
                     for (i, dot) in dots.into_iter().enumerate() {
