@@ -159,15 +159,31 @@ pub fn qmatmul(xq: &QActs, w: &QMatrix, y: &mut [f32], m: usize) {
     for p in &w.parts {
         // Small products run on the calling thread: a dispatch would cost more than the work.
         let parallel = m * p.rows * k >= 1 << 16;
-        // SAFETY: each part writes only its own columns `first_row..first_row + p.rows` of
-        // `y`, whose size was checked above.
-        unsafe {
-            match p.layout {
-                Layout::Rows { row_bytes } => rows::part(xq, p, row_bytes, k, first_row, n, m, out, parallel),
-                Layout::X8 => x8::part(xq, p, k, first_row, n, m, out, parallel),
+        let col0 = first_row;
+        // SAFETY (both arms): each task writes only its own rows' or groups' columns of this
+        // part's `col0..col0 + p.rows`, and `y`'s size was checked above.
+        match p.layout {
+            Layout::Rows { row_bytes } => each_task(p.rows, rows::ROWS_PER_TASK, parallel, |rows| unsafe {
+                rows::rows_task(xq, p, row_bytes, k, rows, col0, n, m, out)
+            }),
+            Layout::X8 => {
+                let groups = p.rows / x8::GROUP;
+                each_task(groups, x8::groups_per_task(groups), parallel, |groups| unsafe {
+                    x8::groups_task(xq, p, k, groups, col0, n, m, out)
+                })
             }
         }
         first_row += p.rows;
+    }
+}
+
+/// Runs `task` over `0..units` cut into runs of `per_task`, on the pool when `parallel`.
+fn each_task(units: usize, per_task: usize, parallel: bool, task: impl Fn(std::ops::Range<usize>) + Sync) {
+    let run = |t: usize| task(t * per_task..((t + 1) * per_task).min(units));
+    if parallel {
+        (0..units.div_ceil(per_task)).into_par_iter().for_each(run);
+    } else {
+        (0..units.div_ceil(per_task)).for_each(run);
     }
 }
 

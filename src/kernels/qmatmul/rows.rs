@@ -3,7 +3,6 @@
 
 use super::{write, Part, QActs, SharedOut, QB, TILE};
 use crate::kernels::quant::{f16_at, scale_min_k4, GgmlType, BLOCK_FORMATS};
-use rayon::prelude::*;
 
 pub(super) use portable::dot_rows as portable_dot_rows;
 
@@ -14,37 +13,7 @@ pub(super) fn avx2_available() -> bool {
 }
 
 /// Weight rows per parallel task.
-const ROWS_PER_TASK: usize = 16;
-
-/// Every row of part `p` (rows `row_bytes` apart) against every row of `X`, written to
-/// columns `col0..col0 + p.rows` of `y` (row stride `n`).
-///
-/// # Safety
-/// `y` must hold `m × n` values and no other task may write these columns.
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn part(
-    xq: &QActs,
-    p: &Part,
-    row_bytes: usize,
-    k: usize,
-    col0: usize,
-    n: usize,
-    m: usize,
-    y: SharedOut,
-    parallel: bool,
-) {
-    let run = |t: usize| {
-        let rows = t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(p.rows);
-        // SAFETY: tasks write disjoint columns of the caller's.
-        unsafe { rows_task(xq, p, row_bytes, k, rows, col0, n, m, y) };
-    };
-    let tasks = p.rows.div_ceil(ROWS_PER_TASK);
-    if parallel {
-        (0..tasks).into_par_iter().for_each(run);
-    } else {
-        (0..tasks).for_each(run);
-    }
-}
+pub(super) const ROWS_PER_TASK: usize = 16;
 
 /// Weight rows `rows` of part `p` against every row of `X`, written to column
 /// `col0 + row` of `y` (row stride `n`).
@@ -52,7 +21,7 @@ pub(super) unsafe fn part(
 /// # Safety
 /// `y` must hold `m × n` values and no other task may write these columns.
 #[allow(clippy::too_many_arguments)]
-unsafe fn rows_task(
+pub(super) unsafe fn rows_task(
     xq: &QActs,
     p: &Part,
     row_bytes: usize,

@@ -18,7 +18,6 @@
 
 use super::{Part, QActs, SharedOut, QB};
 use crate::kernels::quant::{scale_min_k4, GgmlType};
-use rayon::prelude::*;
 
 /// Rows interleaved into one group.
 pub const GROUP: usize = 8;
@@ -154,41 +153,18 @@ pub fn raw_row(dtype: GgmlType, data: &[u8], r: usize, k: usize) -> Vec<u8> {
     out
 }
 
-/// Every group of part `p` against every row of `X`, written to columns
-/// `col0..col0 + p.rows` of `y` (row stride `n`).
+/// Groups per parallel task, out of `groups`.
+pub(super) fn groups_per_task(groups: usize) -> usize {
+    groups.div_ceil(TASKS_PER_THREAD * rayon::current_num_threads()).max(1)
+}
+
+/// Groups `groups` of part `p` against every row of `X`, written to their columns
+/// (from `col0`) of `y` (row stride `n`).
 ///
 /// # Safety
 /// `y` must hold `m × n` values and no other task may write these columns.
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn part(
-    xq: &QActs,
-    p: &Part,
-    k: usize,
-    col0: usize,
-    n: usize,
-    m: usize,
-    y: SharedOut,
-    parallel: bool,
-) {
-    let groups = p.rows / GROUP;
-    let per_task = groups.div_ceil(TASKS_PER_THREAD * rayon::current_num_threads()).max(1);
-    let run = |t: usize| {
-        let groups = t * per_task..((t + 1) * per_task).min(groups);
-        // SAFETY: tasks write disjoint columns of the caller's.
-        unsafe { groups_task(xq, p, k, groups, col0, n, m, y) };
-    };
-    let tasks = groups.div_ceil(per_task);
-    if parallel {
-        (0..tasks).into_par_iter().for_each(run);
-    } else {
-        (0..tasks).for_each(run);
-    }
-}
-
-/// # Safety
-/// As [`part`], for the columns of `groups`.
-#[allow(clippy::too_many_arguments)]
-unsafe fn groups_task(
+pub(super) unsafe fn groups_task(
     xq: &QActs,
     p: &Part,
     k: usize,
@@ -210,7 +186,7 @@ unsafe fn groups_task(
 }
 
 /// # Safety
-/// As [`part`], for the columns of `groups`.
+/// As [`groups_task`].
 #[allow(clippy::too_many_arguments)]
 unsafe fn x8_tiles(
     xq: &QActs,
