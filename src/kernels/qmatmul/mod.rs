@@ -140,13 +140,21 @@ pub fn quantize_rows(x: &[f32], m: usize, k: usize, out: &mut QActs) {
             *d = amax / 127.0;
             let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
             for (q, &v) in q.iter_mut().zip(x) {
-                *q = (v * id).round() as i8;
+                *q = round_small(v * id) as i8;
             }
             s[0] = q[..16].iter().map(|&v| v as i32).sum();
             s[1] = q[16..].iter().map(|&v| v as i32).sum();
             *ds = *d * (s[0] + s[1]) as f32;
         }
     });
+}
+
+/// `v` rounded to the nearest integer (ties to even) for |v| < 2^22, by adding and taking
+/// away 1.5 · 2^23: plain f32 arithmetic that vectorizes, where `round` is a libm call.
+#[inline]
+fn round_small(v: f32) -> f32 {
+    const SHIFT: f32 = 12_582_912.0;
+    (v + SHIFT) - SHIFT
 }
 
 /// `y[i, j] = Σ_k x[i, k] · w[j, k]` for `i < m`; `y` is `[m, n]` row-major; `xq` holds
@@ -258,6 +266,12 @@ mod tests {
             let exact: f64 = (0..k).map(|c| wf[c] as f64 * x[c] as f64).sum();
             assert!((y[0] as f64 - exact).abs() < 0.05 * (1.0 + exact.abs()), "{dtype:?} {} vs {exact}", y[0]);
         }
+    }
+
+    #[test]
+    fn rounds_to_nearest_even() {
+        let got: Vec<f32> = [0.4, 0.5, 1.5, 2.5, -0.5, -1.6, 126.7, -127.0].map(round_small).to_vec();
+        assert_eq!(got, [0.0, 0.0, 2.0, 2.0, -0.0, -2.0, 127.0, -127.0]);
     }
 
     /// A row's result is bit-identical alone or inside any batch.
