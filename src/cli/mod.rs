@@ -67,7 +67,7 @@ pub struct EngineArgs {
     /// Quantize float matrices (f32/f16/bf16, from a Hugging Face directory or a GGUF) to
     /// this block format at load: q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k. Block-format
     /// weights stay as stored.
-    #[arg(long, value_name = "TYPE", conflicts_with = "dtype")]
+    #[arg(long, value_name = "TYPE", conflicts_with = "dtype", value_parser = crate::kernels::quantize::parse_target)]
     pub quantize: Option<crate::kernels::quant::GgmlType>,
     /// Names the API serves the model under (the first is the one reported); requests
     /// naming any other model get 404 [default: the directory or file stem].
@@ -180,7 +180,7 @@ impl EngineArgs {
             None => model_cache::default_model()?,
         };
         let t0 = std::time::Instant::now();
-        let mut loaded = LoadedModel::open(&path, self.weight_dtype()?)?;
+        let mut loaded = LoadedModel::open(&path, self.weight_dtype())?;
         if let Some((first, rest)) = self.served_model_name.split_first() {
             loaded.name = first.clone();
             loaded.aliases = rest.to_vec();
@@ -195,18 +195,14 @@ impl EngineArgs {
             loaded.name,
             t0.elapsed().as_secs_f64(),
             loaded.model.weight_bytes() / 1_000_000,
-            self.weight_dtype()?
+            self.weight_dtype()
         );
         Ok(loaded)
     }
 
     /// The form weights are computed in: `--dtype`, or `--quantize`'s format.
-    pub fn weight_dtype(&self) -> anyhow::Result<WeightDtype> {
-        match self.quantize {
-            None => Ok(self.dtype),
-            Some(t) if crate::kernels::quantize::TARGETS.contains(&t) => Ok(WeightDtype::Quantize(t)),
-            Some(t) => anyhow::bail!("cannot quantize to {t:?} (supported: {:?})", crate::kernels::quantize::TARGETS),
-        }
+    pub fn weight_dtype(&self) -> WeightDtype {
+        self.quantize.map_or(self.dtype, WeightDtype::Quantize)
     }
 }
 

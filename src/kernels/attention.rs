@@ -78,9 +78,14 @@ impl Scoring {
     /// The soft-cap over a row of scaled scores (nothing without one).
     fn cap(&self, scores: &mut [f32]) {
         if let Some(c) = self.softcap {
-            scores.iter_mut().for_each(|s| *s = (*s / c).tanh() * c);
+            softcap(scores, c);
         }
     }
+}
+
+/// `cap · tanh(x / cap)` over `xs` (Gemma 2's attention scores and final logits).
+pub fn softcap(xs: &mut [f32], cap: f32) {
+    xs.iter_mut().for_each(|x| *x = (*x / cap).tanh() * cap);
 }
 
 /// Reusable buffers for [`attend`].

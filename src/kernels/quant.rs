@@ -25,6 +25,23 @@ pub enum GgmlType {
     Q6K,
 }
 
+/// Every type this engine reads: the floats, then [`BLOCK_FORMATS`].
+pub const TYPES: [GgmlType; 13] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::Bf16,
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q2K,
+    GgmlType::Q3K,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+];
+
 /// The block formats (quantized, computed with int8 activations), in a fixed order.
 pub const BLOCK_FORMATS: [GgmlType; 10] = [
     GgmlType::Q8_0,
@@ -59,13 +76,20 @@ impl GgmlType {
     }
 }
 
+/// ggml's name of the type: `Q8_0`, `Q4_K`, `BF16`, ...
+impl std::fmt::Display for GgmlType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&format!("{self:?}").replace('K', "_K").to_uppercase())
+    }
+}
+
 impl std::str::FromStr for GgmlType {
     type Err = String;
     /// ggml's names, any case: `q8_0`, `Q4_K`, `f16`, ...
     fn from_str(s: &str) -> Result<Self, String> {
-        let all = [GgmlType::F32, GgmlType::F16, GgmlType::Bf16].into_iter().chain(BLOCK_FORMATS);
-        all.into_iter()
-            .find(|t| format!("{t:?}").replace('K', "_K").eq_ignore_ascii_case(s))
+        TYPES
+            .into_iter()
+            .find(|t| t.to_string().eq_ignore_ascii_case(s))
             .ok_or_else(|| format!("unknown GGML type {s:?}"))
     }
 }
@@ -288,6 +312,7 @@ mod tests {
             (Ok(GgmlType::Q4K), Ok(GgmlType::Q8_0), Ok(GgmlType::Bf16))
         );
         assert!(parse("q4k").is_err() && parse("q4_k_m").is_err());
+        assert_eq!((GgmlType::Q4K.to_string(), GgmlType::Bf16.to_string()), ("Q4_K".into(), "BF16".into()));
     }
 
     #[test]

@@ -19,6 +19,14 @@ pub const TARGETS: [GgmlType; 8] = [
     GgmlType::Q6K,
 ];
 
+/// A quantization target from its ggml name (`q8_0`, `q4_k`, ...), for the command line.
+pub fn parse_target(s: &str) -> Result<GgmlType, String> {
+    match s.parse::<GgmlType>()? {
+        t if TARGETS.contains(&t) => Ok(t),
+        t => Err(format!("cannot quantize to {t:?} (supported: q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k)")),
+    }
+}
+
 /// The format a matrix gets when its rows are not whole blocks of `target`: for the
 /// K-quants, a 32-value format of about the same size, as llama.cpp's quantizer picks.
 pub fn fitting(target: GgmlType, k: usize) -> Option<GgmlType> {
@@ -56,6 +64,11 @@ fn put_f16(b: &mut [u8], at: usize, v: f32) {
     b[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
 }
 
+/// The value of largest magnitude, with its sign (0 for an empty slice).
+fn signed_max(x: &[f32]) -> f32 {
+    x.iter().fold(0f32, |a, &v| if v.abs() > a.abs() { v } else { a })
+}
+
 fn f16_round(v: f32) -> f32 {
     f16::from_f32(v).to_f32()
 }
@@ -78,8 +91,9 @@ fn legacy(x: &[f32], b: &mut [u8], bits: u32, offset: bool) {
         let (lo, hi) = x.iter().fold((f32::MAX, f32::MIN), |(l, h), &v| (l.min(v), h.max(v)));
         ((hi - lo) / (levels - 1.0), lo)
     } else {
-        let max = x.iter().fold(0f32, |a, &v| if v.abs() > a.abs() { v } else { a });
-        (max / -(levels / 2.0), -(levels / 2.0) * (max / -(levels / 2.0)))
+        let half = levels / 2.0;
+        let d = signed_max(x) / -half;
+        (d, -half * d)
     };
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     let q: Vec<u8> = x.iter().map(|&v| (((v - m) * id + 0.5) as i32).clamp(0, levels as i32 - 1) as u8).collect();
@@ -179,11 +193,8 @@ fn k_quant(x: &[f32], b: &mut [u8], five: bool) {
 /// Q6_K: sixteen 16-value groups, `d·sc · (q − 32)` with signed 8-bit `sc`.
 fn q6_k(x: &[f32], b: &mut [u8]) {
     // Each group's scale maps its value of largest magnitude to −32, as ggml's reference.
-    let scales: Vec<f32> = x
-        .chunks_exact(16)
-        .map(|g| g.iter().fold(0f32, |a, &v| if v.abs() > a.abs() { v } else { a }) / -32.0)
-        .collect();
-    let max = scales.iter().fold(0f32, |a, &v| if v.abs() > a.abs() { v } else { a });
+    let scales: Vec<f32> = x.chunks_exact(16).map(|g| signed_max(g) / -32.0).collect();
+    let max = signed_max(&scales);
     let d = f16_round(max / -128.0);
     let sc: Vec<i8> =
         scales.iter().map(|&s| if d != 0.0 { (s / d).round().clamp(-128.0, 127.0) as i8 } else { 0 }).collect();

@@ -8,7 +8,7 @@ use super::config::{Activation, Arch, ModelConfig, RopeScaling};
 use super::loader::WeightSource;
 use super::tensor::Tensor;
 use super::weight::{Weight, WeightDtype};
-use crate::kernels::attention::{attend, KvSpan, Scoring, Scratch};
+use crate::kernels::attention::{attend, softcap, KvSpan, Scoring, Scratch};
 use crate::kernels::matmul::Half;
 use crate::kernels::norm::{gelu_tanh_mul, rmsnorm_in_place};
 use crate::kernels::qmatmul::{QActs, QMatrix};
@@ -174,18 +174,13 @@ fn add_and_norm(
     });
 }
 
-/// `cap · tanh(x / cap)` over `xs`.
-fn softcap(xs: &mut [f32], cap: f32) {
-    xs.iter_mut().for_each(|x| *x = (*x / cap).tanh() * cap);
-}
-
 fn resize(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
     v.resize(n, 0.0);
     &mut v[..n]
 }
 
 impl Decoder {
-    /// Loads the weights, keeping block formats when `dtype` is `Auto`.
+    /// Loads the weights in the form `dtype` asks for ([`Weight::load`]).
     pub fn load(config: ModelConfig, src: &dyn WeightSource, dtype: WeightDtype) -> Result<Self> {
         let c = &config;
         let (d, f, hd) = (c.hidden_size, c.intermediate_size, c.head_dim);

@@ -3,7 +3,7 @@
 //! ([`crate::kernels::quant`]).
 
 pub use crate::kernels::quant::GgmlType;
-use crate::kernels::quant::{dequantize, BLOCK_FORMATS};
+use crate::kernels::quant::{dequantize, TYPES};
 use anyhow::{bail, ensure, Context, Result};
 use memmap2::Mmap;
 use std::collections::HashMap;
@@ -74,8 +74,7 @@ impl GgmlType {
     }
 
     fn from_id(id: u32) -> Result<Self> {
-        let all = [GgmlType::F32, GgmlType::F16, GgmlType::Bf16].into_iter().chain(BLOCK_FORMATS);
-        match all.into_iter().find(|t| t.id() == id) {
+        match TYPES.into_iter().find(|t| t.id() == id) {
             Some(t) => Ok(t),
             None => bail!(
                 "unsupported GGML tensor type {id} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)"

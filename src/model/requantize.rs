@@ -9,6 +9,7 @@ use crate::kernels::quant::{dequantize, GgmlType};
 use crate::kernels::quantize::{fitting, quantize, TARGETS};
 use anyhow::{ensure, Context, Result};
 use rayon::prelude::*;
+use std::borrow::Cow;
 use std::io::Write;
 use std::path::Path;
 
@@ -50,6 +51,10 @@ pub fn requantize(input: &Path, out: &Path, target: GgmlType) -> Result<(usize, 
         })
         .collect();
 
+    let put_str = |out: &mut Vec<u8>, s: &str| {
+        out.extend((s.len() as u64).to_le_bytes());
+        out.extend(s.as_bytes());
+    };
     let mut head = b"GGUF".to_vec();
     head.extend(layout.version.to_le_bytes());
     head.extend((tensors.len() as u64).to_le_bytes());
@@ -58,15 +63,12 @@ pub fn requantize(input: &Path, out: &Path, target: GgmlType) -> Result<(usize, 
     for (_, range) in &kept {
         head.extend(file.bytes(range.clone()));
     }
-    let key = "general.file_type";
-    head.extend((key.len() as u64).to_le_bytes());
-    head.extend(key.as_bytes());
+    put_str(&mut head, "general.file_type");
     head.extend(4u32.to_le_bytes());
     head.extend(file_type(target).to_le_bytes());
     let mut offset = 0u64;
     for (name, info, dtype) in &tensors {
-        head.extend((name.len() as u64).to_le_bytes());
-        head.extend(name.as_bytes());
+        put_str(&mut head, name);
         head.extend((info.shape.len() as u32).to_le_bytes());
         for d in info.shape.iter().rev() {
             head.extend((*d as u64).to_le_bytes());
@@ -86,7 +88,7 @@ pub fn requantize(input: &Path, out: &Path, target: GgmlType) -> Result<(usize, 
     for (name, info, dtype) in &tensors {
         let raw = file.raw(info);
         let data = if *dtype == info.dtype {
-            raw.to_vec()
+            Cow::Borrowed(raw)
         } else {
             changed += 1;
             let k = info.shape[1];
@@ -95,10 +97,10 @@ pub fn requantize(input: &Path, out: &Path, target: GgmlType) -> Result<(usize, 
             data.par_chunks_mut(out_row * 64).zip(raw.par_chunks(in_row * 64)).for_each(|(o, r)| {
                 o.copy_from_slice(&quantize(*dtype, &dequantize(info.dtype, r)));
             });
-            data
+            Cow::Owned(data)
         };
-        file.release(info);
         w.write_all(&data).with_context(|| format!("writing tensor {name}"))?;
+        file.release(info);
         let padded = (data.len() as u64).next_multiple_of(align as u64);
         w.write_all(&vec![0u8; (padded - data.len() as u64) as usize])?;
         written += padded;

@@ -21,8 +21,8 @@ pub enum WeightDtype {
 }
 
 impl WeightDtype {
-    /// Whether block-format weights stay in their format.
-    fn keeps_blocks(self) -> bool {
+    /// Whether weights stored in a block format or in 16 bits stay so.
+    fn keeps_stored(self) -> bool {
         self != WeightDtype::F32
     }
 }
@@ -45,8 +45,9 @@ pub enum Weight {
 
 impl Weight {
     /// Stacks `parts` (tensor names with their `[rows, k]` shapes) along the output
-    /// dimension: when `dtype` is `Auto`, kept in their block formats, or 16-bit, when every
-    /// part is stored so; else widened to f32 and packed.
+    /// dimension: unless `dtype` is `F32`, kept in their block formats when every part is
+    /// stored in one, else quantized when `dtype` asks for a format, else kept 16-bit when
+    /// every part is stored so; otherwise widened to f32 and packed.
     pub fn load(src: &dyn WeightSource, parts: &[(&str, [usize; 2])], dtype: WeightDtype) -> Result<Self> {
         if let Some(q) = Self::load_blocks(src, parts, dtype)? {
             return Ok(Weight::Quant(q));
@@ -70,14 +71,14 @@ impl Weight {
         Ok(Weight::F32(PackedMatrix::pack(&all, rows, k)))
     }
 
-    /// `parts` stacked in their block formats, when `dtype` is `Auto` and every part is
-    /// stored in one; `None` otherwise.
+    /// `parts` stacked in their block formats, when `dtype` keeps stored forms and every
+    /// part is stored in one; `None` otherwise.
     pub fn load_blocks(
         src: &dyn WeightSource,
         parts: &[(&str, [usize; 2])],
         dtype: WeightDtype,
     ) -> Result<Option<QMatrix>> {
-        if !dtype.keeps_blocks() {
+        if !dtype.keeps_stored() {
             return Ok(None);
         }
         let mut blocks = Vec::with_capacity(parts.len());
@@ -107,14 +108,14 @@ impl Weight {
         Ok(Some(QMatrix::new(k, blocks)?))
     }
 
-    /// `parts` stacked as 16-bit floats, when `dtype` is `Auto` and every part is stored in
-    /// the same 16-bit format; `None` otherwise.
+    /// `parts` stacked as 16-bit floats, when `dtype` keeps stored forms and every part is
+    /// stored in the same 16-bit format; `None` otherwise.
     pub fn load_half(
         src: &dyn WeightSource,
         parts: &[(&str, [usize; 2])],
         dtype: WeightDtype,
     ) -> Result<Option<(Half, Vec<u16>)>> {
-        if !dtype.keeps_blocks() {
+        if !dtype.keeps_stored() {
             return Ok(None);
         }
         let mut all: Option<(Half, Vec<u16>)> = None;

@@ -1,8 +1,9 @@
 //! `Y = X · Wᵀ` with `W` kept in a GGML block format, as llama.cpp computes it: each row of
 //! `X` is quantized to int8 per 32 values (one f32 scale per block, plus the integer sums
-//! of each half block for the formats with an offset), each 32-value block of `W` is
-//! decoded to int8 lanes with one scale per 16 values, and their dot products are integer
-//! (`maddubs`/`madd` on AVX2) with one f32 multiply-add per block.
+//! of each half block for the formats with an offset), and the dot products with `W`'s
+//! blocks are integer (`maddubs`/`madd` on AVX2) with f32 scales applied per block. The
+//! common formats run on eight interleaved rows at a time ([`x8`]); the rest, and tails of
+//! fewer than eight rows, one row at a time in the file's layout ([`rows`]).
 //!
 //! **Batch invariance.** A row's result is the same chain of operations whatever else is
 //! in the step: rows are quantized on their own, and a row tile only shares the decoded
@@ -50,8 +51,8 @@ impl Part {
 
 /// A weight `[n, k]` in GGML block formats; stacked projections of different formats (say
 /// Q4_K q/k and Q6_K v) are parts that follow each other. Formats with an interleaved
-/// kernel are repacked at load into groups of eight rows (same bytes, or 3% more for
-/// Q4_K), the rest stay row by row.
+/// kernel are repacked at load into groups of eight rows (the file's bytes, 2–3 % more for
+/// Q4_K and Q5_K), the rest stay row by row.
 pub struct QMatrix {
     n: usize,
     k: usize,
@@ -66,7 +67,7 @@ impl QMatrix {
         for (dtype, rows, data) in parts {
             let (per_block, block_bytes) = dtype.block();
             anyhow::ensure!(
-                k.is_multiple_of(per_block) && k.is_multiple_of(QB) && dtype.block().0 >= QB,
+                Self::supports(dtype) && k.is_multiple_of(per_block) && k.is_multiple_of(QB),
                 "{dtype:?} rows of {k} values are not whole blocks of {per_block}"
             );
             let row_bytes = k / per_block * block_bytes;

@@ -6,12 +6,6 @@ use crate::kernels::quant::{f16_at, scale_min_k4, GgmlType, BLOCK_FORMATS};
 
 pub(super) use portable::dot_rows as portable_dot_rows;
 
-/// Whether the AVX2 kernels can run here (AVX2, FMA and F16C).
-#[cfg(target_arch = "x86_64")]
-pub(super) fn avx2_available() -> bool {
-    avx2::available()
-}
-
 /// Weight rows per parallel task.
 pub(super) const ROWS_PER_TASK: usize = 16;
 

@@ -174,58 +174,44 @@ pub(super) unsafe fn groups_task(
     m: usize,
     y: SharedOut,
 ) {
-    let blocks = k / p.dtype.block().0;
-    let group_bytes = blocks * record(p.dtype).0;
+    let group_bytes = k / p.dtype.block().0 * record(p.dtype).0;
     // Chunks of groups that fit in L2, then activation tiles, then the chunk's groups: the
     // weights are read from memory once, and the tile stays in L1.
     let chunk = (CHUNK_BYTES / group_bytes).max(1);
     for first in groups.clone().step_by(chunk) {
-        let chunk = first..(first + chunk).min(groups.end);
-        x8_tiles(xq, p, k, blocks, group_bytes, chunk, col0, n, m, y);
+        for i in (0..m).step_by(TILE) {
+            let tile = TILE.min(m - i);
+            for g in first..(first + chunk).min(groups.end) {
+                let mut acc = [[0f32; GROUP]; TILE];
+                group(p.dtype, &p.data[g * group_bytes..(g + 1) * group_bytes], xq, i, tile, k, &mut acc);
+                for (t, row) in acc[..tile].iter().enumerate() {
+                    // SAFETY: the caller owns these eight columns of row `i + t`.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(row.as_ptr(), y.0.add((i + t) * n + col0 + g * GROUP), GROUP)
+                    };
+                }
+            }
+        }
     }
 }
 
-/// # Safety
-/// As [`groups_task`].
-#[allow(clippy::too_many_arguments)]
-unsafe fn x8_tiles(
+/// One group's records `data` against activation rows `first..first + tile`: the AVX2
+/// kernels where the CPU has them, else the portable fallback.
+fn group(
+    dtype: GgmlType,
+    data: &[u8],
     xq: &QActs,
-    p: &Part,
+    first: usize,
+    tile: usize,
     k: usize,
-    blocks: usize,
-    group_bytes: usize,
-    groups: std::ops::Range<usize>,
-    col0: usize,
-    n: usize,
-    m: usize,
-    y: SharedOut,
+    acc: &mut [[f32; GROUP]; TILE],
 ) {
-    let mut i = 0;
-    while i < m {
-        let tile = TILE.min(m - i);
-        for g in groups.clone() {
-            let data = &p.data[g * group_bytes..(g + 1) * group_bytes];
-            let mut acc = [[0f32; GROUP]; TILE];
-            #[cfg(target_arch = "x86_64")]
-            let done = if super::rows::avx2_available() {
-                // SAFETY: AVX2, FMA and F16C were detected; `data` is one group's records.
-                unsafe { avx2::group(p.dtype, data, xq, i, tile, blocks, &mut acc) };
-                true
-            } else {
-                false
-            };
-            #[cfg(not(target_arch = "x86_64"))]
-            let done = false;
-            if !done {
-                portable_group(p.dtype, data, xq, i, tile, k, &mut acc);
-            }
-            for (t, row) in acc[..tile].iter().enumerate() {
-                // SAFETY: the caller owns these eight columns of row `i + t`.
-                unsafe { std::ptr::copy_nonoverlapping(row.as_ptr(), y.0.add((i + t) * n + col0 + g * GROUP), GROUP) };
-            }
-        }
-        i += tile;
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::matmul::avx2::available() {
+        // SAFETY: AVX2, FMA and F16C were detected; `data` is one group's records.
+        return unsafe { avx2::group(dtype, data, xq, first, tile, k / dtype.block().0, acc) };
     }
+    portable_group(dtype, data, xq, first, tile, k, acc)
 }
 
 /// The portable fallback: each row of the group back in its file layout, through the
@@ -557,7 +543,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn portable_matches_avx2() {
-        if !super::super::rows::avx2_available() {
+        if !crate::kernels::matmul::avx2::available() {
             return;
         }
         for dtype in FORMATS {
