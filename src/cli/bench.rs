@@ -137,6 +137,13 @@ fn drive(engine: &EngineHandle, reqs: Vec<(Duration, Request)>) -> Result<Vec<Ti
     })
 }
 
+impl Timing {
+    /// Seconds from sending to the first token (none if no token came).
+    fn ttft(&self) -> Option<f64> {
+        self.tokens.first().map(|f| (*f - self.sent).as_secs_f64())
+    }
+}
+
 async fn read_stream(sent: Instant, mut stream: crate::engine::RequestStream) -> Timing {
     let (mut tokens, mut ids) = (Vec::new(), Vec::new());
     while let Some(ev) = stream.recv().await {
@@ -211,8 +218,7 @@ shared system prompt: {} requests of a {}-token prefix + {}-token question, {} o
         let total = t0.elapsed().as_secs_f64();
         let st = engine.stats();
         let out: usize = t.iter().map(|x| x.tokens.len()).sum();
-        let mut ttft: Vec<f64> =
-            t.iter().filter_map(|x| x.tokens.first().map(|f| (*f - x.sent).as_secs_f64())).collect();
+        let mut ttft: Vec<f64> = t.iter().filter_map(Timing::ttft).collect();
         let hit = st.prefix_cache_hits as f64 / st.prefix_cache_queries.max(1) as f64;
         let m = json!({"prefix_caching": caching, "total_s": total, "output_tok_s": out as f64 / total,
             "ttft_p50_s": percentile(&mut ttft, 0.5), "ttft_p99_s": percentile(&mut ttft, 0.99), "hit_rate": hit});
@@ -447,8 +453,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let preemptions = st.preemptions;
             let mut steps: Vec<f64> = st.recent_step_ms.iter().map(|&x| x as f64 / 1e3).collect();
             let out: usize = t.iter().map(|x| x.tokens.len()).sum();
-            let mut ttft: Vec<f64> =
-                t.iter().filter_map(|x| x.tokens.first().map(|f| (*f - x.sent).as_secs_f64())).collect();
+            let mut ttft: Vec<f64> = t.iter().filter_map(Timing::ttft).collect();
             let mut itl: Vec<f64> =
                 t.iter().flat_map(|x| x.tokens.windows(2).map(|w| (w[1] - w[0]).as_secs_f64())).collect();
             let m = json!({"mode": name, "max_num_seqs": seqs, "total_s": total, "output_tok_s": out as f64 / total,
