@@ -110,6 +110,8 @@ fn hostile_model_files_are_refused_with_exit_code_1_in_bounded_memory() {
         ("head_count 0", patched(&real, "llama.attention.head_count", &0u32.to_le_bytes())),
         ("key_length 2^31", patched(&real, "llama.attention.key_length", &(1u32 << 31).to_le_bytes())),
         ("embedding_length 2^32-1", patched(&real, "llama.embedding_length", &u32::MAX.to_le_bytes())),
+        ("embedding_length 0", patched(&real, "llama.embedding_length", &0u32.to_le_bytes())),
+        ("feed_forward_length 0", patched(&real, "llama.feed_forward_length", &0u32.to_le_bytes())),
         ("NaN rope base", patched(&real, "llama.rope.freq_base", &f32::NAN.to_le_bytes())),
         (
             "infinite norm epsilon",

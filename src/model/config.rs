@@ -431,6 +431,10 @@ impl ModelConfig {
         );
         ensure!(self.head_dim.is_multiple_of(2), "head_dim {} must be even for RoPE", self.head_dim);
         ensure!(self.vocab_size > 0 && self.num_layers > 0, "empty model");
+        ensure!(
+            self.hidden_size > 0 && self.intermediate_size > 0 && self.head_dim > 0,
+            "hidden size, intermediate size and head_dim must be positive"
+        );
         ensure!(self.max_position_embeddings > 0, "context length is 0");
         ensure!(self.sliding_window != Some(0), "sliding window of 0 positions");
         ensure!(

@@ -29,9 +29,9 @@ fn file_type(dtype: GgmlType) -> u32 {
 }
 
 /// The type tensor `info` is written in: `target` for matrices (or its fallback when the
-/// rows are not whole blocks of it), else as stored (norms, biases).
+/// rows are not whole blocks of it), else as stored (norms, biases, empty tensors).
 fn output_type(name: &str, info: &TensorInfo, target: GgmlType) -> GgmlType {
-    let matrix = info.shape.len() == 2 && name.ends_with(".weight");
+    let matrix = info.shape.len() == 2 && info.shape.iter().all(|&d| d > 0) && name.ends_with(".weight");
     let fit = if matrix { fitting(target, info.shape[1]) } else { None };
     fit.unwrap_or(info.dtype)
 }

@@ -67,7 +67,7 @@ impl QMatrix {
         for (dtype, rows, data) in parts {
             let (per_block, block_bytes) = dtype.block();
             anyhow::ensure!(
-                Self::supports(dtype) && k.is_multiple_of(per_block) && k.is_multiple_of(QB),
+                Self::supports(dtype) && k > 0 && k.is_multiple_of(per_block) && k.is_multiple_of(QB),
                 "{dtype:?} rows of {k} values are not whole blocks of {per_block}"
             );
             let row_bytes = k / per_block * block_bytes;
@@ -318,6 +318,8 @@ mod tests {
         assert_eq!(y[3..], single(GgmlType::Q6K, b.clone(), 2)[..]);
         let mut row = vec![0f32; k];
         w.row_into(4, &mut row);
+        // Rows of no values are refused, not divided by.
+        assert!(QMatrix::new(0, vec![(GgmlType::Q4_0, 8, Vec::new())]).is_err());
         assert_eq!(row, dequantize(GgmlType::Q6K, &b[210..]));
     }
 }
