@@ -39,6 +39,9 @@ fn output_type(name: &str, info: &TensorInfo, target: GgmlType) -> GgmlType {
 /// Writes `out`: `input` with its matrices in `target`. Returns (tensors requantized, bytes).
 pub fn requantize(input: &Path, out: &Path, target: GgmlType) -> Result<(usize, u64)> {
     ensure!(TARGETS.contains(&target), "cannot quantize to {target:?} (supported: {TARGETS:?})");
+    // Writing over the input would truncate the map being read.
+    let same = |a: &Path, b: &Path| a.canonicalize().ok().zip(b.canonicalize().ok()).is_some_and(|(a, b)| a == b);
+    ensure!(!same(input, out), "{}: the output must not be the input file", out.display());
     let file = GgufFile::open(input)?;
     let layout = &file.layout;
     let align = layout.alignment;
@@ -145,6 +148,7 @@ mod tests {
         let back = f.dequantize(up);
         assert!(back.iter().zip(&w).all(|(a, b)| (a - b).abs() < 0.01), "Q8_0 values drifted");
         assert_eq!(f.dequantize(&f.tensors["blk.0.attn_norm.weight"]), [1.0, 2.0, 3.0]);
+        assert!(requantize(&dst, &dst, GgmlType::Q4_0).is_err(), "overwrote its own input");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
