@@ -25,23 +25,6 @@ pub enum GgmlType {
     Q6K,
 }
 
-/// Every type this engine reads: the floats, then [`BLOCK_FORMATS`].
-pub const TYPES: [GgmlType; 13] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::Bf16,
-    GgmlType::Q8_0,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q2K,
-    GgmlType::Q3K,
-    GgmlType::Q4K,
-    GgmlType::Q5K,
-    GgmlType::Q6K,
-];
-
 /// The block formats (quantized, computed with int8 activations), in a fixed order.
 pub const BLOCK_FORMATS: [GgmlType; 10] = [
     GgmlType::Q8_0,
@@ -55,6 +38,18 @@ pub const BLOCK_FORMATS: [GgmlType; 10] = [
     GgmlType::Q5K,
     GgmlType::Q6K,
 ];
+
+/// Every type this engine reads: the floats, then [`BLOCK_FORMATS`].
+pub const TYPES: [GgmlType; 3 + BLOCK_FORMATS.len()] = {
+    let mut all = [GgmlType::F32; 3 + BLOCK_FORMATS.len()];
+    (all[1], all[2]) = (GgmlType::F16, GgmlType::Bf16);
+    let mut i = 0;
+    while i < BLOCK_FORMATS.len() {
+        all[3 + i] = BLOCK_FORMATS[i];
+        i += 1;
+    }
+    all
+};
 
 impl GgmlType {
     /// (elements per block, bytes per block)
