@@ -261,7 +261,7 @@ fn sixteen_bit_weights_stay_16_bit_and_exact() {
                         num_tokens: n,
                         seq_len: n,
                         block_table: table.blocks(),
-                        sample: true,
+                        logits: 1,
                     }];
                     let mut ws = Workspace::default();
                     m.model.forward(&StepInput { tokens: &case.prompt_ids, seqs: &seq }, &mut kv, &mut ws).to_vec()

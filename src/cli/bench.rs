@@ -212,7 +212,7 @@ shared system prompt: {} requests of a {}-token prefix + {}-token question, {} o
     let mut modes = Vec::new();
     let mut outputs = Vec::new();
     for caching in [true, false] {
-        let engine = EngineHandle::start(model.clone(), EngineConfig { prefix_caching: caching, ..base })?;
+        let engine = EngineHandle::start(model.clone(), EngineConfig { prefix_caching: caching, ..base.clone() })?;
         let t0 = Instant::now();
         let t = drive_clients(&engine, reqs.clone(), args.shared_concurrency)?;
         let total = t0.elapsed().as_secs_f64();
@@ -345,7 +345,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let cfg = EngineConfig {
                 max_num_seqs: b,
                 max_num_batched_tokens: base.max_num_batched_tokens.max(b * args.prompt_tokens),
-                ..base
+                ..base.clone()
             };
             let engine = EngineHandle::start(model.clone(), cfg)?;
             let reqs = (0..b)
@@ -443,7 +443,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 EngineConfig {
                     max_num_seqs: seqs,
                     max_waiting_requests: base.max_waiting_requests.max(args.requests),
-                    ..base
+                    ..base.clone()
                 },
             )?;
             let t0 = Instant::now();

@@ -105,6 +105,12 @@ pub struct EngineArgs {
     /// joining prompt cannot stall the streams [default: 3x a decode-only step, as measured].
     #[arg(long)]
     pub max_step_ms: Option<f64>,
+    /// Speculative decoding, as vLLM's JSON: `{"method":"ngram","num_speculative_tokens":4,
+    /// "prompt_lookup_min":2,"prompt_lookup_max":5}` or `{"method":"draft_model",
+    /// "model":PATH,"num_speculative_tokens":4}` (a draft model with the same vocabulary).
+    /// Drafts shrink, down to none, as the batch grows and their rows stop paying.
+    #[arg(long, value_name = "JSON")]
+    pub speculative_config: Option<crate::engine::speculative::SpeculativeConfig>,
     #[command(flatten)]
     pub limits: LimitArgs,
 }
@@ -158,6 +164,7 @@ impl EngineArgs {
             limits: self.limits.limits(),
             prefix_caching: !self.no_enable_prefix_caching,
             max_step_ms: self.max_step_ms,
+            speculative: self.speculative_config.clone(),
         }
     }
 

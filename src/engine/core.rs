@@ -1,6 +1,7 @@
 //! The engine loop: commands in, steps run, events out.
 
 use super::handle::Shared;
+use super::speculative::{worth, Acceptance, Speculator};
 use super::stats::RECENT_STEPS;
 use super::step_cost::{attended, StepCost};
 use super::{Event, FinishReason, Request, StopStrings, Usage};
@@ -44,6 +45,8 @@ struct SeqState {
     stop_ids: Vec<u32>,
     generated: usize,
     last_token: Option<Instant>,
+    /// How well this sequence's drafts have been doing (speculative decoding).
+    acceptance: Acceptance,
 }
 
 pub(super) struct EngineLoop {
@@ -58,12 +61,13 @@ pub(super) struct EngineLoop {
     closing: bool,
     /// Prefix-cache counts of schedulers replaced after a failure, so totals never go back.
     prefix_carry: (u64, u64),
-    /// The fitted step-time model that sizes prefill beside decodes.
+    /// The fitted step-time model that sizes prefill beside decodes (and drafts).
     cost: StepCost,
+    spec: Option<Speculator>,
 }
 
 impl EngineLoop {
-    pub fn new(shared: Arc<Shared>, kv: KvCache, rx: mpsc::Receiver<Command>) -> Self {
+    pub fn new(shared: Arc<Shared>, kv: KvCache, spec: Option<Speculator>, rx: mpsc::Receiver<Command>) -> Self {
         let sched = Self::scheduler(&shared, &kv);
         let cost = StepCost::new(shared.config.max_step_ms);
         EngineLoop {
@@ -77,11 +81,12 @@ impl EngineLoop {
             closing: false,
             prefix_carry: (0, 0),
             cost,
+            spec,
         }
     }
 
     fn scheduler(shared: &Shared, kv: &KvCache) -> Scheduler<SeqState> {
-        let cfg = shared.config;
+        let cfg = &shared.config;
         Scheduler::new(SchedulerConfig {
             max_num_seqs: cfg.max_num_seqs,
             max_num_batched_tokens: cfg.max_num_batched_tokens,
@@ -135,6 +140,9 @@ impl EngineLoop {
         self.prefix_carry = (self.prefix_carry.0 + q, self.prefix_carry.1 + h);
         self.sched = Self::scheduler(&self.shared, &self.kv);
         self.ws = Workspace::default();
+        if let Some(spec) = &mut self.spec {
+            spec.reset();
+        }
     }
 
     /// Running, waiting and KV usage as they are now (after steps, aborts and submissions).
@@ -217,6 +225,7 @@ impl EngineLoop {
             stop_ids,
             generated: 0,
             last_token: None,
+            acceptance: Acceptance::default(),
         };
         // Arrival is the request id: samples of one request are ordered together.
         let mut seq = Sequence::new(id, r.prompt.clone(), r.priority, request, state);
@@ -260,6 +269,7 @@ impl EngineLoop {
         let (decodes, decode_attended) = self.sched.decode_load();
         let max = self.shared.config.max_num_batched_tokens;
         self.sched.set_prefill_limit(self.cost.prefill_budget(decodes, decode_attended, max));
+        self.propose(decodes, decode_attended);
         let plan = self.sched.schedule();
         if plan.is_empty() {
             // Nothing fits right now; wait for a command instead of spinning.
@@ -275,13 +285,15 @@ impl EngineLoop {
         let mut steps = Vec::with_capacity(plan.len());
         for s in &plan {
             let seq = self.sched.get(s.id).expect("scheduled sequence exists");
-            tokens.extend_from_slice(&seq.tokens[s.context_len..s.context_len + s.num_tokens]);
+            let own = s.num_tokens - s.draft;
+            tokens.extend_from_slice(&seq.tokens[s.context_len..s.context_len + own]);
+            tokens.extend_from_slice(&seq.draft[..s.draft]);
             steps.push(SeqStep {
                 context_len: s.context_len,
                 num_tokens: s.num_tokens,
-                seq_len: seq.tokens.len(),
+                seq_len: seq.tokens.len() + s.draft,
                 block_table: seq.block_table.blocks(),
-                sample: s.sample,
+                logits: s.logit_rows(),
             });
         }
         let t1 = Instant::now();
@@ -293,9 +305,16 @@ impl EngineLoop {
         let t2 = Instant::now();
         self.sched.step_done(&plan);
         let vocab = model.model.config.vocab_size;
-        let sampled: Vec<&Scheduled> = plan.iter().filter(|s| s.sample).collect();
-        for (row, s) in sampled.iter().enumerate() {
-            self.on_logits(s.id, &logits[row * vocab..(row + 1) * vocab]);
+        let mut row = 0;
+        for s in plan.iter().filter(|s| s.sample) {
+            let rows = s.logit_rows();
+            let logits = &logits[row * vocab..(row + rows) * vocab];
+            if s.draft == 0 {
+                self.on_logits(s.id, logits);
+            } else {
+                self.verify(s.id, logits, vocab);
+            }
+            row += rows;
         }
         self.ws = ws;
         let t3 = Instant::now();
@@ -314,6 +333,70 @@ impl EngineLoop {
         let attended: usize = plan.iter().map(|s| attended(s.context_len, s.num_tokens)).sum();
         self.cost.observe(tokens.len(), attended, ms);
         self.shared.observer.step(tokens.len(), plan.len(), t2 - t1);
+    }
+
+    /// Gives decoding sequences drafts to verify in this step, as many tokens as pay for
+    /// their rows (see [`worth`]) and fit their `max_tokens` and the context.
+    fn propose(&mut self, decodes: usize, decode_attended: usize) {
+        let Some(spec) = &mut self.spec else {
+            return;
+        };
+        let step_ms = self.cost.predict(decodes, decode_attended);
+        // Until the step-time model is fitted rows count as free: drafts at the cap.
+        let row_ms = self.cost.row_ms().unwrap_or(0.0);
+        let mut want = Vec::new();
+        for id in self.sched.decoding() {
+            let Some(seq) = self.sched.get_mut(id) else { continue };
+            let len = seq.tokens.len();
+            let s = &mut seq.state;
+            let Some(req) = self.requests.get(&s.request) else { continue };
+            // The draft plus the token after it stay within max_tokens and the context.
+            let room = (req.request.stop.max_tokens.saturating_sub(s.generated + 1))
+                .min(self.shared.max_model_len.saturating_sub(len));
+            let k = worth(s.acceptance.rate(), step_ms, decodes, row_ms, spec.max_tokens).min(room);
+            if k == 0 {
+                s.acceptance.rest();
+            } else {
+                want.push((id, k));
+            }
+        }
+        spec.propose(&mut self.sched, &want);
+    }
+
+    /// Verifies a sequence's draft against the target's logits for the row before it and
+    /// each draft row (`1 + draft` rows): each row is sampled by the sequence's own sampler,
+    /// and the draft is kept while it equals the draws. The first draw that differs, or the
+    /// one after a wholly accepted draft, is the step's own token.
+    fn verify(&mut self, seq: SeqId, logits: &[f32], vocab: usize) {
+        let Some(q) = self.sched.get_mut(seq) else {
+            return;
+        };
+        let draft = std::mem::take(&mut q.draft);
+        let mut out = Vec::with_capacity(draft.len() + 1);
+        for (i, row) in logits.chunks_exact(vocab).enumerate() {
+            let t = q.state.sampler.sample(row);
+            let hit = draft.get(i) == Some(&t.id);
+            out.push(t);
+            if !hit {
+                break;
+            }
+        }
+        let (drafted, accepted) = (draft.len(), out.len() - 1);
+        q.state.acceptance.record(drafted, accepted);
+        q.draft = draft;
+        self.sched.accept_draft(seq, accepted);
+        {
+            let mut st = self.shared.stats.lock().unwrap_or_else(|p| p.into_inner());
+            st.spec_drafts += 1;
+            st.spec_draft_tokens += drafted as u64;
+            st.spec_accepted_tokens += accepted as u64;
+        }
+        for (i, t) in out.into_iter().enumerate() {
+            // Accepted draft tokens are in the sequence already; the last one is new.
+            if !self.emit(seq, t, i == accepted) {
+                break;
+            }
+        }
     }
 
     /// Requests entering the batch for the first time stop counting as waiting.
@@ -360,17 +443,18 @@ impl EngineLoop {
     }
 
     /// Handles a sampled token: stop checks, text, events; finishes the sequence if done.
-    /// `append` is false when the token is already in the scheduler's sequence (a fork).
-    fn emit(&mut self, seq: SeqId, sampled: Sampled, append: bool) {
+    /// `append` is false when the token is already in the scheduler's sequence (a fork, an
+    /// accepted draft token). Returns whether the sequence goes on.
+    fn emit(&mut self, seq: SeqId, sampled: Sampled, append: bool) -> bool {
         if append {
             self.sched.append_token(seq, sampled.id);
         }
         let tok = &self.shared.model.tokenizer;
         let Some(s) = self.sched.get_mut(seq).map(|q| &mut q.state) else {
-            return;
+            return false;
         };
         let Some(req) = self.requests.get_mut(&s.request) else {
-            return;
+            return false;
         };
         let now = Instant::now();
         let obs = &self.shared.observer;
@@ -415,8 +499,12 @@ impl EngineLoop {
                 None
             }
         };
-        if let Some((reason, text)) = finish {
-            self.finish(seq, reason, text);
+        match finish {
+            Some((reason, text)) => {
+                self.finish(seq, reason, text);
+                false
+            }
+            None => true,
         }
     }
 

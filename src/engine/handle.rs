@@ -3,6 +3,7 @@
 
 use super::core::{Command, EngineLoop};
 use super::observer::Nothing;
+use super::speculative::Speculator;
 use super::{EngineConfig, EngineStats, Event, Observer, Request};
 use crate::kv::KvCache;
 use crate::loaded::LoadedModel;
@@ -91,7 +92,7 @@ impl EngineHandle {
         let max_model_len = if config.max_model_len == 0 { ctx } else { config.max_model_len.min(ctx) };
         let shared = Arc::new(Shared {
             model,
-            config,
+            config: config.clone(),
             waiting: AtomicUsize::new(0),
             max_model_len,
             alive: AtomicBool::new(true),
@@ -102,6 +103,16 @@ impl EngineHandle {
         // The pools are allocated (and their pages mapped) before the handle exists, so the
         // first requests do not wait for them.
         let kv = KvCache::new(c.num_layers, num_blocks, config.block_size, c.num_kv_heads, c.head_dim);
+        let spec = match &shared.config.speculative {
+            Some(cfg) => Some(Speculator::new(
+                cfg,
+                &shared.model,
+                shared.capacity_tokens,
+                config.block_size,
+                config.max_num_batched_tokens,
+            )?),
+            None => None,
+        };
         let (tx, rx) = mpsc::channel();
         let pool = super::thread_pool(config.threads)?;
         let loop_shared = shared.clone();
@@ -114,7 +125,7 @@ impl EngineHandle {
                 }
             }
             let _dead = Dead(loop_shared.clone());
-            pool.install(|| EngineLoop::new(loop_shared, kv, rx).run());
+            pool.install(|| EngineLoop::new(loop_shared, kv, spec, rx).run());
         })?;
         Ok(EngineHandle { tx, shared, next_id: Arc::new(AtomicU64::new(1)) })
     }

@@ -8,6 +8,7 @@ mod handle;
 mod limits;
 mod observer;
 mod request;
+pub mod speculative;
 mod stats;
 mod step_cost;
 mod stop;
@@ -20,7 +21,7 @@ pub use stats::EngineStats;
 pub use stop::{StopScan, StopStrings};
 
 /// Engine settings; the same flags on every command that runs the engine.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct EngineConfig {
     /// Worker threads for the kernels (0: one per core).
     pub threads: usize,
@@ -44,6 +45,8 @@ pub struct EngineConfig {
     /// Target time of a step that carries decodes, in milliseconds: prefill tokens beside
     /// them are limited to fit. `None`: a few times a decode-only step, as measured.
     pub max_step_ms: Option<f64>,
+    /// Speculative decoding: how drafts are proposed (`None`: off).
+    pub speculative: Option<speculative::SpeculativeConfig>,
 }
 
 impl Default for EngineConfig {
@@ -59,6 +62,7 @@ impl Default for EngineConfig {
             limits: RequestLimits::default(),
             prefix_caching: true,
             max_step_ms: None,
+            speculative: None,
         }
     }
 }

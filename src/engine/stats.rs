@@ -21,6 +21,10 @@ pub struct EngineStats {
     /// Sequences in the last step.
     pub last_step_seqs: usize,
     pub prompt_tokens_total: u64,
+    /// Speculative decoding: drafts verified, their tokens, and the tokens accepted.
+    pub spec_drafts: u64,
+    pub spec_draft_tokens: u64,
+    pub spec_accepted_tokens: u64,
     pub generation_tokens_total: u64,
     /// Time in the model's forward pass, summed over steps.
     pub forward_time: Duration,

@@ -66,6 +66,11 @@ impl StepCost {
         (0..3).map(|i| self.w[i] * x[i]).sum()
     }
 
+    /// What one more row adds to a step, in milliseconds; `None` until the model is fitted.
+    pub fn row_ms(&self) -> Option<f64> {
+        (self.seen >= WARM_STEPS).then_some(self.w[1].max(0.0))
+    }
+
     /// Records a step of `rows` rows attending to `attended` positions that took `ms`.
     pub fn observe(&mut self, rows: usize, attended: usize, ms: f64) {
         if !ms.is_finite() {

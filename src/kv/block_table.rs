@@ -36,6 +36,15 @@ impl BlockTable {
         self.blocks.push(block);
     }
 
+    /// Keeps only the blocks that hold the first `tokens` positions, giving the rest back
+    /// (the tail of rejected draft tokens).
+    pub fn truncate(&mut self, alloc: &mut BlockAllocator, tokens: usize, block_size: usize) {
+        let keep = tokens.div_ceil(block_size);
+        while self.blocks.len() > keep {
+            alloc.release(self.blocks.pop().expect("longer than keep"));
+        }
+    }
+
     /// Gives every block back to the allocator, the tail first, so that cached tails are
     /// evicted before the heads other prompts are likelier to share.
     pub fn release(&mut self, alloc: &mut BlockAllocator) {
@@ -61,6 +70,9 @@ mod tests {
         assert_eq!(t.blocks().len(), 3);
         assert!(t.reserve(&mut alloc, 40, 4).is_err());
         assert_eq!(t.blocks().len(), 3, "failed reserve keeps the table");
+        t.truncate(&mut alloc, 5, 4);
+        assert_eq!(t.blocks().len(), 2, "5 positions need two blocks of 4");
+        assert_eq!(alloc.num_free(), 3);
         t.release(&mut alloc);
         assert_eq!(alloc.num_free(), 5);
         assert!(t.blocks().is_empty());

@@ -105,8 +105,9 @@ pub struct SeqStep<'a> {
     /// its factors by it, as transformers does by the length of the input it is given.
     pub seq_len: usize,
     pub block_table: &'a [u32],
-    /// Whether logits are wanted for this sequence's last token.
-    pub sample: bool,
+    /// How many of this part's last rows want logits: 1 for the token to sample, 1 + k when
+    /// k draft tokens are verified, 0 for a prefill chunk that does not end the prompt.
+    pub logits: usize,
 }
 
 impl<'a> SeqStep<'a> {
@@ -114,7 +115,7 @@ impl<'a> SeqStep<'a> {
     /// sampled after the last: a plain generation loop (benchmarks, perplexity, reference
     /// checks).
     pub fn sampled(context_len: usize, num_tokens: usize, block_table: &'a [u32]) -> Self {
-        SeqStep { context_len, num_tokens, seq_len: context_len + num_tokens, block_table, sample: true }
+        SeqStep { context_len, num_tokens, seq_len: context_len + num_tokens, block_table, logits: 1 }
     }
 }
 
@@ -307,7 +308,7 @@ impl Decoder {
         layer + 4 * self.norm.data().len() + self.lm_head.bytes()
     }
 
-    /// Runs one step and returns the logits `[sampling sequences, vocab]`, in `seqs` order.
+    /// Runs one step and returns the logits `[rows wanting them, vocab]`, in `seqs` order.
     pub fn forward<'w>(&self, input: &StepInput<'_>, kv: &mut KvCache, ws: &'w mut Workspace) -> &'w [f32] {
         let c = &self.config;
         let (d, hd) = (c.hidden_size, c.head_dim);
@@ -400,14 +401,12 @@ impl Decoder {
             add_and_norm(h, tmp, post, self.layers.get(li + 1).map(|l| l.attn_norm.data()), eps, xn, d);
         }
 
-        // Final norm and LM head only for the last row of each sampling sequence.
+        // Final norm and LM head only for the rows that want logits.
         let mut sampled = Vec::new();
         let mut start = 0;
         for s in input.seqs {
             start += s.num_tokens;
-            if s.sample && s.num_tokens > 0 {
-                sampled.push(start - 1);
-            }
+            sampled.extend(start - s.logits.min(s.num_tokens)..start);
         }
         let last = resize(&mut ws.last, sampled.len() * d);
         for (dst, &r) in last.chunks_exact_mut(d).zip(&sampled) {

@@ -5,7 +5,9 @@
 //! sequence being admitted reuses the longest chain of cached blocks of its prefix and
 //! prefills only the rest. When blocks run out the lowest-priority, newest running sequence
 //! not yet in the step is preempted (its blocks released, requeued for recompute) — never a
-//! failure.
+//! failure. A decoding sequence may carry draft tokens (speculative decoding): they ride in
+//! its decode as extra rows, only on the token budget and free blocks left once every
+//! decode has its own row — a draft never preempts anyone.
 
 mod sequence;
 
@@ -33,13 +35,25 @@ pub struct Scheduled {
     pub num_tokens: usize,
     /// This chunk reaches the end of the sequence, so its last row is sampled.
     pub sample: bool,
+    /// The last `draft` of the `num_tokens` rows are the sequence's draft tokens: their
+    /// logits and the row before them verify the draft.
+    pub draft: usize,
 }
 
 impl Scheduled {
     /// The next `n` uncomputed tokens of `seq`.
     fn chunk<S>(seq: &Sequence<S>, n: usize) -> Self {
         let context_len = seq.num_computed;
-        Scheduled { id: seq.id, context_len, num_tokens: n, sample: context_len + n == seq.tokens.len() }
+        Scheduled { id: seq.id, context_len, num_tokens: n, sample: context_len + n == seq.tokens.len(), draft: 0 }
+    }
+
+    /// Rows that want logits: the sampled row and the draft rows.
+    pub fn logit_rows(&self) -> usize {
+        if self.sample {
+            1 + self.draft
+        } else {
+            0
+        }
     }
 }
 
@@ -85,6 +99,26 @@ fn register_full_blocks<S>(alloc: &mut BlockAllocator, seq: &mut Sequence<S>, bs
         alloc.register(seq.block_table.blocks()[i], hash);
         seq.block_hashes.push(hash);
     }
+}
+
+/// Trims a decoding sequence's draft to the rows and blocks it may have: at most
+/// `draft_budget` rows, and new blocks only while `decodes_left` more decodes can still get
+/// one each. Returns the draft rows it keeps (and takes them from the budget).
+fn take_draft<S>(
+    seq: &mut Sequence<S>,
+    alloc: &BlockAllocator,
+    bs: usize,
+    draft_budget: &mut usize,
+    decodes_left: usize,
+) -> usize {
+    seq.draft.truncate(*draft_budget);
+    let base = seq.block_table.blocks_missing(seq.num_computed + 1, bs);
+    let extra = seq.block_table.blocks_missing(seq.num_computed + 1 + seq.draft.len(), bs) - base;
+    if extra > 0 && alloc.num_free() < base + extra + decodes_left {
+        seq.draft.clear();
+    }
+    *draft_budget -= seq.draft.len();
+    seq.draft.len()
 }
 
 /// Inserts `id` into a list sorted by the sequences' order keys.
@@ -176,6 +210,11 @@ impl<S> Scheduler<S> {
             .fold((0, 0), |(n, att), s| (n + 1, att + s.tokens.len()))
     }
 
+    /// The running sequences whose next step is a decode (one token to compute).
+    pub fn decoding(&self) -> Vec<SeqId> {
+        self.running.iter().copied().filter(|id| self.seqs[id].tokens.len() - self.seqs[id].num_computed == 1).collect()
+    }
+
     /// Decides the next step. Call [`Scheduler::step_done`] with the result after running it.
     pub fn schedule(&mut self) -> Vec<Scheduled> {
         let bs = self.cfg.block_size;
@@ -183,6 +222,10 @@ impl<S> Scheduler<S> {
         let mut out = Vec::new();
         let mut taken = HashSet::new();
         let mut preempted = false;
+        let is_decode = |s: &Sequence<S>| s.tokens.len() - s.num_computed == 1;
+        let mut decodes_left = self.running.iter().filter(|id| is_decode(&self.seqs[*id])).count();
+        // Draft rows get only what is left once every decode has its row.
+        let mut draft_budget = budget.saturating_sub(decodes_left);
         for decodes in [true, false] {
             if !decodes && !out.is_empty() {
                 // Prefill beside decodes: within the step-time budget.
@@ -192,12 +235,19 @@ impl<S> Scheduler<S> {
             while i < self.running.len() && budget > 0 {
                 let id = self.running[i];
                 let seq = &self.seqs[&id];
-                let remaining = seq.tokens.len() - seq.num_computed;
-                if (remaining == 1) != decodes || taken.contains(&id) {
+                if is_decode(seq) != decodes || taken.contains(&id) {
                     i += 1;
                     continue;
                 }
-                let n = remaining.min(budget);
+                let draft = if decodes {
+                    decodes_left -= 1;
+                    let seq = self.seqs.get_mut(&id).expect("running sequences exist");
+                    take_draft(seq, &self.alloc, bs, &mut draft_budget, decodes_left)
+                } else {
+                    0
+                };
+                let seq = &self.seqs[&id];
+                let n = (seq.tokens.len() - seq.num_computed + draft).min(budget);
                 let target = seq.num_computed + n;
                 // Free blocks by preempting from the back (never a sequence already in
                 // this step) until this one fits, or it is the one preempted.
@@ -217,7 +267,10 @@ impl<S> Scheduler<S> {
                     }
                 };
                 if fits {
-                    out.push(Scheduled::chunk(&self.seqs[&id], n));
+                    let mut step = Scheduled::chunk(&self.seqs[&id], n - draft);
+                    step.num_tokens = n;
+                    step.draft = draft;
+                    out.push(step);
                     taken.insert(id);
                     budget -= n;
                     i += 1;
@@ -259,20 +312,38 @@ impl<S> Scheduler<S> {
         seq.block_table.release(&mut self.alloc);
         seq.block_hashes.clear();
         seq.num_computed = 0;
+        seq.draft.clear();
         seq.requeued = true;
         self.preemptions += 1;
         insert_sorted(&mut self.waiting, &self.seqs, id);
     }
 
     /// Records that a step ran: the scheduled tokens are now in the cache, and blocks that
-    /// became full are registered in the prefix cache.
+    /// became full are registered in the prefix cache. Draft rows count only once
+    /// accepted ([`Scheduler::accept_draft`]).
     pub fn step_done(&mut self, step: &[Scheduled]) {
         for s in step {
             if let Some(seq) = self.seqs.get_mut(&s.id) {
-                seq.num_computed = s.context_len + s.num_tokens;
+                seq.num_computed = s.context_len + s.num_tokens - s.draft;
                 register_full_blocks(&mut self.alloc, seq, self.cfg.block_size);
             }
         }
+    }
+
+    /// Settles a verified draft after [`Scheduler::step_done`]: its first `accepted` tokens
+    /// join the sequence (their K/V are already in the cache); the rest are dropped, and
+    /// blocks past the next position to compute go back to the allocator.
+    pub fn accept_draft(&mut self, id: SeqId, accepted: usize) {
+        let bs = self.cfg.block_size;
+        let Some(seq) = self.seqs.get_mut(&id) else {
+            return;
+        };
+        let accepted = accepted.min(seq.draft.len());
+        seq.draft.truncate(accepted);
+        seq.tokens.append(&mut seq.draft);
+        seq.num_computed += accepted;
+        seq.block_table.truncate(&mut self.alloc, seq.num_computed + 1, bs);
+        register_full_blocks(&mut self.alloc, seq, bs);
     }
 
     /// Appends a sampled token to a sequence.

@@ -13,6 +13,9 @@ pub struct Sequence<S = ()> {
     pub tokens: Vec<u32>,
     /// Tokens whose K/V are in the cache.
     pub num_computed: usize,
+    /// Proposed continuation (speculative decoding), verified in the next decode step
+    /// beside the last token; never part of `tokens` until accepted.
+    pub draft: Vec<u32>,
     pub block_table: BlockTable,
     /// Lower runs first.
     pub priority: i32,
@@ -35,6 +38,7 @@ impl<S> Sequence<S> {
             id,
             tokens: prompt,
             num_computed: 0,
+            draft: Vec::new(),
             block_table: BlockTable::default(),
             priority,
             arrival,

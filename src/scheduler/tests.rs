@@ -44,13 +44,13 @@ fn chunked_prefill_within_the_token_budget_then_decode_first() {
     assert_eq!(
         step,
         vec![
-            Scheduled { id: 1, context_len: 0, num_tokens: 6, sample: true },
-            Scheduled { id: 2, context_len: 0, num_tokens: 2, sample: false },
+            Scheduled { id: 1, context_len: 0, num_tokens: 6, sample: true, draft: 0 },
+            Scheduled { id: 2, context_len: 0, num_tokens: 2, sample: false, draft: 0 },
         ]
     );
     let step = run(&mut s);
-    assert_eq!(step[0], Scheduled { id: 1, context_len: 6, num_tokens: 1, sample: true }, "decode goes first");
-    assert_eq!(step[1], Scheduled { id: 2, context_len: 2, num_tokens: 4, sample: true });
+    assert_eq!(step[0], Scheduled { id: 1, context_len: 6, num_tokens: 1, sample: true, draft: 0 }, "decode goes first");
+    assert_eq!(step[1], Scheduled { id: 2, context_len: 2, num_tokens: 4, sample: true, draft: 0 });
 }
 
 #[test]
@@ -83,7 +83,7 @@ fn out_of_blocks_preempts_the_newest_and_recomputes_it_later() {
     assert_eq!(s.num_requeued(), 1, "a preempted sequence counts as waiting again");
     s.remove(1);
     let step = run(&mut s);
-    assert_eq!(step, vec![Scheduled { id: 2, context_len: 0, num_tokens: 9, sample: true }]);
+    assert_eq!(step, vec![Scheduled { id: 2, context_len: 0, num_tokens: 9, sample: true, draft: 0 }]);
     assert_eq!(s.num_requeued(), 0);
 }
 
@@ -186,14 +186,14 @@ fn cached_prefix_blocks_are_reused() {
     other.extend([7, 7, 7]);
     s.add(seq_of(2, &other));
     let step = run(&mut s);
-    assert_eq!(step, vec![Scheduled { id: 2, context_len: 8, num_tokens: 3, sample: true }]);
+    assert_eq!(step, vec![Scheduled { id: 2, context_len: 8, num_tokens: 3, sample: true, draft: 0 }]);
     assert_eq!(s.get(2).unwrap().block_table.blocks()[..2], first[..2], "the cached blocks themselves");
     assert_eq!(s.get(2).unwrap().cached_tokens, 8);
 
     // Exactly the 8 tokens of two cached blocks: one block is reused, the last computed.
     s.add(seq_of(3, &prompt[..8]));
     let step = run(&mut s);
-    assert_eq!(step[1], Scheduled { id: 3, context_len: 4, num_tokens: 4, sample: true });
+    assert_eq!(step[1], Scheduled { id: 3, context_len: 4, num_tokens: 4, sample: true, draft: 0 });
     assert_eq!(s.prefix_cache_counts(), (10 + 11 + 8, 8 + 4));
     s.check_invariants().unwrap();
 }
