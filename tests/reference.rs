@@ -256,13 +256,8 @@ fn sixteen_bit_weights_stay_16_bit_and_exact() {
                     let mut alloc = BlockAllocator::new(kv.num_blocks(), false);
                     let mut table = BlockTable::default();
                     table.reserve(&mut alloc, n, 16).unwrap();
-                    let seq = [SeqStep {
-                        context_len: 0,
-                        num_tokens: n,
-                        seq_len: n,
-                        block_table: table.blocks(),
-                        logits: 1,
-                    }];
+                    let seq =
+                        [SeqStep { context_len: 0, num_tokens: n, seq_len: n, block_table: table.blocks(), logits: 1 }];
                     let mut ws = Workspace::default();
                     m.model.forward(&StepInput { tokens: &case.prompt_ids, seqs: &seq }, &mut kv, &mut ws).to_vec()
                 };

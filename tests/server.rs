@@ -318,3 +318,24 @@ async fn prefix_cache_over_http() {
     let (_, again) = off.post("/v1/completions", body).await;
     assert_eq!(again["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
 }
+
+/// `--speculative-config` from the command line: the same greedy text as without, and the
+/// spec-decode counters on /metrics account for the drafts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn speculative_decoding_over_http() {
+    if common::shared_models().is_none() {
+        return;
+    }
+    let prompt = common::reference(STORIES)[0].prompt.clone();
+    let body = json!({"prompt": prompt, "max_tokens": 64, "temperature": 0});
+    let plain = Server::start(STORIES, &[]).await;
+    let (_, want) = plain.post("/v1/completions", body.clone()).await;
+    let config = r#"{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_min":1,"prompt_lookup_max":2}"#;
+    let s = Server::start(STORIES, &["--speculative-config", config]).await;
+    let (_, got) = s.post("/v1/completions", body).await;
+    assert_eq!(got["choices"][0]["text"], want["choices"][0]["text"]);
+    let drafts = s.metric("weft:spec_decode_num_drafts_total").await;
+    let drafted = s.metric("weft:spec_decode_num_draft_tokens_total").await;
+    let accepted = s.metric("weft:spec_decode_num_accepted_tokens_total").await;
+    assert!(drafts > 0.0 && drafted >= drafts && accepted <= drafted, "{drafts} {drafted} {accepted}");
+}

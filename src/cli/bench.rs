@@ -7,6 +7,9 @@
 //! - A shared-system-prompt run (one long prefix, many short questions, a few clients at a
 //!   time): prefix caching on against off, with TTFT, throughput and whether the greedy
 //!   outputs are identical.
+//! - With `--speculative-config`, speculative decoding on against off: one stream on an
+//!   input-grounded task (rewriting a paragraph) and on free generation, then 32 streams
+//!   at once; decode speed, acceptance rate, and whether the outputs are identical.
 
 use super::EngineArgs;
 use crate::engine::{EngineConfig, EngineHandle, Event, Request};
@@ -249,6 +252,104 @@ shared system prompt: {} requests of a {}-token prefix + {}-token question, {} o
     )
 }
 
+/// A paragraph for the input-grounded task: most of a faithful rewrite copies it.
+const PARAGRAPH: &str = "Alice Morgan opened the bakery on Elm Street at six every morning. Alice \
+baked bread while her brother Tom Morgan served coffee to the first customers. On Saturdays Alice \
+and Tom sold apple pies at the market, and Tom always kept the best pie for their neighbour, Mrs. \
+Green. When the old oven broke in winter, Mrs. Green lent Alice her own oven until the new one came.";
+
+/// Speculative decoding on against off, greedy, through the model's chat template: one
+/// stream on a grounded task and on free generation (each run twice, alternating, the
+/// faster kept), then 32 streams at once.
+fn speculative_run(
+    model: &Arc<crate::loaded::LoadedModel>,
+    base: &EngineConfig,
+    spec: &crate::engine::speculative::SpeculativeConfig,
+) -> Result<Value> {
+    use crate::tokenizer::ChatContext;
+    let tok = &model.tokenizer;
+    let template = tok.chat().map_err(|e| anyhow::anyhow!("the speculative run needs a chat template: {e}"))?;
+    let chat = |text: &str| -> Result<Vec<u32>> {
+        let messages = [json!({"role": "user", "content": text})];
+        let text =
+            template.render(&ChatContext { messages: &messages, add_generation_prompt: true, ..Default::default() })?;
+        tok.encode_with(&text, false)
+    };
+    let tasks = [
+        ("grounded", chat(&format!("Rewrite this paragraph with the names changed (Alice to Maria, Tom to Ben, Mrs. Green to Mr. Hill):\n\n{PARAGRAPH}"))?),
+        ("free", chat("Write a short story about a dragon who learns to cook.")?),
+    ];
+    let request = |prompt: &[u32]| Request::new(prompt.to_vec(), 256);
+    let off = EngineHandle::start(model.clone(), EngineConfig { speculative: None, ..base.clone() })?;
+    let on = EngineHandle::start(model.clone(), EngineConfig { speculative: Some(spec.clone()), ..base.clone() })?;
+    println!("\nspeculative decoding ({spec:?}), greedy, chat template; one stream, then 32 at once");
+    println!(
+        "{:>10} {:>7} {:>12} {:>12} {:>7} {:>9} {:>10}",
+        "task", "tokens", "off tok/s", "on tok/s", "ratio", "accepted", "identical"
+    );
+    let accepted = |e: &EngineHandle| {
+        let st = e.stats();
+        (st.spec_draft_tokens, st.spec_accepted_tokens)
+    };
+    // Decode speed: tokens after the first over the time since the first.
+    let decode_rate = |t: &Timing| {
+        (t.tokens.len().saturating_sub(1)) as f64 / (t.tokens[t.tokens.len() - 1] - t.tokens[0]).as_secs_f64().max(1e-9)
+    };
+    let mut rows = Vec::new();
+    for (name, prompt) in &tasks {
+        let (mut best_off, mut best_on, mut ids) = (0f64, 0f64, Vec::new());
+        let before = accepted(&on);
+        for _ in 0..2 {
+            for (engine, best) in [(&off, &mut best_off), (&on, &mut best_on)] {
+                let t = drive(engine, vec![(Duration::ZERO, request(prompt))])?.remove(0);
+                ensure!(t.tokens.len() > 1, "the {name} task produced no output to time");
+                *best = best.max(decode_rate(&t));
+                ids.push(t.ids);
+            }
+        }
+        let after = accepted(&on);
+        let rate = (after.1 - before.1) as f64 / (after.0 - before.0).max(1) as f64;
+        let identical = ids.windows(2).all(|w| w[0] == w[1]);
+        println!(
+            "{name:>10} {:>7} {best_off:>12.1} {best_on:>12.1} {:>6.2}x {:>8.1}% {:>10}",
+            ids[0].len(),
+            best_on / best_off,
+            100.0 * rate,
+            if identical { "yes" } else { "NO" }
+        );
+        rows.push(json!({"task": name, "tokens": ids[0].len(), "off_tok_s": best_off, "on_tok_s": best_on,
+            "ratio": best_on / best_off, "acceptance": rate, "identical": identical}));
+    }
+    // 32 streams: the grounded and free prompts alternating, all sent at once.
+    let many: Vec<(Duration, Request)> = (0..32).map(|i| (Duration::ZERO, request(&tasks[i % 2].1))).collect();
+    let mut tput = Vec::new();
+    let before = accepted(&on);
+    for engine in [&off, &on] {
+        let t0 = Instant::now();
+        let t = drive(engine, many.clone())?;
+        let out: usize = t.iter().map(|x| x.tokens.len()).sum();
+        tput.push((out as f64 / t0.elapsed().as_secs_f64(), t.into_iter().map(|x| x.ids).collect::<Vec<_>>()));
+    }
+    let after = accepted(&on);
+    let rate = (after.1 - before.1) as f64 / (after.0 - before.0).max(1) as f64;
+    let identical = tput[0].1 == tput[1].1;
+    println!(
+        "{:>10} {:>7} {:>12.1} {:>12.1} {:>6.2}x {:>8.1}% {:>10}",
+        "32 streams",
+        tput[0].1.iter().map(Vec::len).sum::<usize>(),
+        tput[0].0,
+        tput[1].0,
+        tput[1].0 / tput[0].0,
+        100.0 * rate,
+        if identical { "yes" } else { "NO" }
+    );
+    rows.push(
+        json!({"task": "32 streams", "off_tok_s": tput[0].0, "on_tok_s": tput[1].0, "ratio": tput[1].0 / tput[0].0,
+        "acceptance": rate, "drafted": after.0 - before.0, "identical": identical}),
+    );
+    Ok(json!({"config": format!("{spec:?}"), "runs": rows}))
+}
+
 /// Decode tokens/s of the model's forward pass driven directly (no engine, scheduler or
 /// sampler): the yardstick for the engine's single-request overhead.
 fn bare_decode(model: &crate::model::Decoder, prompt: &[u32], gen: usize) -> f64 {
@@ -486,7 +587,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
 
     if args.shared_requests > 0 {
-        report["shared_prefix"] = shared_prefix_run(&args, &model, base)?;
+        report["shared_prefix"] = shared_prefix_run(&args, &model, base.clone())?;
+    }
+
+    if let Some(spec) = &base.speculative {
+        report["speculative"] = speculative_run(&model, &base, spec)?;
     }
 
     if let Some(path) = &args.json {

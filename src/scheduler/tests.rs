@@ -49,7 +49,11 @@ fn chunked_prefill_within_the_token_budget_then_decode_first() {
         ]
     );
     let step = run(&mut s);
-    assert_eq!(step[0], Scheduled { id: 1, context_len: 6, num_tokens: 1, sample: true, draft: 0 }, "decode goes first");
+    assert_eq!(
+        step[0],
+        Scheduled { id: 1, context_len: 6, num_tokens: 1, sample: true, draft: 0 },
+        "decode goes first"
+    );
     assert_eq!(step[1], Scheduled { id: 2, context_len: 2, num_tokens: 4, sample: true, draft: 0 });
 }
 

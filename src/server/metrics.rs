@@ -28,6 +28,9 @@ pub struct Metrics {
     preemptions: Counter,
     prefix_queries: Counter,
     prefix_hits: Counter,
+    spec_drafts: Counter,
+    spec_draft_tokens: Counter,
+    spec_accepted_tokens: Counter,
     ttft: Histogram,
     itl: Histogram,
     e2e: Histogram,
@@ -60,6 +63,9 @@ impl Metrics {
         describe("weft:num_preemptions_total", Some(Unit::Count), "Sequences preempted for lack of KV blocks.");
         describe("weft:prefix_cache_queries_total", Some(Unit::Count), "Prompt tokens looked up in the prefix cache.");
         describe("weft:prefix_cache_hits_total", Some(Unit::Count), "Prompt tokens found in the prefix cache.");
+        describe("weft:spec_decode_num_drafts_total", Some(Unit::Count), "Drafts verified by speculative decoding.");
+        describe("weft:spec_decode_num_draft_tokens_total", Some(Unit::Count), "Draft tokens verified.");
+        describe("weft:spec_decode_num_accepted_tokens_total", Some(Unit::Count), "Draft tokens accepted.");
         describe("weft:request_success_total", Some(Unit::Count), "Finished samples, by finish reason.");
         describe(
             "weft:engine_failures_total",
@@ -80,6 +86,9 @@ impl Metrics {
             preemptions: c("weft:num_preemptions_total"),
             prefix_queries: c("weft:prefix_cache_queries_total"),
             prefix_hits: c("weft:prefix_cache_hits_total"),
+            spec_drafts: c("weft:spec_decode_num_drafts_total"),
+            spec_draft_tokens: c("weft:spec_decode_num_draft_tokens_total"),
+            spec_accepted_tokens: c("weft:spec_decode_num_accepted_tokens_total"),
             ttft: h("weft:time_to_first_token_seconds"),
             itl: h("weft:inter_token_latency_seconds"),
             e2e: h("weft:e2e_request_latency_seconds"),
@@ -111,6 +120,9 @@ impl Metrics {
         self.preemptions.absolute(stats.preemptions.saturating_sub(base.preemptions));
         self.prefix_queries.absolute(stats.prefix_cache_queries.saturating_sub(base.prefix_cache_queries));
         self.prefix_hits.absolute(stats.prefix_cache_hits.saturating_sub(base.prefix_cache_hits));
+        self.spec_drafts.absolute(stats.spec_drafts.saturating_sub(base.spec_drafts));
+        self.spec_draft_tokens.absolute(stats.spec_draft_tokens.saturating_sub(base.spec_draft_tokens));
+        self.spec_accepted_tokens.absolute(stats.spec_accepted_tokens.saturating_sub(base.spec_accepted_tokens));
         self.engine_failures.absolute(stats.engine_failures.saturating_sub(base.engine_failures));
         self.handle.render()
     }

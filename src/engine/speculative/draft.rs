@@ -130,7 +130,8 @@ impl DraftModel {
                 });
             }
             let vocab = self.model.model.config.vocab_size;
-            let logits = self.model.model.forward(&StepInput { tokens: &input, seqs: &steps }, &mut self.kv, &mut self.ws);
+            let logits =
+                self.model.model.forward(&StepInput { tokens: &input, seqs: &steps }, &mut self.kv, &mut self.ws);
             let mut pick = logits.chunks_exact(vocab).map(argmax);
             let mut fed_at = 0;
             for a in active.iter_mut() {

@@ -146,10 +146,8 @@ impl Speculator {
             }
             Proposer::Draft(d) => {
                 d.retain(|id| sched.get(id).is_some());
-                let asks: Vec<(SeqId, &[u32], usize)> = want
-                    .iter()
-                    .filter_map(|&(id, k)| sched.get(id).map(|s| (id, s.tokens.as_slice(), k)))
-                    .collect();
+                let asks: Vec<(SeqId, &[u32], usize)> =
+                    want.iter().filter_map(|&(id, k)| sched.get(id).map(|s| (id, s.tokens.as_slice(), k))).collect();
                 let drafts = d.propose(&asks);
                 let ids: Vec<SeqId> = asks.iter().map(|a| a.0).collect();
                 for (id, draft) in ids.into_iter().zip(drafts) {
