@@ -1,7 +1,7 @@
 //! The engine loop: commands in, steps run, events out.
 
 use super::handle::Shared;
-use super::speculative::{worth, Acceptance, Speculator};
+use super::speculative::{worth, Acceptance, Speculator, FIRST_PRIOR};
 use super::stats::RECENT_STEPS;
 use super::step_cost::{attended, StepCost};
 use super::{Event, FinishReason, Request, StopStrings, Usage};
@@ -64,6 +64,8 @@ pub(super) struct EngineLoop {
     /// The fitted step-time model that sizes prefill beside decodes (and drafts).
     cost: StepCost,
     spec: Option<Speculator>,
+    /// Acceptance of drafts over all sequences: where a new sequence's estimate starts.
+    pooled: Acceptance,
 }
 
 impl EngineLoop {
@@ -82,6 +84,7 @@ impl EngineLoop {
             prefix_carry: (0, 0),
             cost,
             spec,
+            pooled: Acceptance::pooled(),
         }
     }
 
@@ -225,7 +228,7 @@ impl EngineLoop {
             stop_ids,
             generated: 0,
             last_token: None,
-            acceptance: Acceptance::default(),
+            acceptance: Acceptance::sequence(),
         };
         // Arrival is the request id: samples of one request are ordered together.
         let mut seq = Sequence::new(id, r.prompt.clone(), r.priority, request, state);
@@ -336,14 +339,17 @@ impl EngineLoop {
     }
 
     /// Gives decoding sequences drafts to verify in this step, as many tokens as pay for
-    /// their rows (see [`worth`]) and fit their `max_tokens` and the context.
+    /// their rows (see [`worth`]) and fit their `max_tokens` and the context. Not while
+    /// prompts wait or prefill: the step's spare rows are theirs.
     fn propose(&mut self, decodes: usize, decode_attended: usize) {
         let Some(spec) = &mut self.spec else {
             return;
         };
+        if self.sched.has_prefill_work() {
+            return;
+        }
+        let prior = self.pooled.rate(FIRST_PRIOR);
         let step_ms = self.cost.predict(decodes, decode_attended);
-        // Until the step-time model is fitted rows count as free: drafts at the cap.
-        let row_ms = self.cost.row_ms().unwrap_or(0.0);
         let mut want = Vec::new();
         for id in self.sched.decoding() {
             let Some(seq) = self.sched.get_mut(id) else { continue };
@@ -353,7 +359,10 @@ impl EngineLoop {
             // The draft plus the token after it stay within max_tokens and the context.
             let room = (req.request.stop.max_tokens.saturating_sub(s.generated + 1))
                 .min(self.shared.max_model_len.saturating_sub(len));
-            let k = worth(s.acceptance.rate(), step_ms, decodes, row_ms, spec.max_tokens).min(room);
+            // A draft row attends to the whole context, as the decode row does. Until the
+            // step-time model is fitted rows count as free: drafts at the cap.
+            let row_ms = self.cost.row_ms(len).unwrap_or(0.0) + spec.token_ms();
+            let k = worth(s.acceptance.rate(prior), step_ms, decodes, row_ms, spec.max_tokens).min(room);
             if k == 0 {
                 s.acceptance.rest();
             } else {
@@ -383,6 +392,7 @@ impl EngineLoop {
         }
         let (drafted, accepted) = (draft.len(), out.len() - 1);
         q.state.acceptance.record(drafted, accepted);
+        self.pooled.record(drafted, accepted);
         q.draft = draft;
         self.sched.accept_draft(seq, accepted);
         {

@@ -44,7 +44,14 @@ pub struct StepCost {
     seen: u32,
     /// The step-time target in milliseconds; `None`: a stretch of the decode-only time.
     target_ms: Option<f64>,
+    /// The per-row term fitted to small steps alone, once their sizes vary: a row costs
+    /// more there than the slope across all sizes says (small matrix multiplies use the
+    /// cores less well), and small steps are where drafts are priced.
+    small_row_ms: Option<f64>,
 }
+
+/// Bands (of [`BANDS`]) that hold the small steps.
+const SMALL_BANDS: usize = 2;
 
 fn features(rows: usize, attended: usize) -> [f64; 3] {
     [1.0, rows as f64, attended as f64 / 1000.0]
@@ -57,7 +64,7 @@ pub fn attended(start: usize, n: usize) -> usize {
 
 impl StepCost {
     pub fn new(target_ms: Option<f64>) -> Self {
-        StepCost { w: [0.0; 3], bands: Default::default(), seen: 0, target_ms }
+        StepCost { w: [0.0; 3], bands: Default::default(), seen: 0, target_ms, small_row_ms: None }
     }
 
     /// Predicted forward time in milliseconds.
@@ -66,9 +73,11 @@ impl StepCost {
         (0..3).map(|i| self.w[i] * x[i]).sum()
     }
 
-    /// What one more row adds to a step, in milliseconds; `None` until the model is fitted.
-    pub fn row_ms(&self) -> Option<f64> {
-        (self.seen >= WARM_STEPS).then_some(self.w[1].max(0.0))
+    /// What one more row, attending to `context` positions, adds to a small step, in
+    /// milliseconds; `None` until the model is fitted.
+    pub fn row_ms(&self, context: usize) -> Option<f64> {
+        let row = self.w[1].max(self.small_row_ms.unwrap_or(0.0));
+        (self.seen >= WARM_STEPS).then(|| (row + self.w[2] * context as f64 / 1000.0).max(0.0))
     }
 
     /// Records a step of `rows` rows attending to `attended` positions that took `ms`.
@@ -84,18 +93,15 @@ impl StepCost {
             }
             band.xy[i] = band.xy[i] * FORGET + x[i] * ms;
         }
-        let (mut a, mut b) = ([[0.0; 3]; 3], [0.0; 3]);
-        for band in &self.bands {
-            for (row, band_row) in a.iter_mut().zip(&band.xx) {
-                row.iter_mut().zip(band_row).for_each(|(x, y)| *x += y);
-            }
-            b.iter_mut().zip(&band.xy).for_each(|(x, y)| *x += y);
-        }
-        for (i, row) in a.iter_mut().enumerate() {
-            row[i] += RIDGE;
-        }
-        if let Some(w) = solve3(a, b) {
+        if let Some(w) = fit(&self.bands) {
             self.w = w;
+        }
+        let small = &self.bands[..SMALL_BANDS];
+        let (n, sum, sq) =
+            small.iter().fold((0.0, 0.0, 0.0), |(n, s, q), b| (n + b.xx[0][0], s + b.xx[0][1], q + b.xx[1][1]));
+        // Rows must vary among the small steps (by about a row) before their own slope means anything.
+        if n > 0.0 && sq / n - (sum / n) * (sum / n) >= 0.25 {
+            self.small_row_ms = fit(small).map(|w| w[1]);
         }
         self.seen += 1;
     }
@@ -125,6 +131,21 @@ impl StepCost {
         }
         Some(lo.max(MIN_PREFILL).min(max))
     }
+}
+
+/// Least squares over the bands' sums, with the ridge.
+fn fit(bands: &[Sums]) -> Option<[f64; 3]> {
+    let (mut a, mut b) = ([[0.0; 3]; 3], [0.0; 3]);
+    for band in bands {
+        for (row, band_row) in a.iter_mut().zip(&band.xx) {
+            row.iter_mut().zip(band_row).for_each(|(x, y)| *x += y);
+        }
+        b.iter_mut().zip(&band.xy).for_each(|(x, y)| *x += y);
+    }
+    for (i, row) in a.iter_mut().enumerate() {
+        row[i] += RIDGE;
+    }
+    solve3(a, b)
 }
 
 /// Solves `a · w = b` by Gaussian elimination with partial pivoting; `None` if singular.
@@ -178,6 +199,33 @@ mod tests {
         }
         let (rows, att) = (200, attended(0, 200));
         assert!((c.predict(rows, att) - law(rows, att)).abs() < 0.05 * law(rows, att), "{}", c.predict(rows, att));
+    }
+
+    /// Small steps cost more per row than the slope over all sizes: once their sizes vary,
+    /// the row price comes from them, plus the attention to the row's context.
+    #[test]
+    fn rows_are_priced_by_the_small_steps() {
+        let law = |rows: usize| if rows <= 32 { 6.0 + 1.5 * rows as f64 } else { 40.0 + 0.5 * rows as f64 };
+        let mut c = StepCost::new(None);
+        assert_eq!(c.row_ms(0), None, "not fitted");
+        for i in 0..300 {
+            let rows = [1, 300, 500][i % 3];
+            c.observe(rows, 0, law(rows));
+        }
+        let global = c.row_ms(0).unwrap();
+        assert!(global < 1.0, "one size of small step: the global slope {global}");
+        for i in 0..300 {
+            let rows = [1, 2, 5, 300][i % 4];
+            c.observe(rows, 0, law(rows));
+        }
+        let small = c.row_ms(0).unwrap();
+        assert!((small - 1.5).abs() < 0.1, "{small}");
+        for i in 0..300 {
+            let rows = [1, 2, 5, 300][i % 4];
+            c.observe(rows, attended(1000, rows), law(rows) + 2.0 * attended(1000, rows) as f64 / 1000.0);
+        }
+        let at_2k = c.row_ms(2000).unwrap();
+        assert!((at_2k - (1.5 + 4.0)).abs() < 0.3, "a row attending to 2000 positions: {at_2k}");
     }
 
     #[test]

@@ -54,14 +54,32 @@ impl Sampler {
     /// Picks the next token from a row of raw logits and records it.
     pub fn sample(&mut self, logits: &[f32]) -> Sampled {
         let logprobs = self.params.logprobs.map(|_| ());
-        let x = &mut self.scratch;
-        x.clear();
-        x.extend_from_slice(logits);
-        self.apply_processors();
-        let id = if self.params.is_greedy() { argmax(&self.scratch) } else { self.draw() };
+        let id = if self.params.is_greedy() && !self.has_processors() {
+            // Plain greedy: nothing to change in the row, so no copy of it.
+            argmax(logits)
+        } else {
+            let x = &mut self.scratch;
+            x.clear();
+            x.extend_from_slice(logits);
+            self.apply_processors();
+            if self.params.is_greedy() {
+                argmax(&self.scratch)
+            } else {
+                self.draw()
+            }
+        };
         let logprobs = logprobs.map(|_| log_probs(logits, id, self.params.logprobs.unwrap_or(0)));
         self.observe(id);
         Sampled { id, logprobs }
+    }
+
+    /// Whether any logits processor is on (bias or a penalty).
+    fn has_processors(&self) -> bool {
+        let p = &self.params;
+        !p.logit_bias.is_empty()
+            || p.repetition_penalty != 1.0
+            || p.frequency_penalty != 0.0
+            || p.presence_penalty != 0.0
     }
 
     fn apply_processors(&mut self) {

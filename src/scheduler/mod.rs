@@ -210,6 +210,12 @@ impl<S> Scheduler<S> {
             .fold((0, 0), |(n, att), s| (n + 1, att + s.tokens.len()))
     }
 
+    /// Whether a prompt waits or is being prefilled (in chunks).
+    pub fn has_prefill_work(&self) -> bool {
+        !self.waiting.is_empty()
+            || self.running.iter().any(|id| self.seqs[id].tokens.len() - self.seqs[id].num_computed > 1)
+    }
+
     /// The running sequences whose next step is a decode (one token to compute).
     pub fn decoding(&self) -> Vec<SeqId> {
         self.running.iter().copied().filter(|id| self.seqs[id].tokens.len() - self.seqs[id].num_computed == 1).collect()

@@ -256,3 +256,56 @@ fn prefill_limit_applies_beside_decodes_only() {
     assert_eq!((step[1].id, step[1].num_tokens), (2, 5), "beside a decode: the limit");
     assert_eq!(s.decode_load(), (1, 42));
 }
+
+/// A draft rides in its sequence's decode; the accepted prefix joins the sequence, the
+/// rejected tail's blocks go back, and the books stay balanced.
+#[test]
+fn drafts_are_verified_in_the_decode_and_rolled_back() {
+    let mut s = sched(8, 64, 100);
+    s.add(seq(1, 7, 0));
+    run(&mut s); // prefill 7, token appended: 8 tokens, 7 computed
+    s.get_mut(1).unwrap().draft = vec![10, 11, 12, 13, 14, 15];
+    let step = s.schedule();
+    assert_eq!(step, vec![Scheduled { id: 1, context_len: 7, num_tokens: 7, sample: true, draft: 6 }]);
+    assert_eq!(step[0].logit_rows(), 7);
+    assert_eq!(s.get(1).unwrap().block_table.blocks().len(), 4, "positions 0..14 in blocks of 4");
+    s.step_done(&step);
+    assert_eq!(s.get(1).unwrap().num_computed, 8, "drafts count only once accepted");
+    s.accept_draft(1, 2);
+    let q = s.get(1).unwrap();
+    assert_eq!((q.tokens.len(), q.num_computed), (10, 10));
+    assert_eq!(&q.tokens[8..], &[10, 11]);
+    assert!(q.draft.is_empty());
+    assert_eq!(q.block_table.blocks().len(), 3, "room for the next token only");
+    s.append_token(1, 7);
+    s.check_invariants().unwrap();
+    assert_eq!(s.blocks_used(), 3);
+    assert_eq!(run(&mut s), vec![Scheduled { id: 1, context_len: 10, num_tokens: 1, sample: true, draft: 0 }]);
+}
+
+/// Drafts take only the token budget and blocks left once every decode has its row: with
+/// the pool nearly full, a draft is dropped rather than preempting anyone.
+#[test]
+fn drafts_never_crowd_out_a_decode() {
+    let mut s = sched(8, 64, 4);
+    s.add(seq(1, 4, 0));
+    s.add(seq(2, 4, 0));
+    run(&mut s); // each holds one full block and needs a second for its next token
+    s.get_mut(1).unwrap().draft = vec![9; 6];
+    let step = s.schedule();
+    assert_eq!(step.iter().map(|x| (x.id, x.draft)).collect::<Vec<_>>(), vec![(1, 0), (2, 0)]);
+    assert_eq!(s.preemptions(), 0);
+    s.step_done(&step);
+
+    // A token budget of 3 for two decodes leaves one draft row.
+    let mut s = sched(8, 3, 100);
+    s.add(seq(1, 2, 0));
+    s.add(seq(2, 1, 0));
+    run(&mut s);
+    for id in [1, 2] {
+        s.get_mut(id).unwrap().draft = vec![5, 6];
+    }
+    let step = s.schedule();
+    assert_eq!(step.iter().map(|x| (x.id, x.draft)).collect::<Vec<_>>(), vec![(1, 1), (2, 0)]);
+    assert_eq!(step.iter().map(|x| x.num_tokens).sum::<usize>(), 3);
+}

@@ -23,6 +23,9 @@ pub struct DraftModel {
     max_catch_up: usize,
     /// Rows of the target's logits: drafts must be ids below it.
     target_vocab: usize,
+    /// Milliseconds of a drafting pass per sequence in it (a recent average): the price of a
+    /// draft token.
+    token_ms: f64,
 }
 
 /// What the draft cache holds for one sequence: the K/V of `tokens`, in `table`.
@@ -54,6 +57,7 @@ impl DraftModel {
             ws: Workspace::default(),
             max_catch_up: max_catch_up.max(1),
             target_vocab: target.model.config.vocab_size,
+            token_ms: 0.0,
         })
     }
 
@@ -67,6 +71,11 @@ impl DraftModel {
             }
             keep
         });
+    }
+
+    /// What drafting one token takes, in milliseconds (0 before the first).
+    pub fn token_ms(&self) -> f64 {
+        self.token_ms
     }
 
     /// Forgets every sequence (after an engine failure).
@@ -130,8 +139,14 @@ impl DraftModel {
                 });
             }
             let vocab = self.model.model.config.vocab_size;
+            let t0 = std::time::Instant::now();
             let logits =
                 self.model.model.forward(&StepInput { tokens: &input, seqs: &steps }, &mut self.kv, &mut self.ws);
+            if pass > 0 {
+                // Drafting passes only: the catch-up pass may carry a whole prompt.
+                let ms = t0.elapsed().as_secs_f64() * 1e3 / active.len() as f64;
+                self.token_ms = if self.token_ms == 0.0 { ms } else { 0.9 * self.token_ms + 0.1 * ms };
+            }
             let mut pick = logits.chunks_exact(vocab).map(argmax);
             let mut fed_at = 0;
             for a in active.iter_mut() {

@@ -159,6 +159,16 @@ impl Speculator {
         }
     }
 
+    /// What proposing one more draft token costs a sequence, in milliseconds, beyond its
+    /// row in the target's step: nothing for n-gram lookup; its share of a drafting pass
+    /// for a draft model.
+    pub fn token_ms(&self) -> f64 {
+        match &self.proposer {
+            Proposer::Ngram { .. } => 0.0,
+            Proposer::Draft(d) => d.token_ms(),
+        }
+    }
+
     /// Forgets all per-sequence state (after an engine failure).
     pub fn reset(&mut self) {
         if let Proposer::Draft(d) = &mut self.proposer {
@@ -167,41 +177,47 @@ impl Speculator {
     }
 }
 
-/// How often a sequence's draft tokens are accepted, recent proposals weighing most.
+/// How often draft tokens are accepted, recent drafts weighing most: per sequence, and
+/// pooled over the engine's sequences (the prior a sequence starts from).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Acceptance {
     hits: f64,
     tries: f64,
+    /// Weight kept by the past at each verified draft.
+    decay: f64,
 }
 
-/// Where a sequence's estimate starts, and what it drifts back to while it does not
-/// speculate: 0.7 with the weight of two tries.
-const PRIOR_HITS: f64 = 1.4;
+/// The pooled estimate before any draft was verified.
+pub const FIRST_PRIOR: f64 = 0.7;
+/// The prior's weight, in tries.
 const PRIOR_TRIES: f64 = 2.0;
-/// Weight kept by the past at each verified draft.
-const DECAY: f64 = 0.8;
 /// Weight kept by the past at each step whose drafts were judged not worth it, so a
-/// sequence whose drafts stopped paying tries again (one token) after a few dozen steps.
+/// sequence whose drafts stopped paying drifts back to the prior and tries again.
 const REST: f64 = 0.95;
 
-impl Default for Acceptance {
-    fn default() -> Self {
-        Acceptance { hits: 0.0, tries: 0.0 }
-    }
-}
-
 impl Acceptance {
-    /// The estimated chance that a draft token is accepted, given that the ones before were.
-    pub fn rate(&self) -> f64 {
-        (self.hits + PRIOR_HITS) / (self.tries + PRIOR_TRIES)
+    /// One sequence's: the last few drafts count.
+    pub fn sequence() -> Self {
+        Acceptance { hits: 0.0, tries: 0.0, decay: 0.8 }
+    }
+
+    /// The engine's, over every sequence: the last few hundred draft tokens count.
+    pub fn pooled() -> Self {
+        Acceptance { hits: 0.0, tries: 0.0, decay: 0.99 }
+    }
+
+    /// The estimated chance that a draft token is accepted, given that the ones before
+    /// were, starting from `prior`.
+    pub fn rate(&self, prior: f64) -> f64 {
+        (self.hits + PRIOR_TRIES * prior) / (self.tries + PRIOR_TRIES)
     }
 
     /// A draft of `drafted` tokens had its first `accepted` accepted: `accepted` trials
     /// succeeded, and one failed unless all did.
     pub fn record(&mut self, drafted: usize, accepted: usize) {
         let failed = usize::from(accepted < drafted);
-        self.hits = self.hits * DECAY + accepted as f64;
-        self.tries = self.tries * DECAY + (accepted + failed) as f64;
+        self.hits = self.hits * self.decay + accepted as f64;
+        self.tries = self.tries * self.decay + (accepted + failed) as f64;
     }
 
     /// A step went by in which drafts were not worth proposing.
@@ -263,20 +279,28 @@ mod tests {
 
     #[test]
     fn acceptance_follows_recent_drafts_and_rests_back_to_the_prior() {
-        let mut a = Acceptance::default();
-        assert!((a.rate() - 0.7).abs() < 1e-9);
+        let mut a = Acceptance::sequence();
+        assert!((a.rate(0.6) - 0.6).abs() < 1e-9, "no drafts yet: the prior");
         for _ in 0..20 {
             a.record(4, 0);
         }
-        assert!(a.rate() < 0.21, "{}", a.rate());
+        assert!(a.rate(0.7) < 0.21, "{}", a.rate(0.7));
         for _ in 0..200 {
             a.rest();
         }
-        assert!((a.rate() - 0.7).abs() < 0.01, "{}", a.rate());
+        assert!((a.rate(0.7) - 0.7).abs() < 0.01, "{}", a.rate(0.7));
         for _ in 0..20 {
             a.record(4, 4);
         }
-        assert!(a.rate() > 0.95, "{}", a.rate());
+        assert!(a.rate(0.7) > 0.95, "{}", a.rate(0.7));
+        // The pooled estimate remembers longer: ten good drafts after a hundred bad ones
+        // convince one sequence's estimate, not the pool's.
+        let (mut pooled, mut one) = (Acceptance::pooled(), Acceptance::sequence());
+        for accepted in [0; 100].into_iter().chain([4; 10]) {
+            pooled.record(4, accepted);
+            one.record(4, accepted);
+        }
+        assert!(pooled.rate(0.7) < 0.5 && one.rate(0.7) > 0.9, "{} {}", pooled.rate(0.7), one.rate(0.7));
     }
 
     #[test]
