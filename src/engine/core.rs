@@ -1,7 +1,7 @@
 //! The engine loop: commands in, steps run, events out.
 
 use super::handle::Shared;
-use super::speculative::{worth, Acceptance, Speculator, FIRST_PRIOR};
+use super::speculative::{Ask, Speculator};
 use super::stats::RECENT_STEPS;
 use super::step_cost::{attended, StepCost};
 use super::{Event, FinishReason, Request, StopStrings, Usage};
@@ -45,8 +45,6 @@ struct SeqState {
     stop_ids: Vec<u32>,
     generated: usize,
     last_token: Option<Instant>,
-    /// How well this sequence's drafts have been doing (speculative decoding).
-    acceptance: Acceptance,
 }
 
 pub(super) struct EngineLoop {
@@ -64,8 +62,6 @@ pub(super) struct EngineLoop {
     /// The fitted step-time model that sizes prefill beside decodes (and drafts).
     cost: StepCost,
     spec: Option<Speculator>,
-    /// Acceptance of drafts over all sequences: where a new sequence's estimate starts.
-    pooled: Acceptance,
 }
 
 impl EngineLoop {
@@ -84,7 +80,6 @@ impl EngineLoop {
             prefix_carry: (0, 0),
             cost,
             spec,
-            pooled: Acceptance::pooled(),
         }
     }
 
@@ -228,7 +223,6 @@ impl EngineLoop {
             stop_ids,
             generated: 0,
             last_token: None,
-            acceptance: Acceptance::sequence(),
         };
         // Arrival is the request id: samples of one request are ordered together.
         let mut seq = Sequence::new(id, r.prompt.clone(), r.priority, request, state);
@@ -348,28 +342,22 @@ impl EngineLoop {
         if self.sched.has_prefill_work() {
             return;
         }
-        let prior = self.pooled.rate(FIRST_PRIOR);
         let step_ms = self.cost.predict(decodes, decode_attended);
-        let mut want = Vec::new();
+        let mut asks = Vec::new();
         for id in self.sched.decoding() {
-            let Some(seq) = self.sched.get_mut(id) else { continue };
+            let Some(seq) = self.sched.get(id) else { continue };
             let len = seq.tokens.len();
-            let s = &mut seq.state;
+            let s = &seq.state;
             let Some(req) = self.requests.get(&s.request) else { continue };
             // The draft plus the token after it stay within max_tokens and the context.
             let room = (req.request.stop.max_tokens.saturating_sub(s.generated + 1))
                 .min(self.shared.max_model_len.saturating_sub(len));
             // A draft row attends to the whole context, as the decode row does. Until the
             // step-time model is fitted rows count as free: drafts at the cap.
-            let row_ms = self.cost.row_ms(len).unwrap_or(0.0) + spec.token_ms();
-            let k = worth(s.acceptance.rate(prior), step_ms, decodes, row_ms, spec.max_tokens).min(room);
-            if k == 0 {
-                s.acceptance.rest();
-            } else {
-                want.push((id, k));
-            }
+            let row_ms = self.cost.row_ms(len).unwrap_or(0.0);
+            asks.push(Ask { id, room, row_ms });
         }
-        spec.propose(&mut self.sched, &want);
+        spec.propose(&mut self.sched, &asks, step_ms / decodes.max(1) as f64);
     }
 
     /// Verifies a sequence's draft against the target's logits for the row before it and
@@ -391,10 +379,11 @@ impl EngineLoop {
             }
         }
         let (drafted, accepted) = (draft.len(), out.len() - 1);
-        q.state.acceptance.record(drafted, accepted);
-        self.pooled.record(drafted, accepted);
         q.draft = draft;
         self.sched.accept_draft(seq, accepted);
+        if let Some(spec) = &mut self.spec {
+            spec.verified(seq, drafted, accepted);
+        }
         {
             let mut st = self.shared.stats.lock().unwrap_or_else(|p| p.into_inner());
             st.spec_drafts += 1;
