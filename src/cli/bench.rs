@@ -9,7 +9,7 @@
 //!   outputs are identical.
 //! - With `--speculative-config`, speculative decoding on against off: one stream on an
 //!   input-grounded task (rewriting a paragraph, a code edit) and on free generation, then
-//!   4, 16 and 32 streams at once; decode speed, acceptance rate, draft tokens per output
+//!   2 to 32 streams at once; decode speed, acceptance rate, draft tokens per output
 //!   token (where speculation backs off), and whether the outputs are identical.
 
 use super::EngineArgs;
@@ -343,7 +343,7 @@ fn speculative_run(
     }
     // Many streams: the tasks' prompts in turn, all sent at once. As the batch grows the
     // step turns compute-bound and drafts should fade out (the "drafted" column).
-    for streams in [4, 16, 32] {
+    for streams in [2, 4, 8, 16, 32] {
         let many: Vec<(Duration, Request)> =
             (0..streams).map(|i| (Duration::ZERO, request(&tasks[i % tasks.len()].1))).collect();
         // (best tokens/s, outputs) per engine; alternating runs, as above.
