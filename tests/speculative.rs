@@ -113,6 +113,35 @@ fn ngram_speculation_changes_no_event() {
     }
 }
 
+/// Phi-3's longrope switches factor sets when the sequence grows past 64 tokens (the
+/// fixture's `original_max_position_embeddings`): drafts never carry a step across, so the
+/// output crossing it is the same with speculation.
+#[test]
+fn speculation_keeps_longrope_switch_where_it_was() {
+    if shared_models().is_none() {
+        return;
+    }
+    let config = r#"{"method":"ngram","num_speculative_tokens":8,"prompt_lookup_min":1,"prompt_lookup_max":1}"#;
+    // Prompts that repeat themselves up to just short of the edge, so n-gram drafts exist
+    // (and the step-time model is still warming up: drafts at the cap) right where it lies.
+    let prompts: Vec<Vec<u32>> = reference("tiny-phi3")
+        .into_iter()
+        .map(|c| c.prompt_ids.iter().copied().cycle().take(57 + c.prompt_ids.len() % 5).collect())
+        .collect();
+    let reqs: Vec<Request> = prompts
+        .iter()
+        .map(|p| {
+            let mut r = Request::new(p.clone(), 80);
+            r.stop.ignore_eos = true;
+            // Logprobs show any change in the numbers, not just in the argmax.
+            r.sampling.logprobs = Some(2);
+            r
+        })
+        .collect();
+    let (drafted, _) = same_events(model("tiny-phi3"), spec(config), &reqs);
+    assert!(drafted > 0, "the random-weight model repeats itself, so n-gram drafts exist");
+}
+
 /// SmolLM2 Q4_1 drafts for SmolLM2 on the exact f32 path: the same model, so most drafts
 /// are accepted, and the output is the f32 path's, event for event.
 #[test]

@@ -8,7 +8,7 @@
 //!   time): prefix caching on against off, with TTFT, throughput and whether the greedy
 //!   outputs are identical.
 //! - With `--speculative-config`, speculative decoding on against off: one stream on an
-//!   input-grounded task (rewriting a paragraph, a code edit) and on free generation, then
+//!   input-grounded task (rewriting a paragraph, a code edit, proofreading) and on free generation, then
 //!   2 to 32 streams at once; decode speed, acceptance rate, draft tokens per output
 //!   token (where speculation backs off), and whether the outputs are identical.
 
@@ -259,6 +259,13 @@ baked bread while her brother Tom Morgan served coffee to the first customers. O
 and Tom sold apple pies at the market, and Tom always kept the best pie for their neighbour, Mrs. \
 Green. When the old oven broke in winter, Mrs. Green lent Alice her own oven until the new one came.";
 
+/// The paragraph with five words misspelled, for the proofreading task.
+fn misspelled(text: &str) -> String {
+    [("bakery", "bakry"), ("morning", "mornign"), ("customers", "custmers"), ("market", "markit"), ("winter", "wintr")]
+        .iter()
+        .fold(text.to_string(), |t, (right, wrong)| t.replace(right, wrong))
+}
+
 /// Code for the code-edit task: a rename leaves the rest as it was.
 const CODE: &str = "def total_price(items, tax):
     total = 0
@@ -296,6 +303,7 @@ fn speculative_run(
     let tasks = [
         ("rewrite", chat(&format!("Rewrite this paragraph with the names changed (Alice to Maria, Tom to Ben, Mrs. Green to Mr. Hill):\n\n{PARAGRAPH}"))?),
         ("code edit", chat(&format!("Rename the variable `items` to `products` in this Python code and show the whole code:\n\n```python\n{CODE}```"))?),
+        ("proofread", chat(&format!("Correct the spelling mistakes in this paragraph and write it out in full:\n\n{}", misspelled(PARAGRAPH)))?),
         ("free", chat("Write a short story about a dragon who learns to cook.")?),
     ];
     let request = |prompt: &[u32]| Request::new(prompt.to_vec(), 256);

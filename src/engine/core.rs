@@ -6,7 +6,7 @@ use super::stats::RECENT_STEPS;
 use super::step_cost::{attended, StepCost};
 use super::{Event, FinishReason, Request, StopStrings, Usage};
 use crate::kv::KvCache;
-use crate::model::{SeqStep, StepInput, Workspace};
+use crate::model::{RopeScaling, SeqStep, StepInput, Workspace};
 use crate::sampling::{Sampled, Sampler};
 use crate::scheduler::{Scheduled, Scheduler, SchedulerConfig, SeqId, Sequence};
 use crate::tokenizer::Detokenizer;
@@ -343,6 +343,7 @@ impl EngineLoop {
             return;
         }
         let step_ms = self.cost.predict(decodes, decode_attended);
+        let rope = &self.shared.model.model.config.rope_scaling;
         let mut asks = Vec::new();
         for id in self.sched.decoding() {
             let Some(seq) = self.sched.get(id) else { continue };
@@ -350,8 +351,16 @@ impl EngineLoop {
             let s = &seq.state;
             let Some(req) = self.requests.get(&s.request) else { continue };
             // The draft plus the token after it stay within max_tokens and the context.
-            let room = (req.request.stop.max_tokens.saturating_sub(s.generated + 1))
+            let mut room = (req.request.stop.max_tokens.saturating_sub(s.generated + 1))
                 .min(self.shared.max_model_len.saturating_sub(len));
+            // Longrope picks its factors by the step's sequence length: a draft must not carry
+            // the step across that boundary, or its rows would use another factor set than
+            // they would one at a time.
+            if let RopeScaling::LongRope { original_max_position_embeddings: edge, .. } = rope {
+                if len <= *edge {
+                    room = room.min(edge - len);
+                }
+            }
             // A draft row attends to the whole context, as the decode row does. Until the
             // step-time model is fitted rows count as free: drafts at the cap.
             let row_ms = self.cost.row_ms(len).unwrap_or(0.0);
