@@ -89,16 +89,29 @@ fn seeded_sampling_is_reproducible_across_batch_compositions() {
 
 /// 200 requests, random cancels (dropped streams and explicit aborts), a KV pool small
 /// enough to force preemption: every request ends with the right reason and every block
-/// is free afterwards.
+/// is free afterwards — also with n-gram speculation, whose drafts take and give back blocks.
 #[test]
 fn storm_with_cancels_and_preemption_frees_every_block() {
     if shared_models().is_none() {
         return;
     }
+    let ngram = r#"{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_min":1,"prompt_lookup_max":3}"#;
+    for speculative in [None, Some(ngram.parse().unwrap())] {
+        storm(speculative);
+    }
+}
+
+fn storm(speculative: Option<weft::engine::speculative::SpeculativeConfig>) {
+    let speculating = speculative.is_some();
     let c = common::model(STORIES).model.config.clone();
     let per_block = weft::kv::KvCache::bytes_per_block(c.num_layers, 4, c.num_kv_heads, c.head_dim);
-    let cfg =
-        EngineConfig { block_size: 4, kv_cache_memory: per_block * 40, max_num_seqs: 24, ..EngineConfig::default() };
+    let cfg = EngineConfig {
+        block_size: 4,
+        kv_cache_memory: per_block * 40,
+        max_num_seqs: 24,
+        speculative,
+        ..EngineConfig::default()
+    };
     let e = engine(STORIES, cfg);
     let mut rng = Lcg(2024);
     let mut kept = Vec::new();
@@ -131,7 +144,9 @@ fn storm_with_cancels_and_preemption_frees_every_block() {
         }
     }
     assert_all_blocks_free(&e);
-    assert!(e.stats().preemptions > 0, "the pool was small enough to force preemption");
+    let st = e.stats();
+    assert!(st.preemptions > 0, "the pool was small enough to force preemption");
+    assert_eq!(st.spec_drafts > 0, speculating, "drafts were verified exactly when speculating");
 }
 
 /// A stop string ends the text before it, also when it spans several tokens.
