@@ -23,6 +23,8 @@ pub struct DraftModel {
     max_catch_up: usize,
     /// Rows of the target's logits: drafts must be ids below it.
     target_vocab: usize,
+    /// The draft model's own context: it drafts only for sequences within it.
+    context: usize,
     /// Milliseconds of a drafting pass per sequence in it (a recent average): the price of a
     /// draft token.
     token_ms: f64,
@@ -47,6 +49,7 @@ impl DraftModel {
     ) -> Result<Self> {
         same_vocabulary(&draft, target)?;
         let c = &draft.model.config;
+        let context = c.max_position_embeddings;
         let num_blocks = capacity_tokens.div_ceil(block_size).max(1);
         let kv = KvCache::new(c.num_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim);
         Ok(DraftModel {
@@ -57,6 +60,7 @@ impl DraftModel {
             ws: Workspace::default(),
             max_catch_up: max_catch_up.max(1),
             target_vocab: target.model.config.vocab_size,
+            context,
             token_ms: 0.0,
         })
     }
@@ -88,10 +92,16 @@ impl DraftModel {
     pub fn propose(&mut self, want: &[(SeqId, &[u32], usize)]) -> Vec<Vec<u32>> {
         let bs = self.kv.block_size();
         let mut drafts = vec![Vec::new(); want.len()];
+        // The draft model feeds positions up to len + k - 2: within its own context.
+        let ks: Vec<usize> = want.iter().map(|&(_, t, k)| k.min((self.context + 1).saturating_sub(t.len()))).collect();
         // (index in `want`, first position to feed, tokens to feed) for the catch-up pass.
         let mut feeds: Vec<(usize, usize, usize)> = Vec::new();
         let mut budget = self.max_catch_up;
-        for (i, &(id, tokens, k)) in want.iter().enumerate() {
+        for (i, &(id, tokens, _)) in want.iter().enumerate() {
+            let k = ks[i];
+            if k == 0 {
+                continue;
+            }
             let fed = self.seqs.entry(id).or_default();
             let common = fed.tokens.iter().zip(tokens).take_while(|(a, b)| a == b).count();
             fed.tokens.truncate(common);
@@ -115,7 +125,7 @@ impl DraftModel {
         let mut input: Vec<u32> = Vec::new();
         for pass in 0.. {
             // After pass 0, exactly the sequences that reached their end hold a draft token.
-            active.retain(|&(i, ..)| pass == 0 || (!drafts[i].is_empty() && drafts[i].len() < want[i].2));
+            active.retain(|&(i, ..)| pass == 0 || (!drafts[i].is_empty() && drafts[i].len() < ks[i]));
             if active.is_empty() {
                 break;
             }
