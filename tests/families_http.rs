@@ -28,6 +28,9 @@ async fn families_serve_the_reference_continuations() {
                     Some(messages) => {
                         let mut req = json!({"messages": messages, "add_generation_prompt": case["add_generation_prompt"],
                             "chat_template_kwargs": kwargs});
+                        // /tokenize with the same messages gives the ids the chat endpoint uses.
+                        let (st, tok) = s.post("/tokenize", req.clone()).await;
+                        assert_eq!((st, &tok["tokens"]), (200, &case["prompt_token_ids"]), "{id}: /tokenize");
                         merge(&mut req, &common);
                         s.post("/v1/chat/completions", req).await
                     }

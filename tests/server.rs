@@ -95,6 +95,8 @@ async fn completions_streaming_and_every_error_path() {
     assert!(models.contains("stories260k"));
     let (_, tok) = s.post("/tokenize", json!({"prompt": "Once upon a time"})).await;
     assert_eq!(tok["tokens"], json!([1, 403, 407, 261, 378]));
+    let (_, tok) = s.post("/tokenize", json!({"prompt": "Once upon a time", "add_special_tokens": false})).await;
+    assert_eq!(tok["tokens"], json!([403, 407, 261, 378]));
     let (_, detok) = s.post("/detokenize", json!({"tokens": [403, 407]})).await;
     assert_eq!(detok["prompt"], "Once upon");
     assert_eq!(s.post("/detokenize", json!({"tokens": [99999]})).await.0, 400);
@@ -326,12 +328,13 @@ async fn speculative_decoding_over_http() {
     if common::shared_models().is_none() {
         return;
     }
-    let prompt = common::reference(STORIES)[0].prompt.clone();
-    let body = json!({"prompt": prompt, "max_tokens": 64, "temperature": 0});
-    let plain = Server::start(STORIES, &[]).await;
+    // Text that continues by copying itself, so n-gram drafts pay and are made.
+    let prompt = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3,";
+    let body = json!({"prompt": prompt, "max_tokens": 48, "temperature": 0, "ignore_eos": true});
+    let plain = Server::start(SMOL, &[]).await;
     let (_, want) = plain.post("/v1/completions", body.clone()).await;
-    let config = r#"{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_min":1,"prompt_lookup_max":2}"#;
-    let s = Server::start(STORIES, &["--speculative-config", config]).await;
+    let config = r#"{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_min":2,"prompt_lookup_max":4}"#;
+    let s = Server::start(SMOL, &["--speculative-config", config]).await;
     let (_, got) = s.post("/v1/completions", body).await;
     assert_eq!(got["choices"][0]["text"], want["choices"][0]["text"]);
     let drafts = s.metric("weft:spec_decode_num_drafts_total").await;

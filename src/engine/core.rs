@@ -531,6 +531,9 @@ impl EngineLoop {
         // The last sample of the request: dropping its sender closes the stream. Siblings
         // of an n > 1 request not forked yet are still to come.
         if req.seqs.is_empty() && (req.forked || req.request.n == 1) {
+            // Published before the stream closes, so whoever reads the stats after it ends
+            // sees this request's totals (the server's metrics baseline after its warm-up).
+            self.publish_occupancy();
             self.requests.remove(&s.request);
         }
     }

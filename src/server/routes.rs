@@ -179,23 +179,37 @@ struct TokenizeRequest {
     #[allow(dead_code)]
     model: Option<String>,
     prompt: String,
+    /// Whether the tokenizer adds its special tokens (BOS); default true.
+    add_special_tokens: Option<bool>,
 }
 
+/// `/tokenize`, as vLLM's: `{"prompt": ..., "add_special_tokens"}`, or `{"messages": [...],
+/// "add_generation_prompt", "chat_template_kwargs"}` for the ids the chat endpoint would use.
 async fn tokenize(State(st): St, body: Body) -> Response {
     respond(
         async {
             let engine = st.engine()?.clone();
-            let req: TokenizeRequest =
-                crate::api::parse_split::<TokenizeRequest, Value>(json_body(body)?, &["model", "prompt"], &[])?.0;
+            let body = json_body(body)?;
             let max = engine.max_model_len();
-            let tokens = crate::api::off_runtime(move || {
-                engine
-                    .model()
-                    .tokenizer
-                    .encode(&req.prompt)
-                    .map_err(|e| ApiError::invalid(e.to_string(), Some("prompt")))
-            })
-            .await?;
+            let tokens = if body.get("messages").is_some() {
+                let chat = crate::api::openai::ChatRequest::parse(body)?;
+                crate::api::off_runtime(move || chat.prompt(&engine)).await?
+            } else {
+                let req: TokenizeRequest = crate::api::parse_split::<TokenizeRequest, Value>(
+                    body,
+                    &["model", "prompt", "add_special_tokens"],
+                    &[],
+                )?
+                .0;
+                crate::api::off_runtime(move || {
+                    engine
+                        .model()
+                        .tokenizer
+                        .encode_with(&req.prompt, req.add_special_tokens.unwrap_or(true))
+                        .map_err(|e| ApiError::invalid(e.to_string(), Some("prompt")))
+                })
+                .await?
+            };
             Ok(Json(json!({"tokens": tokens, "count": tokens.len(), "max_model_len": max})).into_response())
         }
         .await,
