@@ -333,15 +333,12 @@ impl EngineLoop {
     }
 
     /// Gives decoding sequences drafts to verify in this step, as many tokens as pay for
-    /// their rows (see [`worth`]) and fit their `max_tokens` and the context. Not while
-    /// prompts wait or prefill: the step's spare rows are theirs.
+    /// their rows (see `speculative::worth`) and fit their `max_tokens` and the context. (The
+    /// scheduler gives drafts only the rows prompts leave.)
     fn propose(&mut self, decodes: usize, decode_attended: usize) {
         let Some(spec) = &mut self.spec else {
             return;
         };
-        if self.sched.has_prefill_work() {
-            return;
-        }
         let step_ms = self.cost.predict(decodes, decode_attended);
         let rope = &self.shared.model.model.config.rope_scaling;
         let mut asks = Vec::new();
@@ -349,6 +346,11 @@ impl EngineLoop {
             let Some(seq) = self.sched.get(id) else { continue };
             let len = seq.tokens.len();
             let s = &seq.state;
+            // Not before its first token: the end of a chunked prompt also computes one
+            // token, and the first sample is where `n > 1` requests fork.
+            if s.generated == 0 {
+                continue;
+            }
             let Some(req) = self.requests.get(&s.request) else { continue };
             // The draft plus the token after it stay within max_tokens and the context.
             let mut room = (req.request.stop.max_tokens.saturating_sub(s.generated + 1))

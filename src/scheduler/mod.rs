@@ -7,7 +7,7 @@
 //! not yet in the step is preempted (its blocks released, requeued for recompute) — never a
 //! failure. A decoding sequence may carry draft tokens (speculative decoding): they ride in
 //! its decode as extra rows, only on the token budget and free blocks left once every
-//! decode has its own row — a draft never preempts anyone.
+//! decode and prefill chunk has its rows — a draft never delays a prompt or preempts anyone.
 
 mod sequence;
 
@@ -101,26 +101,6 @@ fn register_full_blocks<S>(alloc: &mut BlockAllocator, seq: &mut Sequence<S>, bs
     }
 }
 
-/// Trims a decoding sequence's draft to the rows and blocks it may have: at most
-/// `draft_budget` rows, and new blocks only while `decodes_left` more decodes can still get
-/// one each. Returns the draft rows it keeps (and takes them from the budget).
-fn take_draft<S>(
-    seq: &mut Sequence<S>,
-    alloc: &BlockAllocator,
-    bs: usize,
-    draft_budget: &mut usize,
-    decodes_left: usize,
-) -> usize {
-    seq.draft.truncate(*draft_budget);
-    let base = seq.block_table.blocks_missing(seq.num_computed + 1, bs);
-    let extra = seq.block_table.blocks_missing(seq.num_computed + 1 + seq.draft.len(), bs) - base;
-    if extra > 0 && alloc.num_free() < base + extra + decodes_left {
-        seq.draft.clear();
-    }
-    *draft_budget -= seq.draft.len();
-    seq.draft.len()
-}
-
 /// Inserts `id` into a list sorted by the sequences' order keys.
 fn insert_sorted<S>(list: &mut Vec<SeqId>, seqs: &HashMap<SeqId, Sequence<S>>, id: SeqId) {
     let key = seqs[&id].order_key();
@@ -210,12 +190,6 @@ impl<S> Scheduler<S> {
             .fold((0, 0), |(n, att), s| (n + 1, att + s.tokens.len()))
     }
 
-    /// Whether a prompt waits or is being prefilled (in chunks).
-    pub fn has_prefill_work(&self) -> bool {
-        !self.waiting.is_empty()
-            || self.running.iter().any(|id| self.seqs[id].tokens.len() - self.seqs[id].num_computed > 1)
-    }
-
     /// The running sequences whose next step is a decode (one token to compute).
     pub fn decoding(&self) -> Vec<SeqId> {
         self.running.iter().copied().filter(|id| self.seqs[id].tokens.len() - self.seqs[id].num_computed == 1).collect()
@@ -229,9 +203,6 @@ impl<S> Scheduler<S> {
         let mut taken = HashSet::new();
         let mut preempted = false;
         let is_decode = |s: &Sequence<S>| s.tokens.len() - s.num_computed == 1;
-        let mut decodes_left = self.running.iter().filter(|id| is_decode(&self.seqs[*id])).count();
-        // Draft rows get only what is left once every decode has its row.
-        let mut draft_budget = budget.saturating_sub(decodes_left);
         for decodes in [true, false] {
             if !decodes && !out.is_empty() {
                 // Prefill beside decodes: within the step-time budget.
@@ -245,15 +216,7 @@ impl<S> Scheduler<S> {
                     i += 1;
                     continue;
                 }
-                let draft = if decodes {
-                    decodes_left -= 1;
-                    let seq = self.seqs.get_mut(&id).expect("running sequences exist");
-                    take_draft(seq, &self.alloc, bs, &mut draft_budget, decodes_left)
-                } else {
-                    0
-                };
-                let seq = &self.seqs[&id];
-                let n = (seq.tokens.len() - seq.num_computed + draft).min(budget);
+                let n = (seq.tokens.len() - seq.num_computed).min(budget);
                 let target = seq.num_computed + n;
                 // Free blocks by preempting from the back (never a sequence already in
                 // this step) until this one fits, or it is the one preempted.
@@ -273,10 +236,7 @@ impl<S> Scheduler<S> {
                     }
                 };
                 if fits {
-                    let mut step = Scheduled::chunk(&self.seqs[&id], n - draft);
-                    step.num_tokens = n;
-                    step.draft = draft;
-                    out.push(step);
+                    out.push(Scheduled::chunk(&self.seqs[&id], n));
                     taken.insert(id);
                     budget -= n;
                     i += 1;
@@ -308,7 +268,30 @@ impl<S> Scheduler<S> {
             self.waiting.remove(0);
             insert_sorted(&mut self.running, &self.seqs, id);
         }
+        self.add_drafts(&mut out);
         out
+    }
+
+    /// Lets the step's decodes carry their drafts, on the token budget and free blocks left
+    /// once every decode and prefill chunk has its rows.
+    fn add_drafts(&mut self, out: &mut [Scheduled]) {
+        let bs = self.cfg.block_size;
+        let mut left = self.cfg.max_num_batched_tokens.saturating_sub(out.iter().map(|s| s.num_tokens).sum());
+        for step in out.iter_mut() {
+            let seq = self.seqs.get_mut(&step.id).expect("scheduled sequences exist");
+            if seq.draft.is_empty() {
+                continue;
+            }
+            let decode = step.num_tokens == 1 && step.sample;
+            seq.draft.truncate(if decode { left } else { 0 });
+            let target = seq.num_computed + 1 + seq.draft.len();
+            if seq.block_table.reserve(&mut self.alloc, target, bs).is_err() {
+                seq.draft.clear();
+            }
+            step.draft = seq.draft.len();
+            step.num_tokens += step.draft;
+            left -= step.draft;
+        }
     }
 
     /// Moves `running[index]` back to waiting with its blocks released, to recompute later.

@@ -283,10 +283,11 @@ fn drafts_are_verified_in_the_decode_and_rolled_back() {
     assert_eq!(run(&mut s), vec![Scheduled { id: 1, context_len: 10, num_tokens: 1, sample: true, draft: 0 }]);
 }
 
-/// Drafts take only the token budget and blocks left once every decode has its row: with
-/// the pool nearly full, a draft is dropped rather than preempting anyone.
+/// Drafts take only the token budget and blocks left once every decode and prefill chunk
+/// has its rows: with the pool nearly full, a draft is dropped rather than preempting
+/// anyone, and a waiting prompt is admitted before a draft gets a row.
 #[test]
-fn drafts_never_crowd_out_a_decode() {
+fn drafts_never_crowd_out_a_decode_or_a_prompt() {
     let mut s = sched(8, 64, 4);
     s.add(seq(1, 4, 0));
     s.add(seq(2, 4, 0));
@@ -308,4 +309,14 @@ fn drafts_never_crowd_out_a_decode() {
     let step = s.schedule();
     assert_eq!(step.iter().map(|x| (x.id, x.draft)).collect::<Vec<_>>(), vec![(1, 1), (2, 0)]);
     assert_eq!(step.iter().map(|x| x.num_tokens).sum::<usize>(), 3);
+
+    // A budget of 8: one decode row, a 6-token prompt, and one row left for the draft.
+    let mut s = sched(8, 8, 100);
+    s.add(seq(1, 3, 0));
+    run(&mut s);
+    s.add(seq(2, 6, 0));
+    s.get_mut(1).unwrap().draft = vec![5; 6];
+    let step = s.schedule();
+    let got: Vec<_> = step.iter().map(|x| (x.id, x.num_tokens, x.draft)).collect();
+    assert_eq!(got, vec![(1, 2, 1), (2, 6, 0)]);
 }

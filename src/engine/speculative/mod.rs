@@ -95,6 +95,11 @@ impl Speculator {
     pub fn propose<S>(&mut self, sched: &mut Scheduler<S>, asks: &[Ask], token_ms: f64) {
         self.seqs.retain(|&id, _| sched.get(id).is_some());
         self.pending.clear();
+        for ask in asks {
+            if let Some(seq) = sched.get_mut(ask.id) {
+                seq.draft.clear();
+            }
+        }
         let prior = self.pooled.rate(FIRST_PRIOR);
         match &mut self.proposer {
             &mut Proposer::Ngram { min, max } => {
