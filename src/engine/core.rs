@@ -6,7 +6,7 @@ use super::stats::RECENT_STEPS;
 use super::step_cost::{attended, StepCost};
 use super::{Event, FinishReason, Request, StopStrings, Usage};
 use crate::kv::KvCache;
-use crate::model::{RopeScaling, SeqStep, StepInput, Workspace};
+use crate::model::{SeqStep, StepInput, Workspace};
 use crate::sampling::{Sampled, Sampler};
 use crate::scheduler::{Scheduled, Scheduler, SchedulerConfig, SeqId, Sequence};
 use crate::tokenizer::Detokenizer;
@@ -340,7 +340,7 @@ impl EngineLoop {
             return;
         };
         let step_ms = self.cost.predict(decodes, decode_attended);
-        let rope = &self.shared.model.model.config.rope_scaling;
+        let edge = self.shared.model.model.config.length_edge();
         let mut asks = Vec::new();
         for id in self.sched.decoding() {
             let Some(seq) = self.sched.get(id) else { continue };
@@ -355,13 +355,10 @@ impl EngineLoop {
             // The draft plus the token after it stay within max_tokens and the context.
             let mut room = (req.request.stop.max_tokens.saturating_sub(s.generated + 1))
                 .min(self.shared.max_model_len.saturating_sub(len));
-            // Longrope picks its factors by the step's sequence length: a draft must not carry
-            // the step across that boundary, or its rows would use another factor set than
-            // they would one at a time.
-            if let RopeScaling::LongRope { original_max_position_embeddings: edge, .. } = rope {
-                if len <= *edge {
-                    room = room.min(edge - len);
-                }
+            // A draft must not carry the step across the length where the model's
+            // computation changes, or its rows would be computed otherwise than one at a time.
+            if let Some(edge) = edge.filter(|&e| len <= e) {
+                room = room.min(edge - len);
             }
             // A draft row attends to the whole context, as the decode row does. Until the
             // step-time model is fitted rows count as free: drafts at the cap.
@@ -379,18 +376,16 @@ impl EngineLoop {
         let Some(q) = self.sched.get_mut(seq) else {
             return;
         };
-        let draft = std::mem::take(&mut q.draft);
-        let mut out = Vec::with_capacity(draft.len() + 1);
+        let mut out = Vec::with_capacity(q.draft.len() + 1);
         for (i, row) in logits.chunks_exact(vocab).enumerate() {
             let t = q.state.sampler.sample(row);
-            let hit = draft.get(i) == Some(&t.id);
+            let hit = q.draft.get(i) == Some(&t.id);
             out.push(t);
             if !hit {
                 break;
             }
         }
-        let (drafted, accepted) = (draft.len(), out.len() - 1);
-        q.draft = draft;
+        let (drafted, accepted) = (q.draft.len(), out.len() - 1);
         self.sched.accept_draft(seq, accepted);
         if let Some(spec) = &mut self.spec {
             spec.verified(seq, drafted, accepted);

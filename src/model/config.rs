@@ -397,6 +397,15 @@ impl ModelConfig {
         Ok(cfg)
     }
 
+    /// The sequence length past which a step computes differently (longrope switches to
+    /// its long factors, chosen by the step's sequence length); `None` if nothing changes.
+    pub fn length_edge(&self) -> Option<usize> {
+        match self.rope_scaling {
+            RopeScaling::LongRope { original_max_position_embeddings, .. } => Some(original_max_position_embeddings),
+            _ => None,
+        }
+    }
+
     /// The sliding window of layer `i`, if it has one (Gemma 2 alternates, starting sliding).
     pub fn layer_window(&self, i: usize) -> Option<usize> {
         match self.arch {

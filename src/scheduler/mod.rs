@@ -186,13 +186,13 @@ impl<S> Scheduler<S> {
         self.running
             .iter()
             .map(|id| &self.seqs[id])
-            .filter(|s| s.tokens.len() - s.num_computed == 1)
+            .filter(|s| s.is_decode())
             .fold((0, 0), |(n, att), s| (n + 1, att + s.tokens.len()))
     }
 
     /// The running sequences whose next step is a decode (one token to compute).
     pub fn decoding(&self) -> Vec<SeqId> {
-        self.running.iter().copied().filter(|id| self.seqs[id].tokens.len() - self.seqs[id].num_computed == 1).collect()
+        self.running.iter().copied().filter(|id| self.seqs[id].is_decode()).collect()
     }
 
     /// Decides the next step. Call [`Scheduler::step_done`] with the result after running it.
@@ -202,7 +202,6 @@ impl<S> Scheduler<S> {
         let mut out = Vec::new();
         let mut taken = HashSet::new();
         let mut preempted = false;
-        let is_decode = |s: &Sequence<S>| s.tokens.len() - s.num_computed == 1;
         for decodes in [true, false] {
             if !decodes && !out.is_empty() {
                 // Prefill beside decodes: within the step-time budget.
@@ -212,11 +211,11 @@ impl<S> Scheduler<S> {
             while i < self.running.len() && budget > 0 {
                 let id = self.running[i];
                 let seq = &self.seqs[&id];
-                if is_decode(seq) != decodes || taken.contains(&id) {
+                if seq.is_decode() != decodes || taken.contains(&id) {
                     i += 1;
                     continue;
                 }
-                let n = (seq.tokens.len() - seq.num_computed).min(budget);
+                let n = seq.remaining().min(budget);
                 let target = seq.num_computed + n;
                 // Free blocks by preempting from the back (never a sequence already in
                 // this step) until this one fits, or it is the one preempted.
@@ -248,7 +247,7 @@ impl<S> Scheduler<S> {
             let id = self.waiting[0];
             let seq = self.seqs.get_mut(&id).expect("waiting sequences exist");
             let reused = if self.cfg.prefix_caching { reuse_prefix(&mut self.alloc, seq, bs) } else { 0 };
-            let n = (seq.tokens.len() - seq.num_computed).min(budget);
+            let n = seq.remaining().min(budget);
             let target = seq.num_computed + n;
             if seq.block_table.reserve(&mut self.alloc, target, bs).is_err() {
                 seq.block_table.release(&mut self.alloc);

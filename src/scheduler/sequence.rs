@@ -50,6 +50,16 @@ impl<S> Sequence<S> {
         }
     }
 
+    /// Tokens not yet in the cache.
+    pub fn remaining(&self) -> usize {
+        self.tokens.len() - self.num_computed
+    }
+
+    /// Whether its next step is a decode: one token to compute (the last sampled one).
+    pub fn is_decode(&self) -> bool {
+        self.remaining() == 1
+    }
+
     /// The hash of full block `i`, given the hashes of the blocks before it.
     pub(super) fn hash_block(&self, i: usize, block_size: usize) -> BlockHash {
         let parent = i.checked_sub(1).map(|p| self.block_hashes[p]);
