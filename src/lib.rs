@@ -1,13 +1,14 @@
 //! weft: a continuous-batching LLM inference engine.
 //!
 //! Layers, from the bottom: [`kernels`] (numeric kernels), [`kv`] (paged KV cache),
-//! [`model`] (weights and the ragged-batch forward pass), [`tokenizer`], [`sampling`],
-//! [`scheduler`] (who runs each step), [`engine`] (the serving loop), [`api`] (OpenAI
+//! [`model`] (weights and the ragged-batch forward pass), [`tokenizer`], [`grammar`]
+//! (structured output), [`sampling`], [`scheduler`] (who runs each step), [`engine`] (the serving loop), [`api`] (OpenAI
 //! request and response types), [`server`] (HTTP) and [`cli`].
 
 pub mod api;
 pub mod cli;
 pub mod engine;
+pub mod grammar;
 pub mod kernels;
 pub mod kv;
 pub mod loaded;

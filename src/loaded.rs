@@ -1,12 +1,14 @@
 //! Opening a model path — a Hugging Face directory or a `.gguf` file — into weights and
 //! tokenizer.
 
+use crate::grammar::GrammarCompiler;
 use crate::model::gguf::GgufFile;
 use crate::model::loader::{GgufWeights, SafetensorsWeights};
 use crate::model::{Decoder, ModelConfig, WeightDtype};
 use crate::tokenizer::Tokenizer;
 use anyhow::{bail, Result};
 use std::path::Path;
+use std::sync::OnceLock;
 
 pub struct LoadedModel {
     pub model: Decoder,
@@ -15,6 +17,8 @@ pub struct LoadedModel {
     pub name: String,
     /// Further names requests may use for it.
     pub aliases: Vec<String>,
+    /// The structured-output compiler, built on the first request that needs one.
+    grammars: OnceLock<Result<GrammarCompiler, String>>,
 }
 
 impl LoadedModel {
@@ -46,7 +50,16 @@ impl LoadedModel {
         if let Some(bad) = tokenizer.eos_ids.iter().chain(&tokenizer.bos_id).find(|&&id| id as usize >= vocab) {
             bail!("{}: special token id {bad} is outside the vocabulary ({vocab})", path.display());
         }
-        Ok(LoadedModel { model, tokenizer, name, aliases: Vec::new() })
+        Ok(LoadedModel { model, tokenizer, name, aliases: Vec::new(), grammars: OnceLock::new() })
+    }
+
+    /// The compiler for this model's structured-output grammars (built once: its token
+    /// trie over the whole vocabulary takes a moment).
+    pub fn grammars(&self) -> Result<&GrammarCompiler, String> {
+        self.grammars
+            .get_or_init(|| GrammarCompiler::new(&self.tokenizer).map_err(|e| format!("structured output: {e:#}")))
+            .as_ref()
+            .map_err(Clone::clone)
     }
 
     /// Whether a request naming `model` means this one.

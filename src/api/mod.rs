@@ -81,19 +81,12 @@ impl From<crate::engine::SubmitError> for ApiError {
 }
 
 /// Request fields of OpenAI's or vLLM's API that weft cannot honour yet. They are refused with
-/// a clear reason: ignoring `response_format` or `tools` would hand back text the client
-/// cannot use.
+/// a clear reason: ignoring `tools` would hand back text the client cannot use.
 const UNSUPPORTED: &[&str] = &[
-    "response_format",
     "tools",
     "tool_choice",
     "functions",
     "function_call",
-    "structured_outputs",
-    "guided_json",
-    "guided_regex",
-    "guided_choice",
-    "guided_grammar",
     "suffix",
     "best_of",
     "min_tokens",

@@ -3,6 +3,7 @@
 
 use super::chat::{ChatMessage, ROLES};
 use super::{off_runtime, parse_split, unix_time, ApiError};
+use crate::grammar::{Constraint, Grammar};
 use crate::engine::{EngineHandle, Event, FinishReason, Request, RequestStream, Usage};
 use crate::sampling::{SamplingParams, StopCondition, TokenLogprob};
 use crate::tokenizer::{ChatContext, Tokenizer};
@@ -59,6 +60,40 @@ pub struct GenerationFields {
     pub skip_special_tokens: Option<bool>,
     /// vLLM's tenant key for the prefix cache.
     pub cache_salt: Option<String>,
+    pub response_format: Option<ResponseFormat>,
+    /// vLLM's structured outputs, and its older `guided_*` spellings of the same.
+    pub structured_outputs: Option<StructuredOutputs>,
+    pub guided_json: Option<Value>,
+    pub guided_regex: Option<String>,
+    pub guided_choice: Option<Vec<String>>,
+    pub guided_grammar: Option<String>,
+}
+
+/// OpenAI's `response_format`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ResponseFormat {
+    Text,
+    JsonObject,
+    JsonSchema { json_schema: JsonSchemaFormat },
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct JsonSchemaFormat {
+    pub name: Option<String>,
+    pub schema: Option<Value>,
+    /// Always strict here: the grammar engine never lets output leave the schema.
+    pub strict: Option<bool>,
+}
+
+/// vLLM's `structured_outputs`: one of its constraints.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StructuredOutputs {
+    pub json: Option<Value>,
+    pub regex: Option<String>,
+    pub choice: Option<Vec<String>>,
+    pub grammar: Option<String>,
+    pub json_object: Option<bool>,
 }
 
 /// The keys of [`GenerationFields`], as they appear in a request body.
@@ -84,6 +119,12 @@ pub const GENERATION_KEYS: &[&str] = &[
     "priority",
     "skip_special_tokens",
     "cache_salt",
+    "response_format",
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
 ];
 
 #[derive(Debug, Clone, Deserialize)]
@@ -334,7 +375,83 @@ impl GenerationFields {
             priority: self.priority.unwrap_or(0),
             skip_special_tokens: self.skip_special_tokens.unwrap_or(true),
             cache_salt: self.cache_salt.clone(),
+            constraint: self.constraint(engine)?,
         })
+    }
+
+    /// The grammar the request names, if any (at most one of the ways to name one).
+    fn grammar(&self) -> Result<Option<(Grammar, &'static str)>, ApiError> {
+        let schema = |v: &Value, param: &str| match v {
+            // vLLM takes a schema as an object or as its JSON text.
+            Value::String(text) => serde_json::from_str(text)
+                .map_err(|e| ApiError::invalid(format!("{param} is not a JSON schema: {e}"), Some(param))),
+            v => Ok(v.clone()),
+        };
+        let mut found = Vec::new();
+        match &self.response_format {
+            None | Some(ResponseFormat::Text) => {}
+            Some(ResponseFormat::JsonObject) => found.push((Grammar::JsonObject, "response_format")),
+            Some(ResponseFormat::JsonSchema { json_schema }) => {
+                let Some(s) = &json_schema.schema else {
+                    return Err(ApiError::invalid(
+                        "response_format.json_schema.schema is required",
+                        Some("response_format"),
+                    ));
+                };
+                found.push((Grammar::JsonSchema(s.clone()), "response_format"));
+            }
+        }
+        if let Some(so) = &self.structured_outputs {
+            let p = "structured_outputs";
+            if let Some(j) = &so.json {
+                found.push((Grammar::JsonSchema(schema(j, p)?), p));
+            }
+            if let Some(r) = &so.regex {
+                found.push((Grammar::Regex(r.clone()), p));
+            }
+            if let Some(c) = &so.choice {
+                found.push((Grammar::Choice(c.clone()), p));
+            }
+            if let Some(g) = &so.grammar {
+                found.push((Grammar::Lark(g.clone()), p));
+            }
+            if so.json_object == Some(true) {
+                found.push((Grammar::JsonObject, p));
+            }
+        }
+        if let Some(j) = &self.guided_json {
+            found.push((Grammar::JsonSchema(schema(j, "guided_json")?), "guided_json"));
+        }
+        if let Some(r) = &self.guided_regex {
+            found.push((Grammar::Regex(r.clone()), "guided_regex"));
+        }
+        if let Some(c) = &self.guided_choice {
+            found.push((Grammar::Choice(c.clone()), "guided_choice"));
+        }
+        if let Some(g) = &self.guided_grammar {
+            found.push((Grammar::Lark(g.clone()), "guided_grammar"));
+        }
+        if found.len() > 1 {
+            let names: Vec<&str> = found.iter().map(|(_, p)| *p).collect();
+            return Err(ApiError::invalid(
+                format!("only one output constraint may be given, got {}", names.join(", ")),
+                Some(found[1].1),
+            ));
+        }
+        Ok(found.pop())
+    }
+
+    /// The request's grammar compiled against the model's vocabulary; a grammar that does
+    /// not compile is the client's error.
+    fn constraint(&self, engine: &EngineHandle) -> Result<Option<Constraint>, ApiError> {
+        let Some((grammar, param)) = self.grammar()? else {
+            return Ok(None);
+        };
+        let compiler = engine.model().grammars().map_err(|e| ApiError::invalid(e, Some(param)))?;
+        let c = compiler
+            .compile(&grammar)
+            .map_err(|e| ApiError::invalid(format!("invalid {param}: {e:#}"), Some(param)))?;
+        Ok(Some(c))
     }
 
     pub fn streaming(&self) -> bool {

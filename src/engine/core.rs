@@ -5,6 +5,7 @@ use super::speculative::{Ask, Speculator};
 use super::stats::RECENT_STEPS;
 use super::step_cost::{attended, StepCost};
 use super::{Event, FinishReason, Request, StopStrings, Usage};
+use crate::grammar::{Constraint, TokenMask};
 use crate::kv::KvCache;
 use crate::model::{SeqStep, StepInput, Workspace};
 use crate::sampling::{Sampled, Sampler};
@@ -45,6 +46,10 @@ struct SeqState {
     stop_ids: Vec<u32>,
     generated: usize,
     last_token: Option<Instant>,
+    /// Structured output: the sequence's place in its grammar, and the tokens it allows at
+    /// this step (computed beside the forward pass; an error fails the sequence).
+    constraint: Option<Constraint>,
+    mask: Option<Result<TokenMask, String>>,
 }
 
 pub(super) struct EngineLoop {
@@ -223,6 +228,8 @@ impl EngineLoop {
             stop_ids,
             generated: 0,
             last_token: None,
+            constraint: r.constraint.clone(),
+            mask: None,
         };
         // Arrival is the request id: samples of one request are ordered together.
         let mut seq = Sequence::new(id, r.prompt.clone(), r.priority, request, state);
@@ -278,6 +285,12 @@ impl EngineLoop {
         self.mark_admitted(&plan);
         #[cfg(feature = "fault-injection")]
         fault::check(&plan, &self.sched);
+        // Constrained sequences about to sample: their masks are computed while the forward runs.
+        let masking: Vec<(SeqId, Constraint)> = plan
+            .iter()
+            .filter(|s| s.sample)
+            .filter_map(|s| Some((s.id, self.sched.get_mut(s.id)?.state.constraint.take()?)))
+            .collect();
         let mut tokens = Vec::with_capacity(plan.iter().map(|s| s.num_tokens).sum());
         let mut steps = Vec::with_capacity(plan.len());
         for s in &plan {
@@ -298,8 +311,15 @@ impl EngineLoop {
         // The workspace leaves `self` for the step, so its logits can be read while the
         // sampled tokens update `self`.
         let mut ws = std::mem::take(&mut self.ws);
-        let logits = model.model.forward(&StepInput { tokens: &tokens, seqs: &steps }, &mut self.kv, &mut ws);
+        let input = StepInput { tokens: &tokens, seqs: &steps };
+        let (kv, wsr) = (&mut self.kv, &mut ws);
+        let (logits, masked) = if masking.is_empty() {
+            (model.model.forward(&input, kv, wsr), Vec::new())
+        } else {
+            rayon::join(|| model.model.forward(&input, kv, wsr), || compute_masks(masking))
+        };
         let t2 = Instant::now();
+        self.store_masks(masked);
         self.sched.step_done(&plan);
         let vocab = model.model.config.vocab_size;
         let mut row = 0;
@@ -332,6 +352,24 @@ impl EngineLoop {
         self.shared.observer.step(tokens.len(), plan.len(), t2 - t1);
     }
 
+    /// Puts the constraints back beside the masks computed for this step.
+    fn store_masks(&mut self, masked: Vec<Masked>) {
+        if masked.is_empty() {
+            return;
+        }
+        let time: std::time::Duration = masked.iter().map(|m| m.time).sum();
+        let mut st = self.shared.stats.lock().unwrap_or_else(|p| p.into_inner());
+        st.grammar_masks += masked.len() as u64;
+        st.grammar_mask_time += time;
+        drop(st);
+        for m in masked {
+            if let Some(q) = self.sched.get_mut(m.seq) {
+                q.state.constraint = Some(m.constraint);
+                q.state.mask = Some(m.mask.map_err(|e| format!("{e:#}")));
+            }
+        }
+    }
+
     /// Gives decoding sequences drafts to verify in this step, as many tokens as pay for
     /// their rows (see `speculative::worth`) and fit their `max_tokens` and the context. (The
     /// scheduler gives drafts only the rows prompts leave.)
@@ -348,7 +386,8 @@ impl EngineLoop {
             let s = &seq.state;
             // Not before its first token: the end of a chunked prompt also computes one
             // token, and the first sample is where `n > 1` requests fork.
-            if s.generated == 0 {
+            // Nor with a grammar: each draft row would need its own mask.
+            if s.generated == 0 || s.constraint.is_some() {
                 continue;
             }
             let Some(req) = self.requests.get(&s.request) else { continue };
@@ -428,7 +467,16 @@ impl EngineLoop {
             return;
         };
         let req_id = state.request;
-        let sampled = state.sampler.sample(logits);
+        let mask = match state.mask.take() {
+            Some(Err(e)) => {
+                eprintln!("weft: structured output failed: {e}");
+                self.finish(seq, FinishReason::Error, String::new());
+                return;
+            }
+            Some(Ok(m)) => Some(m),
+            None => None,
+        };
+        let sampled = state.sampler.sample_masked(logits, mask.as_ref());
         let fork = self.requests.get(&req_id).is_some_and(|r| !r.forked && r.request.n > 1);
         if fork {
             let req = self.requests.get_mut(&req_id).expect("checked");
@@ -438,7 +486,7 @@ impl EngineLoop {
                 let mut child = self.new_seq(req_id, index, &request);
                 let child_id = child.id;
                 self.requests.get_mut(&req_id).expect("checked").seqs.push(child_id);
-                let first = child.state.sampler.sample(logits);
+                let first = child.state.sampler.sample_masked(logits, mask.as_ref());
                 let kv = &mut self.kv;
                 self.sched.fork(seq, child, first.id, &mut |src, dst| kv.copy_block(src, dst));
                 self.emit(child_id, first, false);
@@ -489,16 +537,21 @@ impl EngineLoop {
             });
             Some((FinishReason::Stop, s.stop.flush()))
         } else {
+            // The grammar follows the token; once it is complete the output is too.
+            let grammar = s.constraint.as_mut().map(|c| c.commit(sampled.id).map(|()| c.is_done()));
             let delta = s.detok.push(tok, sampled.id).unwrap_or_default();
             let scan = s.stop.push(&delta);
             let _ =
                 req.events.send(Event::Token { index, id: sampled.id, text: scan.emit, logprobs: sampled.logprobs });
             if scan.stopped {
                 Some((FinishReason::Stop, String::new()))
-            } else if at_limit {
+            } else if let Some(Err(e)) = grammar {
+                eprintln!("weft: structured output failed: {e:#}");
+                Some((FinishReason::Error, s.detok.flush(tok).unwrap_or_default() + &s.stop.flush()))
+            } else if at_limit || grammar.is_some_and(|g| g.is_ok_and(|done| done)) {
                 let tail = s.detok.flush(tok).unwrap_or_default();
                 let scan = s.stop.push(&tail);
-                let reason = if scan.stopped { FinishReason::Stop } else { FinishReason::Length };
+                let reason = if scan.stopped || !at_limit { FinishReason::Stop } else { FinishReason::Length };
                 Some((reason, scan.emit + &s.stop.flush()))
             } else {
                 None
@@ -534,6 +587,27 @@ impl EngineLoop {
             self.requests.remove(&s.request);
         }
     }
+}
+
+/// A constraint taken out of its sequence for one step, with the mask it computed.
+struct Masked {
+    seq: SeqId,
+    constraint: Constraint,
+    mask: anyhow::Result<TokenMask>,
+    time: std::time::Duration,
+}
+
+/// Each constraint's mask for this step, computed in parallel (beside the forward pass).
+fn compute_masks(masking: Vec<(SeqId, Constraint)>) -> Vec<Masked> {
+    use rayon::prelude::*;
+    masking
+        .into_par_iter()
+        .map(|(seq, mut constraint)| {
+            let t = Instant::now();
+            let mask = constraint.allowed();
+            Masked { seq, constraint, mask, time: t.elapsed() }
+        })
+        .collect()
 }
 
 /// The text of a caught panic.

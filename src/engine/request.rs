@@ -1,5 +1,6 @@
 //! What goes into the engine and what comes back out.
 
+use crate::grammar::Constraint;
 use crate::sampling::{SamplingParams, StopCondition, TokenLogprob};
 
 /// A generation request, already tokenized.
@@ -16,6 +17,9 @@ pub struct Request {
     pub skip_special_tokens: bool,
     /// Requests with different salts never share cached KV blocks (tenant isolation).
     pub cache_salt: Option<String>,
+    /// Structured output: the grammar every sample's text must follow (a fresh matcher,
+    /// which each sample copies).
+    pub constraint: Option<Constraint>,
 }
 
 impl Request {
@@ -28,6 +32,7 @@ impl Request {
             priority: 0,
             skip_special_tokens: true,
             cache_salt: None,
+            constraint: None,
         }
     }
 }

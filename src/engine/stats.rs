@@ -26,6 +26,10 @@ pub struct EngineStats {
     pub spec_draft_tokens: u64,
     pub spec_accepted_tokens: u64,
     pub generation_tokens_total: u64,
+    /// Structured output: token masks computed, and the time they took (beside the forward
+    /// pass, on whichever core was free).
+    pub grammar_masks: u64,
+    pub grammar_mask_time: Duration,
     /// Time in the model's forward pass, summed over steps.
     pub forward_time: Duration,
     /// Time in scheduling, sampling, detokenization and sending events, summed over steps.

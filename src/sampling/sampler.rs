@@ -2,6 +2,7 @@
 //! (unless greedy) temperature, top-k, top-p, min-p and a draw from the sequence's RNG.
 
 use super::SamplingParams;
+use crate::grammar::TokenMask;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
@@ -53,14 +54,23 @@ impl Sampler {
 
     /// Picks the next token from a row of raw logits and records it.
     pub fn sample(&mut self, logits: &[f32]) -> Sampled {
+        self.sample_masked(logits, None)
+    }
+
+    /// [`Sampler::sample`] among the tokens `allowed` (a structured-output grammar's mask)
+    /// only. Log-probabilities stay those of the model's own distribution, as vLLM reports them.
+    pub fn sample_masked(&mut self, logits: &[f32], allowed: Option<&TokenMask>) -> Sampled {
         let logprobs = self.params.logprobs.map(|_| ());
-        let id = if self.params.is_greedy() && !self.has_processors() {
+        let id = if self.params.is_greedy() && !self.has_processors() && allowed.is_none() {
             // Plain greedy: nothing to change in the row, so no copy of it.
             argmax(logits)
         } else {
             let x = &mut self.scratch;
             x.clear();
             x.extend_from_slice(logits);
+            if let Some(mask) = allowed {
+                mask_out(x, mask);
+            }
             self.apply_processors();
             if self.params.is_greedy() {
                 argmax(&self.scratch)
@@ -170,6 +180,22 @@ impl Sampler {
     }
 }
 
+/// Sets every logit the mask does not allow to -inf (ids past the mask's end included).
+fn mask_out(x: &mut [f32], allowed: &TokenMask) {
+    let words = allowed.as_slice();
+    for (w, chunk) in x.chunks_mut(32).enumerate() {
+        let bits = words.get(w).copied().unwrap_or(0);
+        if bits == u32::MAX {
+            continue;
+        }
+        for (b, v) in chunk.iter_mut().enumerate() {
+            if bits >> b & 1 == 0 {
+                *v = f32::NEG_INFINITY;
+            }
+        }
+    }
+}
+
 /// Log-probability of `id` and the `top` most likely tokens under `log_softmax(logits)`.
 fn log_probs(logits: &[f32], id: u32, top: usize) -> (TokenLogprob, Vec<TokenLogprob>) {
     let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
@@ -201,6 +227,26 @@ pub fn argmax(logits: &[f32]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_mask_limits_every_sampler_to_its_tokens() {
+        let l = logits();
+        let mut mask = TokenMask::alloc(40);
+        for id in [3, 33, 39] {
+            mask.allow_token(id);
+        }
+        for p in [SamplingParams::default(), params(|_| {}), params(|p| p.top_k = 2), params(|p| p.top_p = 0.5)] {
+            let mut s = Sampler::new(p, &[]);
+            for _ in 0..50 {
+                let id = s.sample_masked(&l, Some(&mask)).id;
+                assert!([3, 33, 39].contains(&id), "{id}");
+            }
+        }
+        // Ids past the mask's end (a model vocabulary padded beyond the tokenizer's) never come.
+        let mut high = l.clone();
+        high[45] = 100.0;
+        assert_ne!(Sampler::new(SamplingParams::default(), &[]).sample_masked(&high, Some(&mask)).id, 45);
+    }
 
     fn logits() -> Vec<f32> {
         (0..50).map(|i| (i as f32 * 0.37).sin() * 3.0).collect()

@@ -161,6 +161,12 @@ impl Tokenizer {
             .map_err(Clone::clone)
     }
 
+    /// The tokenizer in `tokenizer.json` form (the grammar compiler reads each token's bytes
+    /// from it).
+    pub fn to_json(&self) -> Result<Json> {
+        serde_json::to_value(&self.inner).map_err(|e| anyhow!("serializing the tokenizer: {e}"))
+    }
+
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
     }
