@@ -25,7 +25,7 @@ fn by_sample(mut s: weft::engine::RequestStream) -> Vec<Event> {
     }
     all.sort_by_key(|e| match e {
         Event::Token { index, .. } | Event::Finished { index, .. } => *index,
-        Event::Error { .. } => usize::MAX,
+        Event::Error { .. } | Event::PromptLogprobs { .. } => usize::MAX,
     });
     all
 }

@@ -188,8 +188,13 @@ NUM: /[0-9]{1,3}/"#;
     let t = v["choices"][0]["text"].as_str().unwrap();
     assert!(t.starts_with("x=") && t.ends_with(';'), "{t}");
     // Streaming sends the same constrained text in pieces.
-    let events = s.stream("/v1/completions", json!({"prompt": "Pick", "guided_choice": ["alpha", "beta"],
-        "stream": true, "max_tokens": 10})).await;
+    let events = s
+        .stream(
+            "/v1/completions",
+            json!({"prompt": "Pick", "guided_choice": ["alpha", "beta"],
+        "stream": true, "max_tokens": 10}),
+        )
+        .await;
     let streamed: String = events[..events.len() - 1]
         .iter()
         .map(|e| serde_json::from_str::<Value>(e).unwrap()["choices"][0]["text"].as_str().unwrap_or("").to_owned())

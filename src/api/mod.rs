@@ -92,7 +92,6 @@ const UNSUPPORTED: &[&str] = &[
     "min_tokens",
     "include_stop_str_in_output",
     "truncate_prompt_tokens",
-    "prompt_logprobs",
 ];
 
 /// Logs an ignored request field, once per name (and for a bounded number of names, so a

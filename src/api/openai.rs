@@ -3,9 +3,9 @@
 
 use super::chat::{ChatMessage, ROLES};
 use super::{off_runtime, parse_split, unix_time, ApiError};
-use crate::grammar::{Constraint, Grammar};
 use crate::engine::{EngineHandle, Event, FinishReason, Request, RequestStream, Usage};
-use crate::sampling::{SamplingParams, StopCondition, TokenLogprob};
+use crate::grammar::{Constraint, Grammar};
+use crate::sampling::{PromptLogprob, SamplingParams, StopCondition, TokenLogprob};
 use crate::tokenizer::{ChatContext, Tokenizer};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -67,6 +67,8 @@ pub struct GenerationFields {
     pub guided_regex: Option<String>,
     pub guided_choice: Option<Vec<String>>,
     pub guided_grammar: Option<String>,
+    /// vLLM's prompt scoring: each prompt token's log-probability with this many alternatives.
+    pub prompt_logprobs: Option<usize>,
 }
 
 /// OpenAI's `response_format`.
@@ -125,6 +127,7 @@ pub const GENERATION_KEYS: &[&str] = &[
     "guided_regex",
     "guided_choice",
     "guided_grammar",
+    "prompt_logprobs",
 ];
 
 #[derive(Debug, Clone, Deserialize)]
@@ -197,7 +200,16 @@ impl CompletionRequest {
         self.gen.precheck(engine, self.gen.max_tokens)?;
         engine.check_fan_out(count.saturating_mul(self.gen.n.unwrap_or(1)))?;
         let tok = &engine.model().tokenizer;
-        self.prompts(tok)?.into_iter().map(|p| self.gen.request(p, 16, self.logprobs, engine)).collect()
+        // `echo` with `logprobs` scores the prompt too (lm-evaluation-harness's loglikelihood).
+        let mut gen = self.gen.clone();
+        if let Some(k) = self.logprobs.filter(|_| self.echo()) {
+            gen.prompt_logprobs = Some(gen.prompt_logprobs.map_or(k, |p| p.max(k)));
+        }
+        self.prompts(tok)?.into_iter().map(|p| gen.request(p, 16, self.logprobs, engine)).collect()
+    }
+
+    pub fn echo(&self) -> bool {
+        self.echo.unwrap_or(false)
     }
 
     /// [`CompletionRequest::engine_requests`] off the async runtime.
@@ -308,6 +320,12 @@ impl GenerationFields {
                 Some("max_tokens"),
             ));
         }
+        if self.prompt_logprobs.is_some() && self.streaming() {
+            return Err(ApiError::invalid(
+                "prompt_logprobs are not available with stream: true",
+                Some("prompt_logprobs"),
+            ));
+        }
         let max_n = engine.config().limits.max_n;
         if let Some(n) = self.n.filter(|&n| n == 0 || n > max_n) {
             return Err(ApiError::invalid(format!("n must be between 1 and {max_n}, got {n}"), Some("n")));
@@ -376,6 +394,7 @@ impl GenerationFields {
             skip_special_tokens: self.skip_special_tokens.unwrap_or(true),
             cache_salt: self.cache_salt.clone(),
             constraint: self.constraint(engine)?,
+            prompt_logprobs: self.prompt_logprobs,
         })
     }
 
@@ -472,12 +491,23 @@ pub struct Choice {
     pub finish: Option<FinishReason>,
 }
 
-/// Reads a request's stream to the end: its samples and token counts.
-pub async fn gather(mut stream: RequestStream, n: usize) -> Result<(Vec<Choice>, Usage), ApiError> {
+/// Everything a request's stream brought.
+#[derive(Debug, Default)]
+pub struct Gathered {
+    pub choices: Vec<Choice>,
+    pub usage: Usage,
+    /// Scores of the prompt's tokens after the first, when asked for.
+    pub prompt_logprobs: Vec<PromptLogprob>,
+}
+
+/// Reads a request's stream to the end: its samples, token counts and prompt scores.
+pub async fn gather(mut stream: RequestStream, n: usize) -> Result<Gathered, ApiError> {
     let mut choices = vec![Choice::default(); n];
     let mut total = Usage::default();
+    let mut prompt_logprobs = Vec::new();
     while let Some(ev) = stream.recv().await {
         match ev {
+            Event::PromptLogprobs { logprobs } => prompt_logprobs.extend(logprobs),
             Event::Token { index, id, text, logprobs } => {
                 let c = &mut choices[index];
                 c.text += &text;
@@ -496,7 +526,7 @@ pub async fn gather(mut stream: RequestStream, n: usize) -> Result<(Vec<Choice>,
     if choices.iter().any(|c| c.finish.is_none()) {
         return Err(ApiError::internal("the engine stopped before this request finished"));
     }
-    Ok((choices, total))
+    Ok(Gathered { choices, usage: total, prompt_logprobs })
 }
 
 pub fn finish_reason(f: Option<FinishReason>) -> Value {
@@ -507,21 +537,67 @@ fn token_text(tok: &Tokenizer, id: u32) -> String {
     tok.decode(&[id], false).unwrap_or_default()
 }
 
-/// The legacy completions `logprobs` object.
-pub fn completion_logprobs(tok: &Tokenizer, c: &Choice, offset0: usize) -> Value {
+/// One token of a legacy `logprobs` object: its id, and its log-probability with the top
+/// alternatives (none for a prompt's first token, which nothing predicts).
+pub type Scored<'a> = (u32, Option<(f32, &'a [TokenLogprob])>);
+
+/// The generated tokens of a sample, as [`Scored`] entries.
+pub fn generated_scores(c: &Choice) -> impl Iterator<Item = Scored<'_>> {
+    c.logprobs.iter().map(|(t, top)| (t.id, Some((t.logprob, top.as_slice()))))
+}
+
+/// The prompt's tokens, as [`Scored`] entries: the first unscored, the rest with `scores`.
+pub fn prompt_scores<'a>(prompt: &'a [u32], scores: &'a [PromptLogprob]) -> impl Iterator<Item = Scored<'a>> {
+    let first = prompt.first().map(|&id| (id, None));
+    first.into_iter().chain(scores.iter().map(|p| (p.token.id, Some((p.token.logprob, p.top.as_slice())))))
+}
+
+/// The legacy completions `logprobs` object; text offsets count from `offset0`.
+pub fn completion_logprobs<'a>(
+    tok: &Tokenizer,
+    entries: impl IntoIterator<Item = Scored<'a>>,
+    offset0: usize,
+) -> Value {
     let mut offset = offset0;
     let (mut tokens, mut lps, mut tops, mut offsets) = (vec![], vec![], vec![], vec![]);
-    for (chosen, top) in &c.logprobs {
-        let t = token_text(tok, chosen.id);
+    for (id, score) in entries {
+        let t = token_text(tok, id);
         offsets.push(offset);
         offset += t.len();
         tokens.push(t);
-        lps.push(chosen.logprob);
-        let map: serde_json::Map<String, Value> =
-            top.iter().map(|x| (token_text(tok, x.id), json!(x.logprob))).collect();
-        tops.push(Value::Object(map));
+        match score {
+            Some((lp, top)) => {
+                lps.push(json!(lp));
+                let map: serde_json::Map<String, Value> =
+                    top.iter().map(|x| (token_text(tok, x.id), json!(x.logprob))).collect();
+                tops.push(Value::Object(map));
+            }
+            None => {
+                lps.push(Value::Null);
+                tops.push(Value::Null);
+            }
+        }
     }
     json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
+}
+
+/// vLLM's `prompt_logprobs`: `null` for the first token, then per token an object from token
+/// id to `{logprob, rank, decoded_token}` holding the prompt's token and the top alternatives.
+pub fn vllm_prompt_logprobs(tok: &Tokenizer, scores: &[PromptLogprob]) -> Value {
+    let mut out = vec![Value::Null];
+    for p in scores {
+        let mut m = serde_json::Map::new();
+        let mut put = |x: &TokenLogprob, rank: usize| {
+            m.entry(x.id.to_string())
+                .or_insert_with(|| json!({"logprob": x.logprob, "rank": rank, "decoded_token": token_text(tok, x.id)}));
+        };
+        put(&p.token, p.rank);
+        for (i, x) in p.top.iter().enumerate() {
+            put(x, i + 1);
+        }
+        out.push(Value::Object(m));
+    }
+    Value::Array(out)
 }
 
 /// The chat `logprobs` object: `{"content": [{token, logprob, bytes, top_logprobs}]}`.
@@ -557,14 +633,23 @@ pub async fn completions(engine: &EngineHandle, req: &CompletionRequest, id: &st
     }
     let (mut choices, mut total) = (Vec::new(), Usage::default());
     for (i, (stream, r)) in streams.into_iter().zip(&reqs).enumerate() {
-        let (cs, u) = gather(stream, r.n).await?;
-        total.add_request(&u);
-        let echo =
-            if req.echo.unwrap_or(false) { tok.decode(&r.prompt, true).unwrap_or_default() } else { String::new() };
-        for (j, c) in cs.into_iter().enumerate() {
-            let logprobs = if req.logprobs.is_some() { completion_logprobs(tok, &c, echo.len()) } else { Value::Null };
-            choices.push(json!({"index": i * r.n + j, "text": echo.clone() + &c.text, "logprobs": logprobs,
-                "finish_reason": finish_reason(c.finish)}));
+        let g = gather(stream, r.n).await?;
+        total.add_request(&g.usage);
+        let echo = if req.echo() { tok.decode(&r.prompt, true).unwrap_or_default() } else { String::new() };
+        for (j, c) in g.choices.iter().enumerate() {
+            let logprobs = match req.logprobs {
+                None => Value::Null,
+                Some(_) if req.echo() => {
+                    completion_logprobs(tok, prompt_scores(&r.prompt, &g.prompt_logprobs).chain(generated_scores(c)), 0)
+                }
+                Some(_) => completion_logprobs(tok, generated_scores(c), 0),
+            };
+            let mut choice = json!({"index": i * r.n + j, "text": echo.clone() + &c.text, "logprobs": logprobs,
+                "finish_reason": finish_reason(c.finish)});
+            if req.gen.prompt_logprobs.is_some() {
+                choice["prompt_logprobs"] = vllm_prompt_logprobs(tok, &g.prompt_logprobs);
+            }
+            choices.push(choice);
         }
     }
     Ok(json!({"id": id, "object": "text_completion", "created": unix_time(), "model": engine.model().name,
@@ -576,8 +661,9 @@ pub async fn chat_completions(engine: &EngineHandle, req: &ChatRequest, id: &str
     let r = req.prepare(engine).await?;
     let tok = &engine.model().tokenizer;
     let stream = engine.submit(r.clone())?;
-    let (cs, u) = gather(stream, r.n).await?;
-    let choices: Vec<Value> = cs
+    let g = gather(stream, r.n).await?;
+    let choices: Vec<Value> = g
+        .choices
         .into_iter()
         .enumerate()
         .map(|(j, c)| {
@@ -586,6 +672,10 @@ pub async fn chat_completions(engine: &EngineHandle, req: &ChatRequest, id: &str
                 "finish_reason": finish_reason(c.finish)})
         })
         .collect();
-    Ok(json!({"id": id, "object": "chat.completion", "created": unix_time(), "model": engine.model().name,
-        "choices": choices, "usage": usage(&u)}))
+    let mut body = json!({"id": id, "object": "chat.completion", "created": unix_time(), "model": engine.model().name,
+        "choices": choices, "usage": usage(&g.usage)});
+    if req.gen.prompt_logprobs.is_some() {
+        body["prompt_logprobs"] = vllm_prompt_logprobs(tok, &g.prompt_logprobs);
+    }
+    Ok(body)
 }

@@ -54,6 +54,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
                 finish = Some(reason);
             }
             Event::Error { message } => bail!(message),
+            Event::PromptLogprobs { .. } => {}
         }
     }
     writeln!(stdout)?;

@@ -8,7 +8,7 @@ use super::{Event, FinishReason, Request, StopStrings, Usage};
 use crate::grammar::{Constraint, TokenMask};
 use crate::kv::KvCache;
 use crate::model::{SeqStep, StepInput, Workspace};
-use crate::sampling::{Sampled, Sampler};
+use crate::sampling::{PromptLogprob, Sampled, Sampler};
 use crate::scheduler::{Scheduled, Scheduler, SchedulerConfig, SeqId, Sequence};
 use crate::tokenizer::Detokenizer;
 use std::collections::HashMap;
@@ -50,6 +50,9 @@ struct SeqState {
     /// this step (computed beside the forward pass; an error fails the sequence).
     constraint: Option<Constraint>,
     mask: Option<Result<TokenMask, String>>,
+    /// Prompt logprobs: the next prompt position to score (recomputed rows after a
+    /// preemption are not scored twice).
+    scored: usize,
 }
 
 pub(super) struct EngineLoop {
@@ -230,10 +233,13 @@ impl EngineLoop {
             last_token: None,
             constraint: r.constraint.clone(),
             mask: None,
+            scored: 1,
         };
         // Arrival is the request id: samples of one request are ordered together.
         let mut seq = Sequence::new(id, r.prompt.clone(), r.priority, request, state);
         seq.cache_salt = r.cache_salt.as_deref().map(Into::into);
+        // The prompt is scored once, by the first sample (the others fork after it).
+        seq.prompt_logits = index == 0 && r.prompt_logprobs.is_some();
         seq
     }
 
@@ -323,15 +329,23 @@ impl EngineLoop {
         self.sched.step_done(&plan);
         let vocab = model.model.config.vocab_size;
         let mut row = 0;
-        for s in plan.iter().filter(|s| s.sample) {
+        for s in &plan {
             let rows = s.logit_rows();
             let logits = &logits[row * vocab..(row + rows) * vocab];
+            row += rows;
+            let sampled_rows = if s.sample { 1 + s.draft } else { 0 };
+            let (prompt_rows, logits) = logits.split_at((rows - sampled_rows) * vocab);
+            if !prompt_rows.is_empty() {
+                self.score_prompt(s, prompt_rows, vocab);
+            }
+            if !s.sample {
+                continue;
+            }
             if s.draft == 0 {
                 self.on_logits(s.id, logits);
             } else {
                 self.verify(s.id, logits, vocab);
             }
-            row += rows;
         }
         self.ws = ws;
         let t3 = Instant::now();
@@ -443,6 +457,29 @@ impl EngineLoop {
         }
     }
 
+    /// Prompt logprobs from a chunk's rows: row `i` predicts the token after position
+    /// `context_len + i`; the prompt tokens among those not scored yet are sent.
+    fn score_prompt(&mut self, s: &Scheduled, logits: &[f32], vocab: usize) {
+        let Some(q) = self.sched.get_mut(s.id) else {
+            return;
+        };
+        let Some(req) = self.requests.get(&q.state.request) else {
+            return;
+        };
+        let (prompt, top) = (&req.request.prompt, req.request.prompt_logprobs.unwrap_or(0));
+        let mut scores = Vec::new();
+        for (i, row) in logits.chunks_exact(vocab).enumerate() {
+            let target = s.context_len + i + 1;
+            if target >= q.state.scored && target < prompt.len() {
+                scores.push(PromptLogprob::score(row, prompt[target], top));
+                q.state.scored = target + 1;
+            }
+        }
+        if !scores.is_empty() {
+            let _ = req.events.send(Event::PromptLogprobs { logprobs: scores });
+        }
+    }
+
     /// Requests entering the batch for the first time stop counting as waiting.
     fn mark_admitted(&mut self, plan: &[Scheduled]) {
         for s in plan {
@@ -467,6 +504,11 @@ impl EngineLoop {
             return;
         };
         let req_id = state.request;
+        // max_tokens 0: the prompt was only to be scored.
+        if self.requests.get(&req_id).is_some_and(|r| r.request.stop.max_tokens == 0) {
+            self.finish(seq, FinishReason::Length, String::new());
+            return;
+        }
         let mask = match state.mask.take() {
             Some(Err(e)) => {
                 eprintln!("weft: structured output failed: {e}");

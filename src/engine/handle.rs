@@ -224,8 +224,8 @@ impl EngineHandle {
         if let Some(&bad) = r.prompt.iter().find(|&&t| t as usize >= vocab) {
             return Err(invalid("prompt", format!("prompt token id {bad} is outside the vocabulary ({vocab})")));
         }
-        if r.stop.max_tokens == 0 {
-            return Err(invalid("max_tokens", "max_tokens must be at least 1".into()));
+        if r.stop.max_tokens == 0 && r.n != 1 {
+            return Err(invalid("max_tokens", "max_tokens 0 (only scoring the prompt) needs n = 1".into()));
         }
         if r.n == 0 || r.n > lim.max_n {
             return Err(invalid("n", format!("n must be between 1 and {}, got {}", lim.max_n, r.n)));
@@ -287,6 +287,12 @@ impl EngineHandle {
                     lim.max_logit_bias,
                     r.sampling.logit_bias.len()
                 ),
+            ));
+        }
+        if let Some(k) = r.prompt_logprobs.filter(|&k| k > lim.max_logprobs) {
+            return Err(invalid(
+                "prompt_logprobs",
+                format!("prompt_logprobs must be at most {}, got {k}", lim.max_logprobs),
             ));
         }
         if let Some(k) = r.sampling.logprobs.filter(|&k| k > lim.max_logprobs) {

@@ -1,7 +1,7 @@
 //! What goes into the engine and what comes back out.
 
 use crate::grammar::Constraint;
-use crate::sampling::{SamplingParams, StopCondition, TokenLogprob};
+use crate::sampling::{PromptLogprob, SamplingParams, StopCondition, TokenLogprob};
 
 /// A generation request, already tokenized.
 #[derive(Debug, Clone)]
@@ -20,6 +20,9 @@ pub struct Request {
     /// Structured output: the grammar every sample's text must follow (a fresh matcher,
     /// which each sample copies).
     pub constraint: Option<Constraint>,
+    /// Score the prompt: each prompt token's log-probability (after the first) with this
+    /// many alternatives, from the prefill's own rows.
+    pub prompt_logprobs: Option<usize>,
 }
 
 impl Request {
@@ -33,6 +36,7 @@ impl Request {
             skip_special_tokens: true,
             cache_salt: None,
             constraint: None,
+            prompt_logprobs: None,
         }
     }
 }
@@ -93,6 +97,9 @@ pub enum Event {
         text: String,
         logprobs: Option<(TokenLogprob, Vec<TokenLogprob>)>,
     },
+    /// Scores of prompt tokens (`prompt_logprobs`), in order, starting with the second
+    /// token; they come before the request's first token.
+    PromptLogprobs { logprobs: Vec<PromptLogprob> },
     /// A sample ended; `text` is output held back until now (for example before a stop
     /// string that did not complete). After the last sample's event the stream closes.
     Finished { index: usize, reason: FinishReason, text: String, usage: Usage },

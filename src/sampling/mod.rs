@@ -7,4 +7,4 @@ mod params;
 mod sampler;
 
 pub use params::{SamplingParams, StopCondition};
-pub use sampler::{argmax, Sampled, Sampler, TokenLogprob};
+pub use sampler::{argmax, PromptLogprob, Sampled, Sampler, TokenLogprob};

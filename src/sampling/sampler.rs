@@ -14,6 +14,25 @@ pub struct TokenLogprob {
     pub logprob: f32,
 }
 
+/// A prompt token's log-probability given the tokens before it, its rank in that
+/// distribution (1 = the most likely), and the `top` most likely tokens there.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptLogprob {
+    pub token: TokenLogprob,
+    pub rank: usize,
+    pub top: Vec<TokenLogprob>,
+}
+
+impl PromptLogprob {
+    /// Scores `id` under a row of raw logits.
+    pub fn score(logits: &[f32], id: u32, top: usize) -> Self {
+        let (token, top) = log_probs(logits, id, top);
+        let l = logits[id as usize];
+        let rank = 1 + logits.iter().filter(|&&x| x > l).count();
+        PromptLogprob { token, rank, top }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sampled {
     pub id: u32,

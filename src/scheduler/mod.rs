@@ -38,18 +38,23 @@ pub struct Scheduled {
     /// The last `draft` of the `num_tokens` rows are the sequence's draft tokens: their
     /// logits and the row before them verify the draft.
     pub draft: usize,
+    /// Every row wants logits: the sequence scores its prompt (prompt logprobs).
+    pub every_row: bool,
 }
 
 impl Scheduled {
     /// The next `n` uncomputed tokens of `seq`.
     fn chunk<S>(seq: &Sequence<S>, n: usize) -> Self {
         let context_len = seq.num_computed;
-        Scheduled { id: seq.id, context_len, num_tokens: n, sample: context_len + n == seq.tokens.len(), draft: 0 }
+        let sample = context_len + n == seq.tokens.len();
+        Scheduled { id: seq.id, context_len, num_tokens: n, sample, draft: 0, every_row: seq.prompt_logits }
     }
 
-    /// Rows that want logits: the sampled row and the draft rows.
+    /// Rows that want logits: the sampled row and the draft rows, or all of them.
     pub fn logit_rows(&self) -> usize {
-        if self.sample {
+        if self.every_row {
+            self.num_tokens
+        } else if self.sample {
             1 + self.draft
         } else {
             0
@@ -246,7 +251,9 @@ impl<S> Scheduler<S> {
         while !preempted && budget > 0 && self.running.len() < self.cfg.max_num_seqs && !self.waiting.is_empty() {
             let id = self.waiting[0];
             let seq = self.seqs.get_mut(&id).expect("waiting sequences exist");
-            let reused = if self.cfg.prefix_caching { reuse_prefix(&mut self.alloc, seq, bs) } else { 0 };
+            // A prompt to be scored computes every row: none comes from the cache.
+            let reuse = self.cfg.prefix_caching && !seq.prompt_logits;
+            let reused = if reuse { reuse_prefix(&mut self.alloc, seq, bs) } else { 0 };
             let n = seq.remaining().min(budget);
             let target = seq.num_computed + n;
             if seq.block_table.reserve(&mut self.alloc, target, bs).is_err() {

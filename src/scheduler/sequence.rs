@@ -29,6 +29,8 @@ pub struct Sequence<S = ()> {
     pub block_hashes: Vec<BlockHash>,
     /// Prompt tokens found in the prefix cache when the sequence was first admitted.
     pub cached_tokens: usize,
+    /// Wants logits for every row it computes (prompt logprobs), so never reuses cached blocks.
+    pub prompt_logits: bool,
     pub state: S,
 }
 
@@ -46,6 +48,7 @@ impl<S> Sequence<S> {
             cache_salt: None,
             block_hashes: Vec::new(),
             cached_tokens: 0,
+            prompt_logits: false,
             state,
         }
     }

@@ -44,17 +44,17 @@ fn chunked_prefill_within_the_token_budget_then_decode_first() {
     assert_eq!(
         step,
         vec![
-            Scheduled { id: 1, context_len: 0, num_tokens: 6, sample: true, draft: 0 },
-            Scheduled { id: 2, context_len: 0, num_tokens: 2, sample: false, draft: 0 },
+            Scheduled { id: 1, context_len: 0, num_tokens: 6, sample: true, draft: 0, every_row: false },
+            Scheduled { id: 2, context_len: 0, num_tokens: 2, sample: false, draft: 0, every_row: false },
         ]
     );
     let step = run(&mut s);
     assert_eq!(
         step[0],
-        Scheduled { id: 1, context_len: 6, num_tokens: 1, sample: true, draft: 0 },
+        Scheduled { id: 1, context_len: 6, num_tokens: 1, sample: true, draft: 0, every_row: false },
         "decode goes first"
     );
-    assert_eq!(step[1], Scheduled { id: 2, context_len: 2, num_tokens: 4, sample: true, draft: 0 });
+    assert_eq!(step[1], Scheduled { id: 2, context_len: 2, num_tokens: 4, sample: true, draft: 0, every_row: false });
 }
 
 #[test]
@@ -87,7 +87,10 @@ fn out_of_blocks_preempts_the_newest_and_recomputes_it_later() {
     assert_eq!(s.num_requeued(), 1, "a preempted sequence counts as waiting again");
     s.remove(1);
     let step = run(&mut s);
-    assert_eq!(step, vec![Scheduled { id: 2, context_len: 0, num_tokens: 9, sample: true, draft: 0 }]);
+    assert_eq!(
+        step,
+        vec![Scheduled { id: 2, context_len: 0, num_tokens: 9, sample: true, draft: 0, every_row: false }]
+    );
     assert_eq!(s.num_requeued(), 0);
 }
 
@@ -190,14 +193,17 @@ fn cached_prefix_blocks_are_reused() {
     other.extend([7, 7, 7]);
     s.add(seq_of(2, &other));
     let step = run(&mut s);
-    assert_eq!(step, vec![Scheduled { id: 2, context_len: 8, num_tokens: 3, sample: true, draft: 0 }]);
+    assert_eq!(
+        step,
+        vec![Scheduled { id: 2, context_len: 8, num_tokens: 3, sample: true, draft: 0, every_row: false }]
+    );
     assert_eq!(s.get(2).unwrap().block_table.blocks()[..2], first[..2], "the cached blocks themselves");
     assert_eq!(s.get(2).unwrap().cached_tokens, 8);
 
     // Exactly the 8 tokens of two cached blocks: one block is reused, the last computed.
     s.add(seq_of(3, &prompt[..8]));
     let step = run(&mut s);
-    assert_eq!(step[1], Scheduled { id: 3, context_len: 4, num_tokens: 4, sample: true, draft: 0 });
+    assert_eq!(step[1], Scheduled { id: 3, context_len: 4, num_tokens: 4, sample: true, draft: 0, every_row: false });
     assert_eq!(s.prefix_cache_counts(), (10 + 11 + 8, 8 + 4));
     s.check_invariants().unwrap();
 }
@@ -266,7 +272,10 @@ fn drafts_are_verified_in_the_decode_and_rolled_back() {
     run(&mut s); // prefill 7, token appended: 8 tokens, 7 computed
     s.get_mut(1).unwrap().draft = vec![10, 11, 12, 13, 14, 15];
     let step = s.schedule();
-    assert_eq!(step, vec![Scheduled { id: 1, context_len: 7, num_tokens: 7, sample: true, draft: 6 }]);
+    assert_eq!(
+        step,
+        vec![Scheduled { id: 1, context_len: 7, num_tokens: 7, sample: true, draft: 6, every_row: false }]
+    );
     assert_eq!(step[0].logit_rows(), 7);
     assert_eq!(s.get(1).unwrap().block_table.blocks().len(), 4, "positions 0..14 in blocks of 4");
     s.step_done(&step);
@@ -280,7 +289,10 @@ fn drafts_are_verified_in_the_decode_and_rolled_back() {
     s.append_token(1, 7);
     s.check_invariants().unwrap();
     assert_eq!(s.blocks_used(), 3);
-    assert_eq!(run(&mut s), vec![Scheduled { id: 1, context_len: 10, num_tokens: 1, sample: true, draft: 0 }]);
+    assert_eq!(
+        run(&mut s),
+        vec![Scheduled { id: 1, context_len: 10, num_tokens: 1, sample: true, draft: 0, every_row: false }]
+    );
 }
 
 /// Drafts take only the token budget and blocks left once every decode and prefill chunk

@@ -297,8 +297,8 @@ async fn generate(State(st): St, body: Body) -> Response {
             }
             let start = Instant::now();
             let s = engine.submit(req)?;
-            let (choices, u) = within(st.request_timeout, gather(s, 1)).await?;
-            Ok(Json(native_result(&choices[0], &u, start.elapsed())).into_response())
+            let g = within(st.request_timeout, gather(s, 1)).await?;
+            Ok(Json(native_result(&g.choices[0], &g.usage, start.elapsed())).into_response())
         }
         .await,
     )
@@ -346,8 +346,8 @@ async fn generate_batch(State(st): St, body: Body) -> Response {
                 let mut out = vec![Value::Null; total];
                 while let Some(joined) = tasks.join_next().await {
                     let (i, r, took) = joined.map_err(|e| ApiError::internal(e.to_string()))?;
-                    let (c, u) = r?;
-                    out[i] = native_result(&c[0], &u, took);
+                    let g = r?;
+                    out[i] = native_result(&g.choices[0], &g.usage, took);
                 }
                 Ok(out)
             })

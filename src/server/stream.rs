@@ -5,7 +5,7 @@
 
 use super::routes::within;
 use crate::api::openai::{
-    chat_logprobs, completion_logprobs, finish_reason, usage, ChatRequest, Choice, CompletionRequest,
+    chat_logprobs, completion_logprobs, finish_reason, prompt_scores, usage, ChatRequest, CompletionRequest,
 };
 use crate::api::{unix_time, ApiError};
 use crate::engine::{EngineHandle, Event, Request, RequestStream, Usage};
@@ -39,13 +39,14 @@ async fn send(tx: &Tx, v: Value) -> bool {
     tx.send(Ok(Sse::default().data(v.to_string()))).await.is_ok()
 }
 
-/// Forwards one engine stream of `n` samples through `on_event` until it ends or the
-/// client leaves. A stream that closes before all `n` finished lost its engine: an error.
+/// Forwards one engine stream of `n` samples through `on_event` (the chunks an event makes)
+/// until it ends or the client leaves. A stream that closes before all `n` finished lost
+/// its engine: an error.
 async fn forward(
     tx: Tx,
     mut stream: RequestStream,
     n: usize,
-    mut on_event: impl FnMut(Event) -> Option<Value>,
+    mut on_event: impl FnMut(Event) -> Vec<Value>,
 ) -> Result<Usage, String> {
     let (mut total, mut finished) = (Usage::default(), 0);
     loop {
@@ -65,9 +66,9 @@ async fn forward(
                 total.add_sample(usage);
                 finished += 1;
             }
-            Event::Token { .. } => {}
+            Event::Token { .. } | Event::PromptLogprobs { .. } => {}
         }
-        if let Some(v) = on_event(ev) {
+        for v in on_event(ev) {
             if !send(&tx, v).await {
                 return Ok(total);
             }
@@ -160,30 +161,92 @@ pub async fn completions(
         .map(|(i, (s, r))| {
             let (chunk, tok, n) = (chunk.clone(), tok.clone(), r.n);
             let mut offsets = vec![0usize; n];
-            tokio::spawn(forward(tx.clone(), s, n, move |ev| match ev {
-                Event::Token { text, .. } if text.is_empty() && !with_logprobs => None,
-                Event::Token { index, id, text, logprobs } => {
-                    let lp = match (with_logprobs, logprobs) {
-                        (true, Some(l)) => {
-                            let c = Choice { logprobs: vec![l], tokens: vec![id], ..Default::default() };
-                            let v = completion_logprobs(&tok.tokenizer, &c, offsets[index]);
-                            offsets[index] += text.len();
-                            v
+            // With `echo` each sample starts with the prompt: sent before the first token,
+            // or with `logprobs` as soon as the prompt's scores are all in.
+            let mut echo = req.echo().then(|| Echo {
+                text: tok.tokenizer.decode(&r.prompt, true).unwrap_or_default(),
+                prompt: r.prompt.clone(),
+                scores: Vec::new(),
+            });
+            tokio::spawn(forward(tx.clone(), s, n, move |ev| {
+                let mut out = Vec::new();
+                if let Event::PromptLogprobs { logprobs } = ev {
+                    if let Some(e) = &mut echo {
+                        e.scores.extend(logprobs);
+                        if with_logprobs && e.scores.len() + 1 >= e.prompt.len() {
+                            out = echo.take().expect("checked").chunks(&tok.tokenizer, i, n, with_logprobs, &chunk);
+                            offsets.iter_mut().for_each(|o| *o = out_len(&out));
                         }
-                        _ => Value::Null,
-                    };
-                    Some(chunk(json!({"index": i * n + index, "text": text, "logprobs": lp, "finish_reason": null})))
+                    }
+                    return out;
                 }
-                Event::Finished { index, reason, text, .. } => Some(chunk(
-                    json!({"index": i * n + index, "text": text, "logprobs": null, "finish_reason": finish_reason(Some(reason))}),
-                )),
-                Event::Error { .. } => None,
+                if let Some(e) = echo.take() {
+                    out = e.chunks(&tok.tokenizer, i, n, with_logprobs, &chunk);
+                    offsets.iter_mut().for_each(|o| *o = out_len(&out));
+                }
+                match ev {
+                    Event::Token { text, .. } if text.is_empty() && !with_logprobs => {}
+                    Event::Token { index, id, text, logprobs } => {
+                        let lp = match (with_logprobs, logprobs) {
+                            (true, Some((t, top))) => {
+                                let entry = (id, Some((t.logprob, top.as_slice())));
+                                let v = completion_logprobs(&tok.tokenizer, [entry], offsets[index]);
+                                offsets[index] += text.len();
+                                v
+                            }
+                            _ => Value::Null,
+                        };
+                        out.push(chunk(
+                            json!({"index": i * n + index, "text": text, "logprobs": lp, "finish_reason": null}),
+                        ));
+                    }
+                    Event::Finished { index, reason, text, .. } => out.push(chunk(
+                        json!({"index": i * n + index, "text": text, "logprobs": null, "finish_reason": finish_reason(Some(reason))}),
+                    )),
+                    Event::Error { .. } | Event::PromptLogprobs { .. } => {}
+                }
+                out
             }))
         })
         .collect();
     let usage_chunk = req.gen.include_usage().then(|| usage_chunk(id, "text_completion", created, model));
     drive(tx, forwarders, usage_chunk, ctx);
     Ok(sse_response(rx))
+}
+
+/// The prompt a streamed `echo` request sends first, and its scores as they arrive.
+struct Echo {
+    text: String,
+    prompt: Vec<u32>,
+    scores: Vec<crate::sampling::PromptLogprob>,
+}
+
+impl Echo {
+    /// One chunk per sample of request `i`: the prompt's text (and its logprobs).
+    fn chunks(
+        self,
+        tok: &Tokenizer,
+        i: usize,
+        n: usize,
+        with_logprobs: bool,
+        chunk: &dyn Fn(Value) -> Value,
+    ) -> Vec<Value> {
+        let lp = if with_logprobs {
+            completion_logprobs(tok, prompt_scores(&self.prompt, &self.scores), 0)
+        } else {
+            Value::Null
+        };
+        (0..n)
+            .map(|index| {
+                chunk(json!({"index": i * n + index, "text": self.text, "logprobs": lp, "finish_reason": null}))
+            })
+            .collect()
+    }
+}
+
+/// The length of the echoed text in echo chunks (where a sample's text offsets go on from).
+fn out_len(chunks: &[Value]) -> usize {
+    chunks.first().map_or(0, |c| c["choices"][0]["text"].as_str().map_or(0, str::len))
 }
 
 /// `/v1/chat/completions` with `stream: true`: a role chunk per choice, then content deltas.
@@ -212,7 +275,10 @@ pub async fn chat(engine: &EngineHandle, req: ChatRequest, id: String, ctx: Ctx)
                     return Ok(Usage::default());
                 }
             }
-            forward(tx, stream, n, move |ev| chat_event(&tok.tokenizer, &chunk2, with_logprobs, ev)).await
+            forward(tx, stream, n, move |ev| {
+                chat_event(&tok.tokenizer, &chunk2, with_logprobs, ev).into_iter().collect()
+            })
+            .await
         }
     });
     let usage_chunk = req.gen.include_usage().then(|| usage_chunk(id, "chat.completion.chunk", created, model));
@@ -236,7 +302,7 @@ fn chat_event(tok: &Tokenizer, chunk: &dyn Fn(Value) -> Value, with_logprobs: bo
                 json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": finish_reason(Some(reason))}),
             ))
         }
-        Event::Error { .. } => None,
+        Event::Error { .. } | Event::PromptLogprobs { .. } => None,
     }
 }
 
@@ -246,12 +312,12 @@ pub fn generate(engine: &EngineHandle, req: Request, ctx: Ctx) -> Result<Respons
     let stream = engine.submit(req)?;
     let (tx, rx) = mpsc::channel(64);
     let forwarder = tokio::spawn(forward(tx.clone(), stream, 1, |ev| match ev {
-        Event::Token { text, .. } if text.is_empty() => None,
-        Event::Token { text, .. } => Some(json!({"text": text})),
+        Event::Token { text, .. } if text.is_empty() => vec![],
+        Event::Token { text, .. } => vec![json!({"text": text})],
         Event::Finished { reason, text, usage: u, .. } => {
-            Some(json!({"text": text, "finish_reason": reason.as_str(), "usage": usage(&u)}))
+            vec![json!({"text": text, "finish_reason": reason.as_str(), "usage": usage(&u)})]
         }
-        Event::Error { .. } => None,
+        Event::Error { .. } | Event::PromptLogprobs { .. } => vec![],
     }));
     drive(tx, vec![forwarder], None, ctx);
     Ok(sse_response(rx))

@@ -145,6 +145,7 @@ pub fn collect(mut stream: RequestStream) -> Vec<Output> {
         let (index, text) = match &ev {
             Event::Token { index, text, .. } | Event::Finished { index, text, .. } => (*index, text.clone()),
             Event::Error { message } => panic!("engine error: {message}"),
+            Event::PromptLogprobs { .. } => continue,
         };
         if outs.len() <= index {
             outs.resize(index + 1, Output::default());
@@ -157,7 +158,7 @@ pub fn collect(mut stream: RequestStream) -> Vec<Output> {
                 o.finish = Some(reason);
                 o.usage = usage;
             }
-            Event::Error { .. } => unreachable!(),
+            Event::Error { .. } | Event::PromptLogprobs { .. } => unreachable!(),
         }
     }
     outs
