@@ -80,18 +80,14 @@ impl From<crate::engine::SubmitError> for ApiError {
     }
 }
 
-/// Request fields of OpenAI's or vLLM's API that weft cannot honour yet. They are refused with
-/// a clear reason: ignoring `tools` would hand back text the client cannot use.
-const UNSUPPORTED: &[&str] = &[
-    "tools",
-    "tool_choice",
-    "functions",
-    "function_call",
-    "suffix",
-    "best_of",
-    "min_tokens",
-    "include_stop_str_in_output",
-    "truncate_prompt_tokens",
+/// Request fields of OpenAI's or vLLM's API that weft cannot honour, with the reason. They
+/// are refused: ignoring `tools` would hand back text the client cannot use.
+const UNSUPPORTED: &[(&str, &str)] = &[
+    ("tools", "tool calling is not supported by this server yet"),
+    ("tool_choice", "tool calling is not supported by this server yet"),
+    ("functions", "tool calling is not supported by this server yet"),
+    ("function_call", "tool calling is not supported by this server yet"),
+    ("suffix", "`suffix` (fill-in-the-middle) is not supported: weft builds no FIM prompts"),
 ];
 
 /// Logs an ignored request field, once per name (and for a bounded number of names, so a
@@ -120,8 +116,8 @@ pub fn parse_split<A: DeserializeOwned, B: DeserializeOwned>(
         return Err(ApiError::invalid("the request body must be a JSON object", None));
     };
     let known = |k: &str| own.contains(&k) || shared.contains(&k);
-    if let Some(k) = map.keys().find(|k| !known(k) && UNSUPPORTED.contains(&k.as_str())) {
-        return Err(ApiError::invalid(format!("`{k}` is not supported by this server yet"), Some(k)));
+    if let Some((k, why)) = UNSUPPORTED.iter().find(|(k, _)| !known(k) && map.contains_key(*k)) {
+        return Err(ApiError::invalid(*why, Some(k)));
     }
     let (map, ignored): (serde_json::Map<_, _>, serde_json::Map<_, _>) = map.into_iter().partition(|(k, _)| known(k));
     ignored.keys().for_each(|k| warn_ignored(k));

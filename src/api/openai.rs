@@ -32,6 +32,8 @@ pub enum PromptInput {
 #[serde(deny_unknown_fields)]
 pub struct StreamOptions {
     pub include_usage: Option<bool>,
+    /// vLLM: every chunk carries the request's token counts so far.
+    pub continuous_usage_stats: Option<bool>,
 }
 
 /// Fields shared by completions and chat completions.
@@ -69,6 +71,10 @@ pub struct GenerationFields {
     pub guided_grammar: Option<String>,
     /// vLLM's prompt scoring: each prompt token's log-probability with this many alternatives.
     pub prompt_logprobs: Option<usize>,
+    pub min_tokens: Option<usize>,
+    pub include_stop_str_in_output: Option<bool>,
+    /// Keep only the prompt's last k tokens (-1: as many as the context allows).
+    pub truncate_prompt_tokens: Option<i64>,
 }
 
 /// OpenAI's `response_format`.
@@ -128,6 +134,9 @@ pub const GENERATION_KEYS: &[&str] = &[
     "guided_choice",
     "guided_grammar",
     "prompt_logprobs",
+    "min_tokens",
+    "include_stop_str_in_output",
+    "truncate_prompt_tokens",
 ];
 
 #[derive(Debug, Clone, Deserialize)]
@@ -135,6 +144,7 @@ struct CompletionOwn {
     prompt: PromptInput,
     logprobs: Option<usize>,
     echo: Option<bool>,
+    best_of: Option<usize>,
 }
 
 #[derive(Debug, Clone)]
@@ -142,6 +152,8 @@ pub struct CompletionRequest {
     pub prompt: PromptInput,
     pub logprobs: Option<usize>,
     pub echo: Option<bool>,
+    /// Samples drawn per prompt, of which the `n` with the highest cumulative logprob return.
+    pub best_of: Option<usize>,
     pub gen: GenerationFields,
 }
 
@@ -169,8 +181,16 @@ pub struct ChatRequest {
 
 impl CompletionRequest {
     pub fn parse(body: Value) -> Result<Self, ApiError> {
-        let (own, gen): (CompletionOwn, _) = parse_split(body, &["prompt", "logprobs", "echo"], GENERATION_KEYS)?;
-        Ok(CompletionRequest { prompt: own.prompt, logprobs: own.logprobs, echo: own.echo, gen })
+        let (own, gen): (CompletionOwn, GenerationFields) =
+            parse_split(body, &["prompt", "logprobs", "echo", "best_of"], GENERATION_KEYS)?;
+        let n = gen.n.unwrap_or(1);
+        if let Some(b) = own.best_of.filter(|&b| b < n) {
+            return Err(ApiError::invalid(format!("best_of ({b}) must be at least n ({n})"), Some("best_of")));
+        }
+        if own.best_of.is_some_and(|b| b > n) && gen.streaming() {
+            return Err(ApiError::invalid("best_of is not available with stream: true", Some("best_of")));
+        }
+        Ok(CompletionRequest { prompt: own.prompt, logprobs: own.logprobs, echo: own.echo, best_of: own.best_of, gen })
     }
 
     /// Token ids of every prompt.
@@ -196,16 +216,22 @@ impl CompletionRequest {
             PromptInput::Texts(v) => v.len(),
             PromptInput::TokenLists(v) => v.len(),
         };
+        // best_of draws that many samples per prompt; ranking them needs their logprobs.
+        let mut gen = self.gen.clone();
+        let mut logprobs = self.logprobs;
+        if let Some(b) = self.best_of.filter(|&b| b > gen.n.unwrap_or(1)) {
+            gen.n = Some(b);
+            logprobs = Some(logprobs.unwrap_or(0));
+        }
         // Refuse what can never run before tokenizing anything.
-        self.gen.precheck(engine, self.gen.max_tokens)?;
-        engine.check_fan_out(count.saturating_mul(self.gen.n.unwrap_or(1)))?;
+        gen.precheck(engine, gen.max_tokens)?;
+        engine.check_fan_out(count.saturating_mul(gen.n.unwrap_or(1)))?;
         let tok = &engine.model().tokenizer;
         // `echo` with `logprobs` scores the prompt too (lm-evaluation-harness's loglikelihood).
-        let mut gen = self.gen.clone();
         if let Some(k) = self.logprobs.filter(|_| self.echo()) {
             gen.prompt_logprobs = Some(gen.prompt_logprobs.map_or(k, |p| p.max(k)));
         }
-        self.prompts(tok)?.into_iter().map(|p| gen.request(p, 16, self.logprobs, engine)).collect()
+        self.prompts(tok)?.into_iter().map(|p| gen.request(p, 16, logprobs, engine)).collect()
     }
 
     pub fn echo(&self) -> bool {
@@ -340,6 +366,7 @@ impl GenerationFields {
         logprobs: Option<usize>,
         engine: &EngineHandle,
     ) -> Result<Request, ApiError> {
+        let prompt = self.truncate(prompt, engine.max_model_len())?;
         let n = self.n.unwrap_or(1);
         if n == 0 {
             return Err(ApiError::invalid("n must be at least 1", Some("n")));
@@ -388,6 +415,8 @@ impl GenerationFields {
                 stop_token_ids: self.stop_token_ids.clone().unwrap_or_default(),
                 stop_strings,
                 ignore_eos: self.ignore_eos.unwrap_or(false),
+                include_stop_str_in_output: self.include_stop_str_in_output.unwrap_or(false),
+                min_tokens: self.min_tokens.unwrap_or(0),
             },
             n,
             priority: self.priority.unwrap_or(0),
@@ -396,6 +425,23 @@ impl GenerationFields {
             constraint: self.constraint(engine)?,
             prompt_logprobs: self.prompt_logprobs,
         })
+    }
+
+    /// `truncate_prompt_tokens`: the prompt's last k tokens (-1: the context less one).
+    fn truncate(&self, mut prompt: Vec<u32>, ctx: usize) -> Result<Vec<u32>, ApiError> {
+        let keep = match self.truncate_prompt_tokens {
+            None => return Ok(prompt),
+            Some(-1) => ctx - 1,
+            Some(k) if k >= 1 && (k as u64) < ctx as u64 => k as usize,
+            Some(k) => {
+                return Err(ApiError::invalid(
+                    format!("truncate_prompt_tokens must be -1 or between 1 and {}, got {k}", ctx - 1),
+                    Some("truncate_prompt_tokens"),
+                ))
+            }
+        };
+        prompt.drain(..prompt.len().saturating_sub(keep));
+        Ok(prompt)
     }
 
     /// The grammar the request names, if any (at most one of the ways to name one).
@@ -479,6 +525,10 @@ impl GenerationFields {
 
     pub fn include_usage(&self) -> bool {
         self.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false)
+    }
+
+    pub fn continuous_usage(&self) -> bool {
+        self.stream_options.as_ref().and_then(|o| o.continuous_usage_stats).unwrap_or(false)
     }
 }
 
@@ -623,6 +673,17 @@ pub fn usage(u: &Usage) -> Value {
         "prompt_tokens_details": {"cached_tokens": u.cached_tokens}})
 }
 
+/// The `n` samples with the highest cumulative logprob (all of them, in order, when there are
+/// only `n`: no `best_of`).
+fn best(mut choices: Vec<Choice>, n: usize) -> Vec<Choice> {
+    if choices.len() > n {
+        let total = |c: &Choice| c.logprobs.iter().map(|(t, _)| t.logprob as f64).sum::<f64>();
+        choices.sort_by(|a, b| total(b).total_cmp(&total(a)));
+        choices.truncate(n);
+    }
+    choices
+}
+
 /// A non-streaming `/v1/completions` response.
 pub async fn completions(engine: &EngineHandle, req: &CompletionRequest, id: &str) -> Result<Value, ApiError> {
     let reqs = req.prepare(engine).await?;
@@ -632,11 +693,12 @@ pub async fn completions(engine: &EngineHandle, req: &CompletionRequest, id: &st
         streams.push(engine.submit(r.clone())?);
     }
     let (mut choices, mut total) = (Vec::new(), Usage::default());
+    let n = req.gen.n.unwrap_or(1);
     for (i, (stream, r)) in streams.into_iter().zip(&reqs).enumerate() {
         let g = gather(stream, r.n).await?;
         total.add_request(&g.usage);
         let echo = if req.echo() { tok.decode(&r.prompt, true).unwrap_or_default() } else { String::new() };
-        for (j, c) in g.choices.iter().enumerate() {
+        for (j, c) in best(g.choices, n).iter().enumerate() {
             let logprobs = match req.logprobs {
                 None => Value::Null,
                 Some(_) if req.echo() => {
@@ -644,7 +706,7 @@ pub async fn completions(engine: &EngineHandle, req: &CompletionRequest, id: &st
                 }
                 Some(_) => completion_logprobs(tok, generated_scores(c), 0),
             };
-            let mut choice = json!({"index": i * r.n + j, "text": echo.clone() + &c.text, "logprobs": logprobs,
+            let mut choice = json!({"index": i * n + j, "text": echo.clone() + &c.text, "logprobs": logprobs,
                 "finish_reason": finish_reason(c.finish)});
             if req.gen.prompt_logprobs.is_some() {
                 choice["prompt_logprobs"] = vllm_prompt_logprobs(tok, &g.prompt_logprobs);

@@ -222,12 +222,14 @@ impl EngineLoop {
         if !r.stop.ignore_eos {
             stop_ids.extend(&tok.eos_ids);
         }
+        let mut sampler = Sampler::new(sampling, &r.prompt);
+        sampler.hold(stop_ids.clone(), r.stop.min_tokens);
         let state = SeqState {
             request,
             index,
-            sampler: Sampler::new(sampling, &r.prompt),
+            sampler,
             detok: Detokenizer::new(&r.prompt, r.skip_special_tokens),
-            stop: StopStrings::new(r.stop.stop_strings.clone()),
+            stop: StopStrings::new(r.stop.stop_strings.clone(), r.stop.include_stop_str_in_output),
             stop_ids,
             generated: 0,
             last_token: None,

@@ -227,6 +227,12 @@ impl EngineHandle {
         if r.stop.max_tokens == 0 && r.n != 1 {
             return Err(invalid("max_tokens", "max_tokens 0 (only scoring the prompt) needs n = 1".into()));
         }
+        if r.stop.min_tokens > r.stop.max_tokens {
+            return Err(invalid(
+                "min_tokens",
+                format!("min_tokens ({}) is over max_tokens ({})", r.stop.min_tokens, r.stop.max_tokens),
+            ));
+        }
         if r.n == 0 || r.n > lim.max_n {
             return Err(invalid("n", format!("n must be between 1 and {}, got {}", lim.max_n, r.n)));
         }

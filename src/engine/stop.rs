@@ -15,6 +15,8 @@ pub struct StopStrings {
     text: String,
     /// Bytes of `text` already handed out.
     emitted: usize,
+    /// The matched stop string is part of the output (vLLM's `include_stop_str_in_output`).
+    include: bool,
 }
 
 /// What one delta of text yields.
@@ -27,7 +29,7 @@ pub struct StopScan {
 }
 
 impl StopStrings {
-    pub fn new(stops: Vec<String>) -> Self {
+    pub fn new(stops: Vec<String>, include: bool) -> Self {
         let stops: Vec<String> = stops.into_iter().filter(|s| !s.is_empty()).collect();
         // The leftmost match wins: the output must end before the earliest stop string.
         let matcher = (!stops.is_empty()).then(|| {
@@ -37,7 +39,7 @@ impl StopStrings {
                 .expect("stop strings are capped in size")
         });
         let longest = stops.iter().map(String::len).max().unwrap_or(0);
-        StopStrings { stops, matcher, longest, ..Default::default() }
+        StopStrings { stops, matcher, longest, include, ..Default::default() }
     }
 
     pub fn push(&mut self, delta: &str) -> StopScan {
@@ -51,7 +53,7 @@ impl StopStrings {
         }
         self.text.push_str(delta);
         if let Some(m) = matcher.find(&self.text[from..]) {
-            let end = (from + m.start()).max(self.emitted);
+            let end = if self.include { from + m.end() } else { from + m.start() }.max(self.emitted);
             let emit = self.text[self.emitted..end].to_owned();
             self.emitted = self.text.len();
             return StopScan { emit, stopped: true };
@@ -84,7 +86,7 @@ mod tests {
     use super::*;
 
     fn feed(stops: &[&str], deltas: &[&str]) -> (String, bool) {
-        let mut s = StopStrings::new(stops.iter().map(|x| x.to_string()).collect());
+        let mut s = StopStrings::new(stops.iter().map(|x| x.to_string()).collect(), false);
         let mut out = String::new();
         for d in deltas {
             let r = s.push(d);
@@ -104,8 +106,16 @@ mod tests {
     }
 
     #[test]
+    fn the_stop_string_can_be_kept() {
+        let mut s = StopStrings::new(vec!["STOP".into()], true);
+        assert_eq!(s.push("Hello S").emit, "Hello ");
+        let r = s.push("TOP world");
+        assert_eq!((r.emit.as_str(), r.stopped), ("STOP", true));
+    }
+
+    #[test]
     fn possible_prefix_is_held_then_released() {
-        let mut s = StopStrings::new(vec!["STOP".into()]);
+        let mut s = StopStrings::new(vec!["STOP".into()], false);
         assert_eq!(s.push("Hi ST").emit, "Hi ");
         assert_eq!(s.push("AR").emit, "STAR");
         assert_eq!(feed(&["STOP"], &["ST"]), ("ST".into(), false), "flushed at the end");

@@ -93,6 +93,10 @@ pub struct StopCondition {
     /// Stop when the output text contains one of these; the text ends before it.
     pub stop_strings: Vec<String>,
     pub ignore_eos: bool,
+    /// The matched stop string stays in the output.
+    pub include_stop_str_in_output: bool,
+    /// EOS and the stop token ids cannot be drawn before this many tokens.
+    pub min_tokens: usize,
 }
 
 #[cfg(test)]

@@ -49,6 +49,10 @@ pub struct Sampler {
     seen: HashMap<u32, ()>,
     scratch: Vec<f32>,
     order: Vec<u32>,
+    /// Tokens kept from being drawn for the first `hold_for` samples (min_tokens).
+    held: Vec<u32>,
+    hold_for: usize,
+    sampled: usize,
 }
 
 impl Sampler {
@@ -60,12 +64,30 @@ impl Sampler {
         };
         let seen =
             if params.repetition_penalty != 1.0 { prompt.iter().map(|&t| (t, ())).collect() } else { HashMap::new() };
-        Sampler { params, rng, output_counts: HashMap::new(), seen, scratch: Vec::new(), order: Vec::new() }
+        Sampler {
+            params,
+            rng,
+            output_counts: HashMap::new(),
+            seen,
+            scratch: Vec::new(),
+            order: Vec::new(),
+            held: Vec::new(),
+            hold_for: 0,
+            sampled: 0,
+        }
+    }
+
+    /// Keeps `ids` (EOS, stop tokens) from being drawn for the first `tokens` samples:
+    /// vLLM's `min_tokens`.
+    pub fn hold(&mut self, ids: Vec<u32>, tokens: usize) {
+        self.held = ids;
+        self.hold_for = tokens;
     }
 
     /// Records a token the sequence produced, for the penalties.
     fn observe(&mut self, id: u32) {
         *self.output_counts.entry(id).or_default() += 1;
+        self.sampled += 1;
         if self.params.repetition_penalty != 1.0 {
             self.seen.insert(id, ());
         }
@@ -106,6 +128,7 @@ impl Sampler {
     fn has_processors(&self) -> bool {
         let p = &self.params;
         !p.logit_bias.is_empty()
+            || self.sampled < self.hold_for
             || p.repetition_penalty != 1.0
             || p.frequency_penalty != 0.0
             || p.presence_penalty != 0.0
@@ -116,6 +139,13 @@ impl Sampler {
         let x = &mut self.scratch;
         for (&id, &b) in &p.logit_bias {
             x[id as usize] += b;
+        }
+        if self.sampled < self.hold_for {
+            for &id in &self.held {
+                if let Some(v) = x.get_mut(id as usize) {
+                    *v = f32::NEG_INFINITY;
+                }
+            }
         }
         if p.repetition_penalty != 1.0 {
             for &id in self.seen.keys() {
@@ -246,6 +276,16 @@ pub fn argmax(logits: &[f32]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn held_tokens_wait_for_min_tokens() {
+        let mut l = logits();
+        l[7] = 50.0;
+        let mut s = Sampler::new(SamplingParams::default(), &[]);
+        s.hold(vec![7], 2);
+        let ids: Vec<u32> = (0..3).map(|_| s.sample(&l).id).collect();
+        assert!(ids[0] != 7 && ids[1] != 7 && ids[2] == 7, "{ids:?}");
+    }
 
     #[test]
     fn a_mask_limits_every_sampler_to_its_tokens() {

@@ -273,8 +273,13 @@ impl NativeParams {
             stop: self.stop.clone().map(openai::OneOrMany::Many),
             ..Default::default()
         };
-        let req =
-            CompletionRequest { prompt: openai::PromptInput::Texts(prompts), logprobs: None, echo: None, gen: fields };
+        let req = CompletionRequest {
+            prompt: openai::PromptInput::Texts(prompts),
+            logprobs: None,
+            echo: None,
+            best_of: None,
+            gen: fields,
+        };
         req.prepare(engine).await
     }
 }

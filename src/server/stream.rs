@@ -40,15 +40,17 @@ async fn send(tx: &Tx, v: Value) -> bool {
 }
 
 /// Forwards one engine stream of `n` samples through `on_event` (the chunks an event makes)
-/// until it ends or the client leaves. A stream that closes before all `n` finished lost
-/// its engine: an error.
+/// until it ends or the client leaves. With `continuous` (the prompt's length: vLLM's
+/// `continuous_usage_stats`) every chunk carries the token counts so far. A stream that
+/// closes before all `n` finished lost its engine: an error.
 async fn forward(
     tx: Tx,
     mut stream: RequestStream,
     n: usize,
+    continuous: Option<usize>,
     mut on_event: impl FnMut(Event) -> Vec<Value>,
 ) -> Result<Usage, String> {
-    let (mut total, mut finished) = (Usage::default(), 0);
+    let (mut total, mut finished, mut generated) = (Usage::default(), 0, 0);
     loop {
         let ev = tokio::select! {
             _ = tx.closed() => return Ok(total),
@@ -66,9 +68,13 @@ async fn forward(
                 total.add_sample(usage);
                 finished += 1;
             }
-            Event::Token { .. } | Event::PromptLogprobs { .. } => {}
+            Event::Token { .. } => generated += 1,
+            Event::PromptLogprobs { .. } => {}
         }
-        for v in on_event(ev) {
+        for mut v in on_event(ev) {
+            if let Some(prompt_tokens) = continuous {
+                v["usage"] = usage(&Usage { prompt_tokens, completion_tokens: generated, cached_tokens: 0 });
+            }
             if !send(&tx, v).await {
                 return Ok(total);
             }
@@ -168,7 +174,8 @@ pub async fn completions(
                 prompt: r.prompt.clone(),
                 scores: Vec::new(),
             });
-            tokio::spawn(forward(tx.clone(), s, n, move |ev| {
+            let continuous = req.gen.continuous_usage().then_some(r.prompt.len());
+            tokio::spawn(forward(tx.clone(), s, n, continuous, move |ev| {
                 let mut out = Vec::new();
                 if let Event::PromptLogprobs { logprobs } = ev {
                     if let Some(e) = &mut echo {
@@ -266,6 +273,7 @@ pub async fn chat(engine: &EngineHandle, req: ChatRequest, id: String, ctx: Ctx)
         .collect();
     let chunk2 = chunk.clone();
     let n = r.n;
+    let continuous = req.gen.continuous_usage().then_some(r.prompt.len());
     let forwarder = tokio::spawn({
         let tx = tx.clone();
         let stream = streams.into_iter().next().expect("one stream");
@@ -275,7 +283,7 @@ pub async fn chat(engine: &EngineHandle, req: ChatRequest, id: String, ctx: Ctx)
                     return Ok(Usage::default());
                 }
             }
-            forward(tx, stream, n, move |ev| {
+            forward(tx, stream, n, continuous, move |ev| {
                 chat_event(&tok.tokenizer, &chunk2, with_logprobs, ev).into_iter().collect()
             })
             .await
@@ -311,7 +319,7 @@ fn chat_event(tok: &Tokenizer, chunk: &dyn Fn(Value) -> Value, with_logprobs: bo
 pub fn generate(engine: &EngineHandle, req: Request, ctx: Ctx) -> Result<Response, ApiError> {
     let stream = engine.submit(req)?;
     let (tx, rx) = mpsc::channel(64);
-    let forwarder = tokio::spawn(forward(tx.clone(), stream, 1, |ev| match ev {
+    let forwarder = tokio::spawn(forward(tx.clone(), stream, 1, None, |ev| match ev {
         Event::Token { text, .. } if text.is_empty() => vec![],
         Event::Token { text, .. } => vec![json!({"text": text})],
         Event::Finished { reason, text, usage: u, .. } => {
