@@ -212,7 +212,8 @@ fn bad_requests_and_overload_get_clear_errors() {
     };
     assert!(err(Request::new(vec![], 5)).contains("empty"));
     assert!(err(Request::new(vec![1, 9999], 5)).contains("vocabulary"));
-    assert!(err(Request::new(vec![1], 0)).contains("max_tokens"));
+    // max_tokens 0 only scores a prompt: one sample.
+    assert!(err(Request { n: 2, ..Request::new(vec![1], 0) }).contains("max_tokens"));
     assert!(err(Request::new(vec![1; 500], 100)).contains("context length of 512"));
     let mut r = Request::new(vec![1], 5);
     r.sampling.top_p = 2.0;

@@ -4,6 +4,7 @@
 
 pub mod chat;
 pub mod openai;
+pub mod tools;
 
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
@@ -81,12 +82,10 @@ impl From<crate::engine::SubmitError> for ApiError {
 }
 
 /// Request fields of OpenAI's or vLLM's API that weft cannot honour, with the reason. They
-/// are refused: ignoring `tools` would hand back text the client cannot use.
+/// are refused: ignoring them would hand back text the client cannot use.
 const UNSUPPORTED: &[(&str, &str)] = &[
-    ("tools", "tool calling is not supported by this server yet"),
-    ("tool_choice", "tool calling is not supported by this server yet"),
-    ("functions", "tool calling is not supported by this server yet"),
-    ("function_call", "tool calling is not supported by this server yet"),
+    ("functions", "`functions` is OpenAI's deprecated form of `tools`; send `tools`"),
+    ("function_call", "`function_call` is OpenAI's deprecated form of `tool_choice`; send `tool_choice`"),
     ("suffix", "`suffix` (fill-in-the-middle) is not supported: weft builds no FIM prompts"),
 ];
 

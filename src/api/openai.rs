@@ -2,6 +2,7 @@
 //! vLLM accepts), their conversion to engine requests, and the non-streaming response bodies.
 
 use super::chat::{ChatMessage, ROLES};
+use super::tools::{self, Tool, ToolChoice, ToolFormat, Tools};
 use super::{off_runtime, parse_split, unix_time, ApiError};
 use crate::engine::{EngineHandle, Event, FinishReason, Request, RequestStream, Usage};
 use crate::grammar::{Constraint, Grammar};
@@ -165,6 +166,9 @@ struct ChatOwn {
     max_completion_tokens: Option<usize>,
     add_generation_prompt: Option<bool>,
     chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+    tools: Option<Vec<Tool>>,
+    tool_choice: Option<ToolChoice>,
+    parallel_tool_calls: Option<bool>,
 }
 
 #[derive(Debug, Clone)]
@@ -176,6 +180,9 @@ pub struct ChatRequest {
     pub add_generation_prompt: Option<bool>,
     /// Extra template variables (vLLM's `chat_template_kwargs`, e.g. `date_string`).
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+    pub tools: Option<Vec<Tool>>,
+    pub tool_choice: Option<ToolChoice>,
+    pub parallel_tool_calls: Option<bool>,
     pub gen: GenerationFields,
 }
 
@@ -254,6 +261,9 @@ impl ChatRequest {
             "max_completion_tokens",
             "add_generation_prompt",
             "chat_template_kwargs",
+            "tools",
+            "tool_choice",
+            "parallel_tool_calls",
         ];
         let (o, gen): (ChatOwn, _) = parse_split(body, &own, GENERATION_KEYS)?;
         Ok(ChatRequest {
@@ -263,8 +273,17 @@ impl ChatRequest {
             max_completion_tokens: o.max_completion_tokens,
             add_generation_prompt: o.add_generation_prompt,
             chat_template_kwargs: o.chat_template_kwargs,
+            tools: o.tools,
+            tool_choice: o.tool_choice,
+            parallel_tool_calls: o.parallel_tool_calls,
             gen,
         })
+    }
+
+    /// The request's tools, checked against the model's chat template.
+    pub fn tools(&self, engine: &EngineHandle) -> Result<Tools, ApiError> {
+        let template = engine.model().tokenizer.chat_template.as_deref();
+        Tools::new(self.tools.clone().unwrap_or_default(), self.tool_choice.clone(), self.parallel_tool_calls, template)
     }
 
     /// The rendered prompt's token ids.
@@ -281,11 +300,12 @@ impl ChatRequest {
         let tok = &engine.model().tokenizer;
         let template = tok.chat().map_err(|e| ApiError::invalid(e, Some("messages")))?;
         let messages: Vec<_> = self.messages.iter().map(ChatMessage::to_value).collect();
+        let tools = self.tools(engine)?.template_tools();
         let ctx = ChatContext {
             messages: &messages,
+            tools: tools.as_deref(),
             add_generation_prompt: self.add_generation_prompt.unwrap_or(true),
             kwargs: self.chat_template_kwargs.as_ref(),
-            ..Default::default()
         };
         let text = template.render(&ctx).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
         // The template writes every special token itself (BOS included), so none is added,
@@ -317,7 +337,22 @@ impl ChatRequest {
         let room = engine.max_model_len().min(engine.capacity_tokens());
         let mut gen = self.gen.clone();
         gen.max_tokens = self.max_completion_tokens.or(gen.max_tokens);
-        gen.request(prompt.clone(), room.saturating_sub(prompt.len()).max(1), logprobs, engine)
+        let mut req = gen.request(prompt.clone(), room.saturating_sub(prompt.len()).max(1), logprobs, engine)?;
+        // `required` and a named function: a grammar makes the answer a call.
+        if let Some(grammar) = self.tools(engine)?.grammar() {
+            if req.constraint.is_some() {
+                return Err(ApiError::invalid(
+                    "tool_choice required or a named function cannot be combined with another output constraint",
+                    Some("tool_choice"),
+                ));
+            }
+            let compiler = engine.model().grammars().map_err(|e| ApiError::invalid(e, Some("tools")))?;
+            let c = compiler
+                .compile(&grammar)
+                .map_err(|e| ApiError::invalid(format!("invalid tools: {e:#}"), Some("tools")))?;
+            req.constraint = Some(c);
+        }
+        Ok(req)
     }
 
     /// [`ChatRequest::engine_request`] (template rendering and tokenizing) off the async runtime.
@@ -718,10 +753,19 @@ pub async fn completions(engine: &EngineHandle, req: &CompletionRequest, id: &st
         "choices": choices, "usage": usage(&total)}))
 }
 
+/// The calls in a sample, read from its text with special tokens kept (Mistral's and Llama's
+/// markers are special tokens) and its closing stop token left out.
+fn read_calls(tok: &Tokenizer, format: ToolFormat, c: &Choice) -> Option<(String, Vec<tools::ToolCall>)> {
+    let end = c.tokens.iter().rposition(|t| !tok.eos_ids.contains(t)).map_or(0, |i| i + 1);
+    let text = tok.decode(&c.tokens[..end], false).ok()?;
+    tools::parse(format, &text)
+}
+
 /// A non-streaming `/v1/chat/completions` response.
 pub async fn chat_completions(engine: &EngineHandle, req: &ChatRequest, id: &str) -> Result<Value, ApiError> {
     let r = req.prepare(engine).await?;
     let tok = &engine.model().tokenizer;
+    let format = req.tools(engine)?.parses();
     let stream = engine.submit(r.clone())?;
     let g = gather(stream, r.n).await?;
     let choices: Vec<Value> = g
@@ -730,8 +774,16 @@ pub async fn chat_completions(engine: &EngineHandle, req: &ChatRequest, id: &str
         .enumerate()
         .map(|(j, c)| {
             let logprobs = if r.sampling.logprobs.is_some() { chat_logprobs(tok, &c.logprobs) } else { Value::Null };
-            json!({"index": j, "message": {"role": "assistant", "content": c.text}, "logprobs": logprobs,
-                "finish_reason": finish_reason(c.finish)})
+            let mut message = json!({"role": "assistant", "content": c.text});
+            let mut finish = finish_reason(c.finish);
+            if let Some((content, calls)) = format.and_then(|f| read_calls(tok, f, &c)) {
+                message["content"] = if content.is_empty() { Value::Null } else { content.into() };
+                message["tool_calls"] = tools::tool_calls_json(format.expect("parsed"), &calls);
+                if c.finish == Some(FinishReason::Stop) {
+                    finish = json!("tool_calls");
+                }
+            }
+            json!({"index": j, "message": message, "logprobs": logprobs, "finish_reason": finish})
         })
         .collect();
     let mut body = json!({"id": id, "object": "chat.completion", "created": unix_time(), "model": engine.model().name,

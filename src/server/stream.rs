@@ -7,6 +7,7 @@ use super::routes::within;
 use crate::api::openai::{
     chat_logprobs, completion_logprobs, finish_reason, prompt_scores, usage, ChatRequest, CompletionRequest,
 };
+use crate::api::tools::{self, ToolFormat, ToolStream};
 use crate::api::{unix_time, ApiError};
 use crate::engine::{EngineHandle, Event, Request, RequestStream, Usage};
 use crate::tokenizer::Tokenizer;
@@ -266,12 +267,20 @@ pub async fn chat(engine: &EngineHandle, req: ChatRequest, id: String, ctx: Ctx)
         let (id, model) = (id.clone(), model.clone());
         move |choice: Value| json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [choice]})
     };
+    let format = req.tools(engine)?.parses();
     let tok: Arc<crate::loaded::LoadedModel> = engine.model_arc();
-    let with_logprobs = r.sampling.logprobs.is_some();
+    let marker = format.and_then(|f| tok.tokenizer.token_id(f.marker()).map(|id| (id, f.marker())));
+    let mut events = ChatEvents {
+        tok,
+        chunk: Box::new(chunk.clone()),
+        with_logprobs: r.sampling.logprobs.is_some(),
+        tools: format.map(|f| (0..r.n).map(|_| ToolStream::new(f)).collect()).unwrap_or_default(),
+        marker,
+        format,
+    };
     let first_chunks: Vec<Value> = (0..r.n)
         .map(|i| chunk(json!({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null})))
         .collect();
-    let chunk2 = chunk.clone();
     let n = r.n;
     let continuous = req.gen.continuous_usage().then_some(r.prompt.len());
     let forwarder = tokio::spawn({
@@ -283,10 +292,7 @@ pub async fn chat(engine: &EngineHandle, req: ChatRequest, id: String, ctx: Ctx)
                     return Ok(Usage::default());
                 }
             }
-            forward(tx, stream, n, continuous, move |ev| {
-                chat_event(&tok.tokenizer, &chunk2, with_logprobs, ev).into_iter().collect()
-            })
-            .await
+            forward(tx, stream, n, continuous, move |ev| events.on(ev)).await
         }
     });
     let usage_chunk = req.gen.include_usage().then(|| usage_chunk(id, "chat.completion.chunk", created, model));
@@ -294,23 +300,78 @@ pub async fn chat(engine: &EngineHandle, req: ChatRequest, id: String, ctx: Ctx)
     Ok(sse_response(rx))
 }
 
-fn chat_event(tok: &Tokenizer, chunk: &dyn Fn(Value) -> Value, with_logprobs: bool, ev: Event) -> Option<Value> {
-    match ev {
-        Event::Token { text, .. } if text.is_empty() && !with_logprobs => None,
-        Event::Token { index, text, logprobs, .. } => {
-            let lp = match (with_logprobs, logprobs) {
-                (true, Some(l)) => chat_logprobs(tok, &[l]),
-                _ => Value::Null,
-            };
-            Some(chunk(json!({"index": index, "delta": {"content": text}, "logprobs": lp, "finish_reason": null})))
+/// Turns a chat stream's events into chunks. With tools, each sample's text passes through
+/// a [`ToolStream`]: content flows until a call begins, and the calls go out at the end as
+/// `tool_calls` deltas with `finish_reason: "tool_calls"`.
+struct ChatEvents {
+    tok: Arc<crate::loaded::LoadedModel>,
+    chunk: Box<dyn Fn(Value) -> Value + Send>,
+    with_logprobs: bool,
+    /// Per sample, when tool calls are read; with the marker's token id (a special token
+    /// is not in the text).
+    tools: Vec<ToolStream>,
+    marker: Option<(u32, &'static str)>,
+    format: Option<ToolFormat>,
+}
+
+impl ChatEvents {
+    fn on(&mut self, ev: Event) -> Vec<Value> {
+        let chunk = &self.chunk;
+        match ev {
+            Event::Token { index, id, text, logprobs } => {
+                let text = match self.tools.get_mut(index) {
+                    Some(ts) => {
+                        let piece = match self.marker {
+                            Some((m, marker)) if m == id => marker,
+                            _ => text.as_str(),
+                        };
+                        ts.push(piece)
+                    }
+                    None => text,
+                };
+                if text.is_empty() && !self.with_logprobs {
+                    return vec![];
+                }
+                let lp = match (self.with_logprobs, logprobs) {
+                    (true, Some(l)) => chat_logprobs(&self.tok.tokenizer, &[l]),
+                    _ => Value::Null,
+                };
+                vec![chunk(json!({"index": index, "delta": {"content": text}, "logprobs": lp, "finish_reason": null}))]
+            }
+            Event::Finished { index, reason, text, .. } => {
+                let mut finish = finish_reason(Some(reason));
+                let (text, calls) = match (self.tools.get_mut(index), self.format) {
+                    (Some(ts), Some(format)) => {
+                        let mut content = ts.push(&text);
+                        let (rest, calls) = std::mem::replace(ts, ToolStream::new(format)).finish();
+                        content += &rest;
+                        (content, calls)
+                    }
+                    _ => (text, vec![]),
+                };
+                let mut out = Vec::new();
+                if !calls.is_empty() {
+                    if !text.is_empty() {
+                        out.push(chunk(json!({"index": index, "delta": {"content": text}, "logprobs": null, "finish_reason": null})));
+                    }
+                    let format = self.format.expect("calls were read");
+                    let mut deltas = tools::tool_calls_json(format, &calls);
+                    for (k, d) in deltas.as_array_mut().into_iter().flatten().enumerate() {
+                        d["index"] = k.into();
+                    }
+                    out.push(chunk(json!({"index": index, "delta": {"tool_calls": deltas}, "logprobs": null, "finish_reason": null})));
+                    if reason == crate::engine::FinishReason::Stop {
+                        finish = json!("tool_calls");
+                    }
+                    out.push(chunk(json!({"index": index, "delta": {}, "logprobs": null, "finish_reason": finish})));
+                } else {
+                    let delta = if text.is_empty() { json!({}) } else { json!({"content": text}) };
+                    out.push(chunk(json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": finish})));
+                }
+                out
+            }
+            Event::Error { .. } | Event::PromptLogprobs { .. } => vec![],
         }
-        Event::Finished { index, reason, text, .. } => {
-            let delta = if text.is_empty() { json!({}) } else { json!({"content": text}) };
-            Some(chunk(
-                json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": finish_reason(Some(reason))}),
-            ))
-        }
-        Event::Error { .. } | Event::PromptLogprobs { .. } => None,
     }
 }
 

@@ -167,6 +167,11 @@ impl Tokenizer {
         serde_json::to_value(&self.inner).map_err(|e| anyhow!("serializing the tokenizer: {e}"))
     }
 
+    /// The id of a token given by its text (a special token's name, for instance).
+    pub fn token_id(&self, text: &str) -> Option<u32> {
+        self.inner.token_to_id(text)
+    }
+
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
     }

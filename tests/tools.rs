@@ -1,0 +1,183 @@
+//! Tool calling over HTTP on the family fixtures' real templates (random weights: only the
+//! grammar makes their answers calls): `tool_choice` required and named give parseable calls
+//! whose arguments follow the tool's schema, whole and streamed; calls and tool results go
+//! back through the template.
+
+mod common;
+
+use common::server::Server;
+use serde_json::{json, Value};
+
+fn weather() -> Value {
+    json!({"type": "object", "properties": {"city": {"type": "string", "maxLength": 10}, "unit": {"enum": ["c", "f"]}},
+        "required": ["city", "unit"], "additionalProperties": false})
+}
+
+fn count() -> Value {
+    json!({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}},
+        "required": ["n"], "additionalProperties": false})
+}
+
+fn tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", "parameters": weather()}},
+        {"type": "function", "function": {"name": "count", "parameters": count()}},
+    ])
+}
+
+fn check_call(call: &Value) {
+    let f = &call["function"];
+    let args: Value = serde_json::from_str(f["arguments"].as_str().unwrap()).unwrap();
+    let schema = match f["name"].as_str().unwrap() {
+        "get_weather" => weather(),
+        "count" => count(),
+        other => panic!("unknown tool {other}"),
+    };
+    assert!(jsonschema::validator_for(&schema).unwrap().is_valid(&args), "{args} vs {schema}");
+    assert_eq!(call["type"], "function");
+    assert!(!call["id"].as_str().unwrap().is_empty());
+}
+
+fn body(extra: Value) -> Value {
+    let mut b = json!({"messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+        "tools": tools(), "max_tokens": 400});
+    b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+    b
+}
+
+/// `required` and a named function on Qwen2.5's (Hermes), Llama 3's and Mistral's templates:
+/// every answer is calls that parse and validate; streamed calls arrive as `tool_calls` deltas.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn required_calls_always_parse_and_validate() {
+    if common::shared_models().is_none() {
+        return;
+    }
+    for model in ["tiny-qwen2", "tiny-llama3", "tiny-mistral-swa"] {
+        let s = Server::start(model, &[]).await;
+        for seed in 0..8 {
+            let one = json!({"tool_choice": "required", "seed": seed, "parallel_tool_calls": false});
+            let (st, v) = s.post("/v1/chat/completions", body(one)).await;
+            assert_eq!(st, 200, "{model}: {v}");
+            let c = &v["choices"][0];
+            assert_eq!(c["finish_reason"], "tool_calls", "{model}: {v}");
+            let calls = c["message"]["tool_calls"].as_array().unwrap();
+            assert_eq!(calls.len(), 1);
+            calls.iter().for_each(check_call);
+        }
+        // Parallel calls: a noise model rarely picks EOS over another call, so the answer may
+        // run to max_tokens; the calls it completed are all well-formed.
+        let (_, v) = s.post("/v1/chat/completions", body(json!({"tool_choice": "required", "seed": 9}))).await;
+        let calls = v["choices"][0]["message"]["tool_calls"].as_array().unwrap();
+        assert!(!calls.is_empty(), "{model}: {v}");
+        calls.iter().for_each(check_call);
+        let named = json!({"tool_choice": {"type": "function", "function": {"name": "count"}}, "seed": 1});
+        let (_, v) = s.post("/v1/chat/completions", body(named)).await;
+        let calls = v["choices"][0]["message"]["tool_calls"].as_array().unwrap();
+        assert_eq!((calls.len(), calls[0]["function"]["name"].as_str()), (1, Some("count")), "{model}: {v}");
+        check_call(&calls[0]);
+
+        // Streamed: the calls come as deltas; put together they are the same kind of calls.
+        let streamed = json!({"tool_choice": "required", "stream": true, "parallel_tool_calls": false});
+        let events = s.stream("/v1/chat/completions", body(streamed)).await;
+        let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+        let mut calls: Vec<Value> = Vec::new();
+        for d in
+            chunks.iter().flat_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array().cloned().unwrap_or_default())
+        {
+            let k = d["index"].as_u64().unwrap() as usize;
+            if calls.len() <= k {
+                calls.push(json!({"id": d["id"], "type": "function", "function": {"name": d["function"]["name"], "arguments": ""}}));
+            }
+            let args = calls[k]["function"]["arguments"].as_str().unwrap().to_owned();
+            calls[k]["function"]["arguments"] = (args + d["function"]["arguments"].as_str().unwrap_or("")).into();
+        }
+        assert!(!calls.is_empty(), "{model}: {events:?}");
+        calls.iter().for_each(check_call);
+        assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "tool_calls");
+        s.assert_idle().await;
+    }
+}
+
+/// An answer with calls (content null, as the openai SDK's `model_dump()` gives it back) and
+/// the tool's result go back through each template; `/tokenize` renders the tools as chat does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_and_results_go_back_through_the_template() {
+    if common::shared_models().is_none() {
+        return;
+    }
+    for model in ["tiny-qwen2", "tiny-llama3", "tiny-mistral-swa"] {
+        let s = Server::start(model, &[]).await;
+        let messages = json!([
+            {"role": "user", "content": "What is the weather in Paris?"},
+            {"role": "assistant", "content": null, "refusal": null, "audio": null, "function_call": null,
+             "tool_calls": [{"id": "abc123XYZ", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"unit\": \"c\"}"}}]},
+            {"role": "tool", "tool_call_id": "abc123XYZ", "content": "21 degrees"},
+        ]);
+        let (st, v) =
+            s.post("/v1/chat/completions", json!({"messages": messages, "tools": tools(), "max_tokens": 3})).await;
+        assert_eq!(st, 200, "{model}: {v}");
+        let prompt_tokens = v["usage"]["prompt_tokens"].as_u64().unwrap();
+        let (st, t) = s.post("/tokenize", json!({"messages": messages, "tools": tools()})).await;
+        assert_eq!(st, 200, "{model}: {t}");
+        assert_eq!(t["count"].as_u64().unwrap(), prompt_tokens, "{model}");
+        let (_, bare) = s.post("/tokenize", json!({"messages": messages})).await;
+        assert!(bare["count"].as_u64().unwrap() < prompt_tokens, "{model}: the tools are in the prompt");
+        s.assert_idle().await;
+    }
+}
+
+/// With the openai client crate: `tools` + `tool_choice: required` parse into its types; a
+/// model whose template has no tool-call format refuses tools (unless `none`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_client_reads_tool_calls() {
+    use async_openai::config::OpenAIConfig;
+    use async_openai::types::chat::{
+        ChatCompletionMessageToolCalls, ChatCompletionRequestUserMessageArgs, ChatCompletionTool,
+        ChatCompletionToolChoiceOption, ChatCompletionTools, CreateChatCompletionRequestArgs, FinishReason,
+        FunctionObject, ToolChoiceOptions,
+    };
+    use async_openai::Client;
+    if common::shared_models().is_none() {
+        return;
+    }
+    let s = Server::start("tiny-qwen2", &[]).await;
+    let client = Client::with_config(OpenAIConfig::new().with_api_base(format!("{}/v1", s.base)));
+    let tool = ChatCompletionTools::Function(ChatCompletionTool {
+        function: FunctionObject {
+            name: "get_weather".into(),
+            description: Some("Weather in a city".into()),
+            parameters: Some(weather()),
+            strict: Some(true),
+        },
+    });
+    let msg = ChatCompletionRequestUserMessageArgs::default().content("Weather in Oslo?").build().unwrap();
+    let req = CreateChatCompletionRequestArgs::default()
+        .model("tiny-qwen2")
+        .messages(vec![msg.into()])
+        .tools(vec![tool])
+        .tool_choice(ChatCompletionToolChoiceOption::Mode(ToolChoiceOptions::Required))
+        .parallel_tool_calls(false)
+        .max_tokens(400u32)
+        .build()
+        .unwrap();
+    let resp = client.chat().create(req).await.unwrap();
+    assert_eq!(resp.choices[0].finish_reason, Some(FinishReason::ToolCalls));
+    let Some(ChatCompletionMessageToolCalls::Function(call)) =
+        resp.choices[0].message.tool_calls.as_ref().unwrap().first()
+    else {
+        panic!("no function call: {resp:?}");
+    };
+    assert_eq!(call.function.name, "get_weather");
+    let args: Value = serde_json::from_str(&call.function.arguments).unwrap();
+    assert!(jsonschema::validator_for(&weather()).unwrap().is_valid(&args));
+
+    let smol = Server::start("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf", &[]).await;
+    let chat = |choice: &str| {
+        json!({"messages": [{"role": "user", "content": "Hi"}], "tools": tools(),
+        "tool_choice": choice, "max_tokens": 2})
+    };
+    let (st, v) = smol.post("/v1/chat/completions", chat("auto")).await;
+    assert_eq!((st, v["error"]["param"].as_str()), (400, Some("tools")), "{v}");
+    assert_eq!(smol.post("/v1/chat/completions", chat("none")).await.0, 200);
+}
