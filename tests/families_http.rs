@@ -125,9 +125,9 @@ async fn served_model_names_and_model_routes() {
         "metadata": {"k": "v"}, "service_tier": "auto", "some_new_field": [1, 2]});
     let (status, body) = s.post("/v1/completions", extra).await;
     assert_eq!(status, 200, "{body}");
-    let tools = json!({"messages": [{"role": "user", "content": "Hi"}], "tools": []});
-    let (status, body) = s.post("/v1/chat/completions", tools).await;
-    assert_eq!((status, body["error"]["param"].as_str()), (400, Some("tools")), "{body}");
+    let functions = json!({"messages": [{"role": "user", "content": "Hi"}], "functions": [], "max_tokens": 1});
+    let (status, body) = s.post("/v1/chat/completions", functions).await;
+    assert_eq!((status, body["error"]["param"].as_str()), (400, Some("functions")), "{body}");
     let (status, version) = s.get("/version").await;
     assert_eq!(status, 200);
     assert_eq!(serde_json::from_str::<Value>(&version).unwrap()["version"], env!("CARGO_PKG_VERSION"));

@@ -65,8 +65,8 @@ async fn completions_streaming_and_every_error_path() {
     let cases: Vec<(Value, u16, Option<&str>)> = vec![
         (json!({"prompt": "x", "temperature": "hot"}), 400, Some("temperature")),
         (json!({"prompt": "x", "temperature": -1}), 400, Some("temperature")),
-        (json!({"prompt": "x", "response_format": {"type": "yaml"}}), 400, Some("response_format")),
-        (json!({"prompt": "x", "tools": []}), 400, Some("tools")),
+        (json!({"prompt": "x", "response_format": {"type": "yaml"}}), 400, Some("response_format.type")),
+        (json!({"prompt": "x", "suffix": "y"}), 400, Some("suffix")),
         (json!({"prompt": "x", "model": "gpt-4"}), 404, Some("model")),
         (json!({"prompt": []}), 400, Some("prompt")),
         (json!({"prompt": [[]]}), 400, Some("prompt")),

@@ -37,21 +37,34 @@ pub fn document() -> Value {
     let sampling = json!({
         "model": {"type": "string"}, "max_tokens": int, "temperature": num, "top_p": num, "n": int,
         "stop": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
-        "stream": {"type": "boolean"}, "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
+        "stream": {"type": "boolean"}, "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"},
+            "continuous_usage_stats": {"type": "boolean"}}},
         "seed": int, "presence_penalty": num, "frequency_penalty": num,
         "logit_bias": {"type": "object", "additionalProperties": num}, "user": {"type": "string"},
         "top_k": {"type": "integer"}, "min_p": num, "repetition_penalty": num, "ignore_eos": {"type": "boolean"},
         "stop_token_ids": {"type": "array", "items": int}, "priority": {"type": "integer"},
-        "skip_special_tokens": {"type": "boolean"}
+        "skip_special_tokens": {"type": "boolean"}, "cache_salt": {"type": "string"},
+        "response_format": {"type": "object", "required": ["type"], "properties": {
+            "type": {"enum": ["text", "json_object", "json_schema"]}, "json_schema": {"type": "object"}}},
+        "structured_outputs": {"type": "object"}, "guided_json": {}, "guided_regex": {"type": "string"},
+        "guided_choice": {"type": "array", "items": {"type": "string"}}, "guided_grammar": {"type": "string"},
+        "prompt_logprobs": int, "min_tokens": int, "include_stop_str_in_output": {"type": "boolean"},
+        "truncate_prompt_tokens": {"type": "integer"}
     });
     let mut completion = sampling.clone();
     completion["prompt"] = json!({"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}},
         {"type": "array", "items": int}, {"type": "array", "items": {"type": "array", "items": int}}]});
     completion["logprobs"] = int.clone();
     completion["echo"] = json!({"type": "boolean"});
+    completion["best_of"] = int.clone();
     let mut chat = sampling;
-    chat["messages"] = json!({"type": "array", "items": {"type": "object", "required": ["role", "content"],
-        "properties": {"role": {"type": "string"}, "content": {"type": "string"}, "name": {"type": "string"}}}});
+    chat["messages"] = json!({"type": "array", "items": {"type": "object", "required": ["role"],
+        "properties": {"role": {"type": "string"}, "content": {"type": ["string", "array", "null"]}, "name": {"type": "string"},
+            "tool_calls": {"type": "array"}, "tool_call_id": {"type": "string"}}}});
+    chat["tools"] = json!({"type": "array", "items": {"type": "object"}});
+    chat["tool_choice"] = json!({"oneOf": [{"enum": ["none", "auto", "required"]}, {"type": "object"}]});
+    chat["parallel_tool_calls"] = json!({"type": "boolean"});
+    chat["chat_template_kwargs"] = json!({"type": "object"});
     chat["logprobs"] = json!({"type": "boolean"});
     chat["top_logprobs"] = int.clone();
     chat["max_completion_tokens"] = int.clone();
