@@ -68,6 +68,7 @@ async fn extra_fields_do_what_they_say() {
     for (bad, param) in [
         (complete(json!({"best_of": 1, "n": 2})), "best_of"),
         (complete(json!({"best_of": 2, "stream": true})), "best_of"),
+        (complete(json!({"best_of": 33})), "best_of"),
         (complete(json!({"suffix": "end"})), "suffix"),
     ] {
         let (st, v) = s.post("/v1/completions", bad).await;

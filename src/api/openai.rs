@@ -227,6 +227,10 @@ impl CompletionRequest {
         let mut gen = self.gen.clone();
         let mut logprobs = self.logprobs;
         if let Some(b) = self.best_of.filter(|&b| b > gen.n.unwrap_or(1)) {
+            let max_n = engine.config().limits.max_n;
+            if b > max_n {
+                return Err(ApiError::invalid(format!("best_of must be at most {max_n}, got {b}"), Some("best_of")));
+            }
             gen.n = Some(b);
             logprobs = Some(logprobs.unwrap_or(0));
         }
@@ -288,6 +292,11 @@ impl ChatRequest {
 
     /// The rendered prompt's token ids.
     pub fn prompt(&self, engine: &EngineHandle) -> Result<Vec<u32>, ApiError> {
+        self.render(engine, &self.tools(engine)?)
+    }
+
+    /// The prompt's token ids, the template given `tools`.
+    fn render(&self, engine: &EngineHandle, tools: &Tools) -> Result<Vec<u32>, ApiError> {
         if self.messages.is_empty() {
             return Err(ApiError::invalid("messages must not be empty", Some("messages")));
         }
@@ -300,7 +309,7 @@ impl ChatRequest {
         let tok = &engine.model().tokenizer;
         let template = tok.chat().map_err(|e| ApiError::invalid(e, Some("messages")))?;
         let messages: Vec<_> = self.messages.iter().map(ChatMessage::to_value).collect();
-        let tools = self.tools(engine)?.template_tools();
+        let tools = tools.template_tools();
         let ctx = ChatContext {
             messages: &messages,
             tools: tools.as_deref(),
@@ -331,7 +340,8 @@ impl ChatRequest {
         };
         self.gen.precheck(engine, self.max_completion_tokens.or(self.gen.max_tokens))?;
         engine.check_fan_out(self.gen.n.unwrap_or(1))?;
-        let prompt = self.prompt(engine)?;
+        let tools = self.tools(engine)?;
+        let prompt = self.render(engine, &tools)?;
         // Without max_tokens, the rest of what one sequence can hold: the context, or the
         // KV cache when that is smaller (a 128k-context model on a 1 GB cache).
         let room = engine.max_model_len().min(engine.capacity_tokens());
@@ -339,18 +349,14 @@ impl ChatRequest {
         gen.max_tokens = self.max_completion_tokens.or(gen.max_tokens);
         let mut req = gen.request(prompt.clone(), room.saturating_sub(prompt.len()).max(1), logprobs, engine)?;
         // `required` and a named function: a grammar makes the answer a call.
-        if let Some(grammar) = self.tools(engine)?.grammar() {
+        if let Some(grammar) = tools.grammar() {
             if req.constraint.is_some() {
                 return Err(ApiError::invalid(
                     "tool_choice required or a named function cannot be combined with another output constraint",
                     Some("tool_choice"),
                 ));
             }
-            let compiler = engine.model().grammars().map_err(|e| ApiError::invalid(e, Some("tools")))?;
-            let c = compiler
-                .compile(&grammar)
-                .map_err(|e| ApiError::invalid(format!("invalid tools: {e:#}"), Some("tools")))?;
-            req.constraint = Some(c);
+            req.constraint = Some(compile(engine, &grammar, "tools")?);
         }
         Ok(req)
     }
@@ -360,6 +366,13 @@ impl ChatRequest {
         let (req, engine) = (self.clone(), engine.clone());
         off_runtime(move || req.engine_request(&engine)).await
     }
+}
+
+/// `grammar` compiled against the model's vocabulary; a grammar that does not compile is
+/// the client's error, named by `param`.
+fn compile(engine: &EngineHandle, grammar: &Grammar, param: &str) -> Result<Constraint, ApiError> {
+    let compiler = engine.model().grammars().map_err(|e| ApiError::invalid(e, Some(param)))?;
+    compiler.compile(grammar).map_err(|e| ApiError::invalid(format!("invalid {param}: {e:#}"), Some(param)))
 }
 
 fn check_model(engine: &EngineHandle, gen: &GenerationFields) -> Result<(), ApiError> {
@@ -547,11 +560,7 @@ impl GenerationFields {
         let Some((grammar, param)) = self.grammar()? else {
             return Ok(None);
         };
-        let compiler = engine.model().grammars().map_err(|e| ApiError::invalid(e, Some(param)))?;
-        let c = compiler
-            .compile(&grammar)
-            .map_err(|e| ApiError::invalid(format!("invalid {param}: {e:#}"), Some(param)))?;
-        Ok(Some(c))
+        compile(engine, &grammar, param).map(Some)
     }
 
     pub fn streaming(&self) -> bool {
@@ -776,9 +785,9 @@ pub async fn chat_completions(engine: &EngineHandle, req: &ChatRequest, id: &str
             let logprobs = if r.sampling.logprobs.is_some() { chat_logprobs(tok, &c.logprobs) } else { Value::Null };
             let mut message = json!({"role": "assistant", "content": c.text});
             let mut finish = finish_reason(c.finish);
-            if let Some((content, calls)) = format.and_then(|f| read_calls(tok, f, &c)) {
+            if let Some((f, (content, calls))) = format.and_then(|f| Some((f, read_calls(tok, f, &c)?))) {
                 message["content"] = if content.is_empty() { Value::Null } else { content.into() };
-                message["tool_calls"] = tools::tool_calls_json(format.expect("parsed"), &calls);
+                message["tool_calls"] = tools::tool_calls_json(f, &calls);
                 if c.finish == Some(FinishReason::Stop) {
                     finish = json!("tool_calls");
                 }

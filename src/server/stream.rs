@@ -168,8 +168,7 @@ pub async fn completions(
         .map(|(i, (s, r))| {
             let (chunk, tok, n) = (chunk.clone(), tok.clone(), r.n);
             let mut offsets = vec![0usize; n];
-            // With `echo` each sample starts with the prompt: sent before the first token,
-            // or with `logprobs` as soon as the prompt's scores are all in.
+            // With `echo` each sample starts with the prompt.
             let mut echo = req.echo().then(|| Echo {
                 text: tok.tokenizer.decode(&r.prompt, true).unwrap_or_default(),
                 prompt: r.prompt.clone(),
@@ -177,20 +176,20 @@ pub async fn completions(
             });
             let continuous = req.gen.continuous_usage().then_some(r.prompt.len());
             tokio::spawn(forward(tx.clone(), s, n, continuous, move |ev| {
-                let mut out = Vec::new();
-                if let Event::PromptLogprobs { logprobs } = ev {
-                    if let Some(e) = &mut echo {
-                        e.scores.extend(logprobs);
-                        if with_logprobs && e.scores.len() + 1 >= e.prompt.len() {
-                            out = echo.take().expect("checked").chunks(&tok.tokenizer, i, n, with_logprobs, &chunk);
-                            offsets.iter_mut().for_each(|o| *o = out_len(&out));
-                        }
+                // The echoed prompt goes first: before any other event, or with `logprobs` as
+                // soon as its scores are all in. A sample's text offsets go on from it.
+                let ready = match (&ev, &mut echo) {
+                    (Event::PromptLogprobs { logprobs }, Some(e)) => {
+                        e.scores.extend_from_slice(logprobs);
+                        with_logprobs && e.scores.len() + 1 >= e.prompt.len()
                     }
-                    return out;
-                }
-                if let Some(e) = echo.take() {
+                    (Event::PromptLogprobs { .. }, None) => false,
+                    _ => true,
+                };
+                let mut out = Vec::new();
+                if let Some(e) = echo.take_if(|_| ready) {
+                    offsets.fill(e.text.len());
                     out = e.chunks(&tok.tokenizer, i, n, with_logprobs, &chunk);
-                    offsets.iter_mut().for_each(|o| *o = out_len(&out));
                 }
                 match ev {
                     Event::Token { text, .. } if text.is_empty() && !with_logprobs => {}
@@ -250,11 +249,6 @@ impl Echo {
             })
             .collect()
     }
-}
-
-/// The length of the echoed text in echo chunks (where a sample's text offsets go on from).
-fn out_len(chunks: &[Value]) -> usize {
-    chunks.first().map_or(0, |c| c["choices"][0]["text"].as_str().map_or(0, str::len))
 }
 
 /// `/v1/chat/completions` with `stream: true`: a role chunk per choice, then content deltas.
