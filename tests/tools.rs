@@ -76,8 +76,15 @@ async fn required_calls_always_parse_and_validate() {
         assert_eq!((calls.len(), calls[0]["function"]["name"].as_str()), (1, Some("count")), "{model}: {v}");
         check_call(&calls[0]);
 
-        // Streamed: the calls come as deltas; put together they are the same kind of calls.
-        let streamed = json!({"tool_choice": "required", "stream": true, "parallel_tool_calls": false});
+        // Streamed: each call opens with its name and its arguments follow in pieces; put
+        // together they are the calls the same request gives whole.
+        let (_, whole) = s
+            .post(
+                "/v1/chat/completions",
+                body(json!({"tool_choice": "required", "parallel_tool_calls": false, "seed": 3})),
+            )
+            .await;
+        let streamed = json!({"tool_choice": "required", "stream": true, "parallel_tool_calls": false, "seed": 3});
         let events = s.stream("/v1/chat/completions", body(streamed)).await;
         let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
         let mut calls: Vec<Value> = Vec::new();
@@ -93,6 +100,16 @@ async fn required_calls_always_parse_and_validate() {
         }
         assert!(!calls.is_empty(), "{model}: {events:?}");
         calls.iter().for_each(check_call);
+        let strip = |c: &Value| c["function"].clone();
+        let whole: Vec<Value> =
+            whole["choices"][0]["message"]["tool_calls"].as_array().unwrap().iter().map(strip).collect();
+        assert_eq!(calls.iter().map(strip).collect::<Vec<_>>(), whole, "{model}");
+        let pieces = chunks
+            .iter()
+            .flat_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array().cloned().unwrap_or_default())
+            .filter(|d| d["function"]["arguments"].as_str().is_some_and(|a| !a.is_empty()))
+            .count();
+        assert!(pieces > 1, "{model}: the arguments came in {pieces} deltas");
         assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "tool_calls");
         s.assert_idle().await;
     }

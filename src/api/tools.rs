@@ -6,7 +6,7 @@
 use super::ApiError;
 use crate::grammar::Grammar;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::{json, value::RawValue, Value};
 
 /// How a model family writes tool calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -221,12 +221,14 @@ impl Tools {
 /// Reads calls out of a whole answer: the text before the first call, and the calls; `None`
 /// when the text holds no well-formed call (then it is all content).
 pub fn parse(format: ToolFormat, text: &str) -> Option<(String, Vec<ToolCall>)> {
-    let call = |v: &Value| -> Option<ToolCall> {
-        let name = v.get("name")?.as_str()?.to_owned();
-        let args = v.get(format.arguments_key()).or_else(|| v.get("arguments")).cloned().unwrap_or(json!({}));
-        let arguments = match args {
-            Value::String(s) => s,
-            v => v.to_string(),
+    // Arguments are kept as the model wrote them, as the stream sends them.
+    type Object<'a> = std::collections::HashMap<String, &'a RawValue>;
+    let call = |v: &Object| -> Option<ToolCall> {
+        let name = serde_json::from_str(v.get("name")?.get()).ok()?;
+        let arguments = match v.get(format.arguments_key()).or_else(|| v.get("arguments")) {
+            None => "{}".to_owned(),
+            Some(raw) if raw.get().starts_with('"') => serde_json::from_str(raw.get()).ok()?,
+            Some(raw) => raw.get().to_owned(),
         };
         Some(ToolCall { name, arguments })
     };
@@ -238,7 +240,7 @@ pub fn parse(format: ToolFormat, text: &str) -> Option<(String, Vec<ToolCall>)> 
             for (i, part) in parts.iter().enumerate() {
                 let closed = part.contains("</tool_call>");
                 let body = part.split("</tool_call>").next().unwrap_or("").trim();
-                match serde_json::from_str(body).ok().and_then(|v| call(&v)) {
+                match serde_json::from_str::<Object>(body).ok().and_then(|v| call(&v)) {
                     Some(c) => calls.push(c),
                     // A last call cut off (max_tokens) after complete ones is left out.
                     None if !closed && i + 1 == parts.len() && !calls.is_empty() => {}
@@ -253,22 +255,52 @@ pub fn parse(format: ToolFormat, text: &str) -> Option<(String, Vec<ToolCall>)> 
             if !body.starts_with('{') {
                 return None;
             }
-            let v: Value = serde_json::from_str(body).ok()?;
+            let v: Object = serde_json::from_str(body).ok()?;
             Some((String::new(), vec![call(&v)?]))
         }
         ToolFormat::Mistral => {
             let start = text.find("[TOOL_CALLS]")?;
             let body = text[start + "[TOOL_CALLS]".len()..].trim();
-            let list: Vec<Value> = serde_json::from_str(body).ok()?;
+            let list: Vec<Object> = serde_json::from_str(body).ok()?;
             let calls = list.iter().map(call).collect::<Option<Vec<_>>>()?;
             Some((text[..start].trim().to_owned(), calls))
         }
     }
 }
 
-/// A streamed answer read for calls: text flows out as content until a call may have begun
-/// (the format's marker, or for Llama 3 a `{` opening the answer); from there it is kept and
-/// parsed at the end.
+/// What a streamed answer sends next: content, and pieces of calls.
+#[derive(Debug, Default, PartialEq)]
+pub struct Delta {
+    pub content: String,
+    pub calls: Vec<CallDelta>,
+}
+
+/// A piece of call `index`: its opening (id and name) the first time, then arguments text.
+#[derive(Debug, PartialEq)]
+pub struct CallDelta {
+    pub index: usize,
+    pub name: Option<String>,
+    pub arguments: String,
+}
+
+impl CallDelta {
+    /// The OpenAI `tool_calls` delta entry (the id goes with the name, once).
+    pub fn to_json(&self, format: ToolFormat) -> Value {
+        let mut d = json!({"index": self.index, "function": {"arguments": self.arguments}});
+        if let Some(name) = &self.name {
+            d["id"] = call_id(format).into();
+            d["type"] = "function".into();
+            d["function"]["name"] = name.clone().into();
+        }
+        d
+    }
+}
+
+/// A streamed answer read for calls, as OpenAI streams them: text flows out as content until
+/// a call may have begun (the format's marker, or for Llama 3 a `{` opening the answer); from
+/// there a call opens once its name is complete and its arguments follow as they are
+/// generated. At the end the whole call text is parsed; if it held no call after all and
+/// none was opened, it is content.
 #[derive(Debug)]
 pub struct ToolStream {
     format: ToolFormat,
@@ -277,19 +309,28 @@ pub struct ToolStream {
     in_call: bool,
     /// Llama 3: the answer began with text, so it holds no call.
     text_only: bool,
+    /// Per opened call, the bytes of its arguments sent so far.
+    sent: Vec<usize>,
 }
 
 impl ToolStream {
     pub fn new(format: ToolFormat) -> Self {
-        ToolStream { format, held: String::new(), in_call: false, text_only: false }
+        ToolStream { format, held: String::new(), in_call: false, text_only: false, sent: Vec::new() }
     }
 
-    /// Takes the next piece of text; returns the content that can be sent now.
-    pub fn push(&mut self, piece: &str) -> String {
+    /// Takes the next piece of text; returns what can be sent now.
+    pub fn push(&mut self, piece: &str) -> Delta {
         self.held.push_str(piece);
         if self.in_call {
-            return String::new();
+            return Delta { content: String::new(), calls: self.call_deltas() };
         }
+        let content = self.read_content();
+        let calls = if self.in_call { self.call_deltas() } else { Vec::new() };
+        Delta { content, calls }
+    }
+
+    /// Before any call: the content that is surely not the start of one.
+    fn read_content(&mut self) -> String {
         let marker = self.format.marker();
         if self.format == ToolFormat::Llama3Json {
             if self.text_only {
@@ -317,17 +358,125 @@ impl ToolStream {
         self.held.drain(..len - keep).collect()
     }
 
-    /// At the end: the content still held, and the calls (none when the held text did not
-    /// parse as calls: then it is content).
-    pub fn finish(self) -> (String, Vec<ToolCall>) {
-        if !self.in_call {
-            return (self.held, Vec::new());
+    /// Calls opened and arguments grown since the last push.
+    fn call_deltas(&mut self) -> Vec<CallDelta> {
+        let mut out = Vec::new();
+        for (index, call) in scan(&self.held).into_iter().enumerate() {
+            let Some(name) = call.name else { break };
+            let opened = index < self.sent.len();
+            if !opened {
+                self.sent.push(0);
+            }
+            let arguments = match call.args {
+                Some((start, end)) => {
+                    let from = start + self.sent[index];
+                    let to = end.unwrap_or(self.held.len());
+                    self.held.get(from..to).unwrap_or("").to_owned()
+                }
+                None => String::new(),
+            };
+            self.sent[index] += arguments.len();
+            if !opened || !arguments.is_empty() {
+                out.push(CallDelta { index, name: (!opened).then_some(name), arguments });
+            }
         }
+        out
+    }
+
+    /// At the end: the content still held and the rest of the calls. Returns whether the
+    /// answer held calls.
+    pub fn finish(mut self) -> (Delta, bool) {
+        if !self.in_call {
+            return (Delta { content: self.held, calls: Vec::new() }, false);
+        }
+        let mut out = Delta::default();
         match parse(self.format, &self.held) {
-            Some((content, calls)) => (content, calls),
-            None => (self.held, Vec::new()),
+            Some((content, calls)) => {
+                out.content = content;
+                for (index, c) in calls.into_iter().enumerate() {
+                    let opened = index < self.sent.len();
+                    let sent = self.sent.get(index).copied().unwrap_or(0);
+                    let arguments = c.arguments.get(sent..).unwrap_or("").to_owned();
+                    if !opened || !arguments.is_empty() {
+                        out.calls.push(CallDelta { index, name: (!opened).then_some(c.name), arguments });
+                    }
+                }
+                (out, true)
+            }
+            // Calls already opened stand (a cut-off answer); otherwise it was all text.
+            None if !self.sent.is_empty() => (out, true),
+            None => (Delta { content: std::mem::take(&mut self.held), calls: Vec::new() }, false),
         }
     }
+}
+
+/// One call object found in call text so far: its name once that string is complete, and
+/// the byte range of its arguments object (the end once the object has closed).
+#[derive(Debug, Default)]
+struct Scanned {
+    name: Option<String>,
+    args: Option<(usize, Option<usize>)>,
+}
+
+/// Finds the call objects in `text` — each `{...}` outside any object — and, in each, the
+/// `name` string and the `arguments` / `parameters` object, tolerating text cut anywhere.
+/// Enough of JSON's syntax to stream a call's arguments as they are generated; the whole
+/// answer is still parsed by serde_json at the end.
+fn scan(text: &str) -> Vec<Scanned> {
+    let b = text.as_bytes();
+    let mut calls: Vec<Scanned> = Vec::new();
+    let mut depth = 0usize;
+    // At depth 1: whether the next string is a key, and the key whose value comes next.
+    let (mut at_key, mut key) = (false, None::<&str>);
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'"' => {
+                let mut j = i + 1;
+                while j < b.len() && b[j] != b'"' {
+                    j += if b[j] == b'\\' { 2 } else { 1 };
+                }
+                if j >= b.len() {
+                    break;
+                }
+                if depth == 1 {
+                    let s = &text[i..=j];
+                    if at_key {
+                        key = serde_json::from_str(s).ok();
+                        at_key = false;
+                    } else if key == Some("name") {
+                        if let Some(c) = calls.last_mut() {
+                            c.name = serde_json::from_str(s).ok();
+                        }
+                    }
+                }
+                i = j;
+            }
+            b'{' if depth == 0 => {
+                calls.push(Scanned::default());
+                (depth, at_key, key) = (1, true, None);
+            }
+            b'{' if depth == 1 && matches!(key, Some("arguments" | "parameters")) => {
+                if let Some(c) = calls.last_mut() {
+                    c.args = Some((i, None));
+                }
+                depth = 2;
+            }
+            b'{' | b'[' if depth > 0 => depth += 1,
+            b'}' | b']' if depth > 0 => {
+                depth -= 1;
+                if depth == 1 {
+                    if let Some(Scanned { args: Some((_, end @ None)), .. }) = calls.last_mut() {
+                        *end = Some(i + 1);
+                    }
+                }
+            }
+            b',' if depth == 1 => (at_key, key) = (true, None),
+            _ => {}
+        }
+        i += 1;
+    }
+    calls
 }
 
 /// An id for a call: Mistral's templates insist on nine alphanumerics; others get OpenAI's shape.
@@ -366,13 +515,13 @@ mod tests {
         assert_eq!(
             calls,
             vec![
-                ToolCall { name: "f".into(), arguments: "{\"x\":1}".into() },
+                ToolCall { name: "f".into(), arguments: "{\"x\": 1}".into() },
                 ToolCall { name: "g".into(), arguments: "{}".into() }
             ]
         );
         let (_, calls) =
             parse(ToolFormat::Llama3Json, "<|python_tag|>{\"name\": \"f\", \"parameters\": {\"a\": \"b\"}}").unwrap();
-        assert_eq!(calls[0].arguments, "{\"a\":\"b\"}");
+        assert_eq!(calls[0].arguments, "{\"a\": \"b\"}");
         let (_, calls) = parse(ToolFormat::Mistral, "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}}]").unwrap();
         assert_eq!(calls[0].name, "f");
         assert!(parse(ToolFormat::Hermes, "no call here").is_none());
@@ -382,27 +531,71 @@ mod tests {
         assert_eq!(parse(ToolFormat::Hermes, cut).unwrap().1.len(), 1);
     }
 
-    fn stream(format: ToolFormat, pieces: &[&str]) -> (String, Vec<ToolCall>) {
+    /// Streams `pieces`; returns the content, the calls put together from their deltas, and
+    /// how many deltas carried arguments.
+    fn stream(format: ToolFormat, pieces: &[&str]) -> (String, Vec<ToolCall>, usize) {
         let mut s = ToolStream::new(format);
-        let mut out: String = pieces.iter().map(|p| s.push(p)).collect();
-        let (rest, calls) = s.finish();
-        out += &rest;
-        (out, calls)
+        let mut deltas: Vec<Delta> = pieces.iter().map(|p| s.push(p)).collect();
+        deltas.push(s.finish().0);
+        let (mut text, mut calls, mut pieces) = (String::new(), Vec::<ToolCall>::new(), 0);
+        for d in deltas {
+            text += &d.content;
+            for c in d.calls {
+                if let Some(name) = c.name {
+                    assert_eq!(c.index, calls.len(), "calls open in order");
+                    calls.push(ToolCall { name, arguments: String::new() });
+                }
+                pieces += usize::from(!c.arguments.is_empty());
+                calls[c.index].arguments += &c.arguments;
+            }
+        }
+        (text, calls, pieces)
+    }
+
+    #[test]
+    fn arguments_stream_as_they_are_generated() {
+        let text = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"s\": \"a}\\\"b\", \"l\": [1, {\"x\": 2}]}}\n</tool_call>\n<tool_call>\n{\"arguments\": {\"y\": 3}, \"name\": \"g\"}\n</tool_call>";
+        let whole = parse(ToolFormat::Hermes, text).unwrap().1;
+        assert_eq!(whole[0].arguments, "{\"s\": \"a}\\\"b\", \"l\": [1, {\"x\": 2}]}");
+        // Cut into pieces of every size: the deltas always add up to the whole answer's calls.
+        for size in 1..12 {
+            let chars: Vec<char> = text.chars().collect();
+            let pieces: Vec<String> = chars.chunks(size).map(|c| c.iter().collect()).collect();
+            let pieces: Vec<&str> = pieces.iter().map(|p| p.as_str()).collect();
+            let (content, calls, n) = stream(ToolFormat::Hermes, &pieces);
+            assert_eq!((content.as_str(), &calls), ("", &whole), "pieces of {size}");
+            assert!(n > 2 || size > 8, "arguments came in {n} deltas for pieces of {size}");
+        }
+        let (_, calls, n) = stream(
+            ToolFormat::Mistral,
+            &[
+                "[TOOL_CALLS][{\"name\": \"f\", \"argu",
+                "ments\": {\"a\":",
+                " 1}}, {\"name\"",
+                ": \"g\", \"arguments\": {}}]",
+            ],
+        );
+        assert_eq!(
+            (calls.len(), calls[0].arguments.as_str(), calls[1].arguments.as_str(), n),
+            (2, "{\"a\": 1}", "{}", 3)
+        );
     }
 
     #[test]
     fn streams_send_text_until_a_call_begins() {
-        let (text, calls) =
+        let (text, calls, _) =
             stream(ToolFormat::Hermes, &["Hi <tool", "_call>\n{\"name\": \"f\", ", "\"arguments\": {}}\n</tool_call>"]);
         assert_eq!((text.as_str(), calls.len()), ("Hi ", 1));
-        assert_eq!(stream(ToolFormat::Hermes, &["a <to", "o b"]), ("a <too b".into(), vec![]));
-        let (text, calls) = stream(ToolFormat::Llama3Json, &[" {\"name\": \"f\",", " \"parameters\": {}}"]);
+        assert_eq!(stream(ToolFormat::Hermes, &["a <to", "o b"]), ("a <too b".into(), vec![], 0));
+        let (text, calls, _) = stream(ToolFormat::Llama3Json, &[" {\"name\": \"f\",", " \"parameters\": {}}"]);
         assert_eq!((text.as_str(), calls.len()), ("", 1));
-        assert_eq!(stream(ToolFormat::Llama3Json, &["Par", "is {x}"]), ("Paris {x}".into(), vec![]));
-        let (text, calls) = stream(ToolFormat::Mistral, &["[TOOL_", "CALLS][{\"name\": \"f\", \"arguments\": {}}]"]);
+        assert_eq!(stream(ToolFormat::Llama3Json, &["Par", "is {x}"]), ("Paris {x}".into(), vec![], 0));
+        let (text, calls, _) = stream(ToolFormat::Mistral, &["[TOOL_", "CALLS][{\"name\": \"f\", \"arguments\": {}}]"]);
         assert_eq!((text.as_str(), calls.len()), ("", 1));
-        // A call that never closes is text after all.
+        // A call that never opens is text after all; one that opened stands.
         assert_eq!(stream(ToolFormat::Hermes, &["<tool_call>{"]).0, "<tool_call>{");
+        let (text, calls, _) = stream(ToolFormat::Hermes, &["<tool_call>{\"name\": \"f\", \"arguments\": {\"a"]);
+        assert_eq!((text.as_str(), calls[0].arguments.as_str()), ("", "{\"a"));
     }
 
     #[test]

@@ -7,7 +7,7 @@ use super::routes::within;
 use crate::api::openai::{
     chat_logprobs, completion_logprobs, finish_reason, prompt_scores, usage, ChatRequest, CompletionRequest,
 };
-use crate::api::tools::{self, ToolFormat, ToolStream};
+use crate::api::tools::{Delta, ToolFormat, ToolStream};
 use crate::api::{unix_time, ApiError};
 use crate::engine::{EngineHandle, Event, Request, RequestStream, Usage};
 use crate::tokenizer::Tokenizer;
@@ -295,8 +295,8 @@ pub async fn chat(engine: &EngineHandle, req: ChatRequest, id: String, ctx: Ctx)
 }
 
 /// Turns a chat stream's events into chunks. With tools, each sample's text passes through
-/// a [`ToolStream`]: content flows until a call begins, and the calls go out at the end as
-/// `tool_calls` deltas with `finish_reason: "tool_calls"`.
+/// a [`ToolStream`]: content flows until a call begins; each call then opens with its name
+/// and its arguments follow as `tool_calls` deltas, ending with `finish_reason: "tool_calls"`.
 struct ChatEvents {
     tok: Arc<crate::loaded::LoadedModel>,
     chunk: Box<dyn Fn(Value) -> Value + Send>,
@@ -313,7 +313,7 @@ impl ChatEvents {
         let chunk = &self.chunk;
         match ev {
             Event::Token { index, id, text, logprobs } => {
-                let text = match self.tools.get_mut(index) {
+                let delta = match self.tools.get_mut(index) {
                     Some(ts) => {
                         let piece = match self.marker {
                             Some((m, marker)) if m == id => marker,
@@ -321,51 +321,55 @@ impl ChatEvents {
                         };
                         ts.push(piece)
                     }
-                    None => text,
+                    None => Delta { content: text, calls: Vec::new() },
                 };
-                if text.is_empty() && !self.with_logprobs {
+                if delta == Delta::default() && !self.with_logprobs {
                     return vec![];
                 }
                 let lp = match (self.with_logprobs, logprobs) {
                     (true, Some(l)) => chat_logprobs(&self.tok.tokenizer, &[l]),
                     _ => Value::Null,
                 };
-                vec![chunk(json!({"index": index, "delta": {"content": text}, "logprobs": lp, "finish_reason": null}))]
+                vec![chunk(
+                    json!({"index": index, "delta": self.delta_json(&delta), "logprobs": lp, "finish_reason": null}),
+                )]
             }
             Event::Finished { index, reason, text, .. } => {
                 let mut finish = finish_reason(Some(reason));
-                let (text, calls) = match (self.tools.get_mut(index), self.format) {
-                    (Some(ts), Some(format)) => {
-                        let mut content = ts.push(&text);
-                        let (rest, calls) = std::mem::replace(ts, ToolStream::new(format)).finish();
-                        content += &rest;
-                        (content, calls)
-                    }
-                    _ => (text, vec![]),
-                };
                 let mut out = Vec::new();
-                if !calls.is_empty() {
-                    if !text.is_empty() {
-                        out.push(chunk(json!({"index": index, "delta": {"content": text}, "logprobs": null, "finish_reason": null})));
+                let mut last = json!({});
+                match (self.tools.get_mut(index), self.format) {
+                    (Some(ts), Some(format)) => {
+                        let piece = ts.push(&text);
+                        let (rest, called) = std::mem::replace(ts, ToolStream::new(format)).finish();
+                        for d in [piece, rest].iter().filter(|d| **d != Delta::default()) {
+                            out.push(chunk(json!({"index": index, "delta": self.delta_json(d), "logprobs": null, "finish_reason": null})));
+                        }
+                        if called && reason == crate::engine::FinishReason::Stop {
+                            finish = json!("tool_calls");
+                        }
                     }
-                    let format = self.format.expect("calls were read");
-                    let mut deltas = tools::tool_calls_json(format, &calls);
-                    for (k, d) in deltas.as_array_mut().into_iter().flatten().enumerate() {
-                        d["index"] = k.into();
-                    }
-                    out.push(chunk(json!({"index": index, "delta": {"tool_calls": deltas}, "logprobs": null, "finish_reason": null})));
-                    if reason == crate::engine::FinishReason::Stop {
-                        finish = json!("tool_calls");
-                    }
-                    out.push(chunk(json!({"index": index, "delta": {}, "logprobs": null, "finish_reason": finish})));
-                } else {
-                    let delta = if text.is_empty() { json!({}) } else { json!({"content": text}) };
-                    out.push(chunk(json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": finish})));
+                    _ if !text.is_empty() => last = json!({"content": text}),
+                    _ => {}
                 }
+                out.push(chunk(json!({"index": index, "delta": last, "logprobs": null, "finish_reason": finish})));
                 out
             }
             Event::Error { .. } | Event::PromptLogprobs { .. } => vec![],
         }
+    }
+
+    /// A chunk's `delta`: the content (also when empty, if there is nothing else) and the
+    /// pieces of calls.
+    fn delta_json(&self, d: &Delta) -> Value {
+        let mut v = json!({});
+        if !d.content.is_empty() || d.calls.is_empty() {
+            v["content"] = d.content.clone().into();
+        }
+        if let (false, Some(format)) = (d.calls.is_empty(), self.format) {
+            v["tool_calls"] = d.calls.iter().map(|c| c.to_json(format)).collect();
+        }
+        v
     }
 }
 
