@@ -7,7 +7,7 @@ mod common;
 use common::{collect, greedy, model_as, reference, shared_models};
 use weft::engine::{EngineConfig, EngineHandle};
 use weft::kernels::quant::GgmlType;
-use weft::kv::{BlockAllocator, BlockTable, KvCache};
+use weft::kv::{BlockAllocator, BlockTable, KvCache, KvCacheDtype};
 use weft::loaded::LoadedModel;
 use weft::model::{SeqStep, StepInput, WeightDtype, Workspace};
 use weft::sampling::argmax;
@@ -18,7 +18,8 @@ fn teacher_forced(m: &LoadedModel, prompt: &[u32], generated: &[u32]) -> Vec<Vec
     let llama = &m.model;
     let c = &llama.config;
     let n = prompt.len() + generated.len();
-    let mut kv = KvCache::new(c.num_layers, n.div_ceil(16), 16, c.num_kv_heads, c.head_dim);
+    let mut kv =
+        KvCache::new(llama.kv_dtype(KvCacheDtype::Auto), c.num_layers, n.div_ceil(16), 16, c.num_kv_heads, c.head_dim);
     let mut alloc = BlockAllocator::new(kv.num_blocks(), false);
     let mut table = BlockTable::default();
     table.reserve(&mut alloc, n, 16).unwrap();
@@ -103,8 +104,8 @@ fn quantizing_at_load_stays_close_to_the_float_weights() {
     }
 }
 
-/// On the quantized path too, the reference prompts give the same greedy ids alone and in
-/// one ragged batch.
+/// On the quantized path too (with its f16 KV cache), the reference prompts give the same
+/// greedy ids alone and in one ragged batch.
 #[test]
 fn quantized_batching_changes_nothing() {
     if shared_models().is_none() {
@@ -125,7 +126,7 @@ fn quantized_batching_changes_nothing() {
 }
 
 /// `weft perplexity`'s evaluation: a model against itself is a perfect match; the quantized
-/// path against f32 is close, with a finite perplexity.
+/// path against f32 is close, with a finite perplexity, and so is an f16 KV cache.
 #[test]
 fn perplexity_and_kl_against_a_base_model() {
     if shared_models().is_none() {
@@ -136,14 +137,20 @@ fn perplexity_and_kl_against_a_base_model() {
     let m = model_as(path, WeightDtype::F32);
     let text: String = reference("stories260k").iter().map(|c| c.prompt.clone() + " ").collect::<String>().repeat(3);
     let tokens = m.tokenizer.encode(&text).unwrap();
-    let same = evaluate(&m, Some(&m), &tokens, 32).unwrap();
+    let same = evaluate(&m, Some(&m), &tokens, 32, KvCacheDtype::Auto).unwrap();
     assert!(same.scored > 0 && same.perplexity.is_finite() && same.perplexity > 1.0, "{same:?}");
     assert_eq!((same.base_perplexity, same.top1_agreement), (Some(same.perplexity), Some(1.0)));
     assert!(same.mean_kld.unwrap().abs() < 1e-12, "{same:?}");
 
     let q = "tiny-llama3-q/tiny-llama3-q.Q8_0.gguf";
     let (exact, quant) = (model_as(q, WeightDtype::F32), model_as(q, WeightDtype::Auto));
-    let r = evaluate(&quant, Some(&exact), &tokens, 32).unwrap();
+    let r = evaluate(&quant, Some(&exact), &tokens, 32, KvCacheDtype::Auto).unwrap();
     assert!(r.mean_kld.unwrap() < 0.02 && r.top1_agreement.unwrap() > 0.9, "{r:?}");
     assert!((r.perplexity / r.base_perplexity.unwrap() - 1.0).abs() < 0.05, "{r:?}");
+
+    // An f16 KV cache under exact weights: close to the f32 cache (the default's
+    // approximation on quantized models).
+    let r = evaluate(&exact, Some(&exact), &tokens, 32, KvCacheDtype::F16).unwrap();
+    assert!(r.mean_kld.unwrap() < 1e-3 && r.top1_agreement.unwrap() > 0.97, "{r:?}");
+    assert!(r.mean_kld.unwrap() > 0.0, "the cache was f16: {r:?}");
 }

@@ -4,7 +4,7 @@ mod common;
 
 use common::{collect, engine, greedy, model, reference, shared_models, VARIANTS};
 use weft::engine::EngineConfig;
-use weft::kv::{BlockAllocator, BlockTable, KvCache};
+use weft::kv::{BlockAllocator, BlockTable, KvCache, KvCacheDtype};
 use weft::model::{SeqStep, StepInput, Workspace};
 use weft::sampling::argmax;
 use weft::tokenizer::{Detokenizer, Tokenizer};
@@ -40,6 +40,7 @@ fn logits_and_greedy_steps_match_reference() {
         for case in reference(refdir) {
             let n = case.prompt_ids.len() + case.generated_ids.len();
             let mut kv = KvCache::new(
+                llama.kv_dtype(KvCacheDtype::Auto),
                 llama.config.num_layers,
                 n.div_ceil(16),
                 16,
@@ -252,7 +253,14 @@ fn sixteen_bit_weights_stay_16_bit_and_exact() {
                 let logits = |m: &weft::loaded::LoadedModel| {
                     let c = &m.model.config;
                     let n = case.prompt_ids.len();
-                    let mut kv = KvCache::new(c.num_layers, n.div_ceil(16), 16, c.num_kv_heads, c.head_dim);
+                    let mut kv = KvCache::new(
+                        m.model.kv_dtype(KvCacheDtype::Auto),
+                        c.num_layers,
+                        n.div_ceil(16),
+                        16,
+                        c.num_kv_heads,
+                        c.head_dim,
+                    );
                     let mut alloc = BlockAllocator::new(kv.num_blocks(), false);
                     let mut table = BlockTable::default();
                     table.reserve(&mut alloc, n, 16).unwrap();

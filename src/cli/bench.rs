@@ -390,12 +390,12 @@ fn speculative_run(
 
 /// Decode tokens/s of the model's forward pass driven directly (no engine, scheduler or
 /// sampler): the yardstick for the engine's single-request overhead.
-fn bare_decode(model: &crate::model::Decoder, prompt: &[u32], gen: usize) -> f64 {
+fn bare_decode(model: &crate::model::Decoder, kv: crate::kv::KvCacheDtype, prompt: &[u32], gen: usize) -> f64 {
     use crate::kv::{BlockAllocator, BlockTable, KvCache};
     use crate::model::{SeqStep, StepInput, Workspace};
     let c = &model.config;
     let n = prompt.len() + gen;
-    let mut kv = KvCache::new(c.num_layers, n.div_ceil(16), 16, c.num_kv_heads, c.head_dim);
+    let mut kv = KvCache::new(model.kv_dtype(kv), c.num_layers, n.div_ceil(16), 16, c.num_kv_heads, c.head_dim);
     let mut alloc = BlockAllocator::new(kv.num_blocks(), false);
     let mut table = BlockTable::default();
     table.reserve(&mut alloc, n, 16).expect("sized for the sequence");
@@ -463,10 +463,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let base = args.engine.config();
     let threads = crate::engine::thread_pool(base.threads)?.current_num_threads();
     println!(
-        "model {} ({} MB of weights, {:?}), {threads} threads",
+        "model {} ({} MB of weights, {:?}; {} KV cache), {threads} threads",
         model.name,
         model.model.weight_bytes() / 1_000_000,
-        args.engine.dtype
+        args.engine.dtype,
+        model.model.kv_dtype(base.kv_cache_dtype)
     );
     let mut rng = Rng(args.seed ^ 0x9E37_79B9_7F4A_7C15);
     let mut report = json!({"model": model.name, "threads": threads});
@@ -523,7 +524,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let engine_b1 = rows.iter().find(|r| r["batch"] == 1).and_then(|r| r["tg_tok_s"].as_f64()).unwrap_or(0.0);
             let prompt = random_prompt(&mut rng, args.prompt_tokens, vocab);
             let bare = crate::engine::thread_pool(base.threads)?
-                .install(|| bare_decode(&model.model, &prompt, args.gen_tokens));
+                .install(|| bare_decode(&model.model, args.engine.kv_cache_dtype, &prompt, args.gen_tokens));
             println!(
                 "  single request: engine {engine_b1:.1} tokens/s, bare forward loop {bare:.1} ({:+.1}%)",
                 (engine_b1 / bare - 1.0) * 100.0

@@ -88,6 +88,11 @@ pub struct EngineArgs {
     /// KV cache size, in bytes or with a unit (512M, 2G).
     #[arg(long, default_value = "1G", value_parser = parse_bytes)]
     pub kv_cache_memory: usize,
+    /// Element type of the KV cache (`auto`: f16 for block-format weights, halving the
+    /// cache's memory and the bytes decode reads from it; f32 for float weights, which then
+    /// compute exactly).
+    #[arg(long, default_value = "auto")]
+    pub kv_cache_dtype: crate::kv::KvCacheDtype,
     /// Tokens per KV cache block.
     #[arg(long, default_value_t = EngineConfig::default().block_size)]
     pub block_size: usize,
@@ -158,6 +163,7 @@ impl EngineArgs {
             max_num_seqs: self.max_num_seqs,
             max_num_batched_tokens: self.max_num_batched_tokens,
             kv_cache_memory: self.kv_cache_memory,
+            kv_cache_dtype: self.kv_cache_dtype,
             block_size: self.block_size,
             max_waiting_requests: self.max_waiting_requests,
             max_model_len: self.max_model_len,

@@ -8,7 +8,7 @@
 //! sequences decoding in lockstep, one teacher-forced token per step.
 
 use super::EngineArgs;
-use crate::kv::{BlockAllocator, BlockTable, KvCache};
+use crate::kv::{BlockAllocator, BlockTable, KvCache, KvCacheDtype};
 use crate::loaded::LoadedModel;
 use crate::model::{SeqStep, StepInput, WeightDtype, Workspace};
 use anyhow::{ensure, Context, Result};
@@ -58,9 +58,16 @@ struct Lane<'m> {
 }
 
 impl<'m> Lane<'m> {
-    fn new(model: &'m LoadedModel, chunks: usize, ctx: usize) -> Self {
+    fn new(model: &'m LoadedModel, chunks: usize, ctx: usize, kv: KvCacheDtype) -> Self {
         let c = &model.model.config;
-        let kv = KvCache::new(c.num_layers, chunks * ctx.div_ceil(BLOCK), BLOCK, c.num_kv_heads, c.head_dim);
+        let kv = KvCache::new(
+            model.model.kv_dtype(kv),
+            c.num_layers,
+            chunks * ctx.div_ceil(BLOCK),
+            BLOCK,
+            c.num_kv_heads,
+            c.head_dim,
+        );
         let mut alloc = BlockAllocator::new(kv.num_blocks(), false);
         let tables = (0..chunks)
             .map(|_| {
@@ -92,7 +99,13 @@ fn argmax(x: &[f64]) -> usize {
 }
 
 /// Scores `tokens` with `model` (and compares with `base`), in chunks of `ctx`.
-pub fn evaluate(model: &LoadedModel, base: Option<&LoadedModel>, tokens: &[u32], ctx: usize) -> Result<Report> {
+pub fn evaluate(
+    model: &LoadedModel,
+    base: Option<&LoadedModel>,
+    tokens: &[u32],
+    ctx: usize,
+    kv: KvCacheDtype,
+) -> Result<Report> {
     ensure!(ctx >= 4, "--ctx must be at least 4");
     ensure!(
         ctx <= model.model.config.max_position_embeddings,
@@ -106,8 +119,9 @@ pub fn evaluate(model: &LoadedModel, base: Option<&LoadedModel>, tokens: &[u32],
     ensure!(!chunks.is_empty(), "the text has {} tokens, less than one chunk of {ctx}", tokens.len());
     let (mut nll, mut base_nll, mut kld, mut agree, mut scored) = (0f64, 0f64, 0f64, 0usize, 0usize);
     for group in chunks.chunks(LANES) {
-        let mut lane = Lane::new(model, group.len(), ctx);
-        let mut base_lane = base.map(|b| Lane::new(b, group.len(), ctx));
+        let mut lane = Lane::new(model, group.len(), ctx, kv);
+        // The base is the reference: its cache as its weights ask (f32 for float weights).
+        let mut base_lane = base.map(|b| Lane::new(b, group.len(), ctx, KvCacheDtype::Auto));
         for pos in 0..ctx - 1 {
             let lp = lane.step(group, pos);
             let blp = base_lane.as_mut().map(|l| l.step(group, pos));
@@ -146,7 +160,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     let tokens = model.tokenizer.encode(&text)?;
     let pool = crate::engine::thread_pool(args.engine.threads)?;
     let t0 = Instant::now();
-    let r = pool.install(|| evaluate(&model, base.as_ref(), &tokens, args.ctx))?;
+    let r = pool.install(|| evaluate(&model, base.as_ref(), &tokens, args.ctx, args.engine.kv_cache_dtype))?;
     println!(
         "{} tokens scored in {:.1} s (chunks of {}, second halves): perplexity {:.4}",
         r.scored,

@@ -81,7 +81,8 @@ impl EngineHandle {
         anyhow::ensure!(config.max_num_batched_tokens > 0, "--max-num-batched-tokens must be at least 1");
         anyhow::ensure!(config.block_size > 0, "--block-size must be at least 1");
         let c = model.model.config.clone();
-        let per_block = KvCache::bytes_per_block(c.num_layers, config.block_size, c.num_kv_heads, c.head_dim);
+        let kv_dtype = model.model.kv_dtype(config.kv_cache_dtype);
+        let per_block = KvCache::bytes_per_block(kv_dtype, c.num_layers, config.block_size, c.num_kv_heads, c.head_dim);
         let num_blocks = config.kv_cache_memory / per_block;
         anyhow::ensure!(
             num_blocks > 0,
@@ -102,7 +103,7 @@ impl EngineHandle {
         });
         // The pools are allocated (and their pages mapped) before the handle exists, so the
         // first requests do not wait for them.
-        let kv = KvCache::new(c.num_layers, num_blocks, config.block_size, c.num_kv_heads, c.head_dim);
+        let kv = KvCache::new(kv_dtype, c.num_layers, num_blocks, config.block_size, c.num_kv_heads, c.head_dim);
         let spec = match &shared.config.speculative {
             Some(cfg) => Some(Speculator::new(
                 cfg,
@@ -110,6 +111,7 @@ impl EngineHandle {
                 shared.capacity_tokens,
                 config.block_size,
                 config.max_num_batched_tokens,
+                config.kv_cache_dtype,
             )?),
             None => None,
         };

@@ -31,6 +31,8 @@ pub struct EngineConfig {
     pub max_num_batched_tokens: usize,
     /// Bytes for the KV cache.
     pub kv_cache_memory: usize,
+    /// Element type of the KV cache.
+    pub kv_cache_dtype: crate::kv::KvCacheDtype,
     /// Tokens per KV block.
     pub block_size: usize,
     /// Sequences (prompts × `n`) allowed to wait for a place in the batch; beyond that
@@ -56,6 +58,7 @@ impl Default for EngineConfig {
             max_num_seqs: 64,
             max_num_batched_tokens: 512,
             kv_cache_memory: 1 << 30,
+            kv_cache_dtype: crate::kv::KvCacheDtype::Auto,
             block_size: 16,
             max_waiting_requests: 1024,
             max_model_len: 0,

@@ -6,16 +6,66 @@
 //! GQA group are processed together, block by block, so each block of K and V is fetched
 //! from memory once for all of them. Scores are formed per position and summed over
 //! positions in order, so a query's result does not depend on how its prompt was chunked or
-//! what else ran in the step.
+//! what else ran in the step. Pools hold f32 or f16: at many sequences decode is bound by
+//! reading the cache, and f16 halves those bytes (and the memory a sequence takes).
 
+use super::buffer::Zeroable;
 use super::dot::{axpy_lanes, dot_lanes};
 use super::exp::exp;
+
+/// An element of the K/V pools, widened to f32 as it is read.
+pub trait KvElem: Zeroable + Send + Sync + 'static {
+    fn from_f32(x: f32) -> Self;
+    fn to_f32(self) -> f32;
+    /// Eight consecutive elements as f32 (inlined into AVX2+F16C code only).
+    ///
+    /// # Safety
+    /// `p` must point at eight readable elements, and the CPU must have AVX2 and F16C.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+}
+
+impl KvElem for f32 {
+    fn from_f32(x: f32) -> Self {
+        x
+    }
+    fn to_f32(self) -> f32 {
+        self
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
+        std::arch::x86_64::_mm256_loadu_ps(p)
+    }
+}
+
+/// f16, as its bits.
+impl KvElem for u16 {
+    fn from_f32(x: f32) -> Self {
+        half::f16::from_f32(x).to_bits()
+    }
+    fn to_f32(self) -> f32 {
+        half::f16::from_bits(self).to_f32()
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const u16) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
+    }
+}
+
+/// One layer's K and V pools, in their element type.
+#[derive(Clone, Copy)]
+pub enum Pools<'a> {
+    F32 { k: &'a [f32], v: &'a [f32] },
+    F16 { k: &'a [u16], v: &'a [u16] },
+}
 
 /// One layer's K and V pools, viewed for reading.
 #[derive(Clone, Copy)]
 pub struct PagedKv<'a> {
-    pub k: &'a [f32],
-    pub v: &'a [f32],
+    pub pools: Pools<'a>,
     pub block_size: usize,
     /// Kv heads in the pools (their stride).
     pub kv_heads: usize,
@@ -28,8 +78,8 @@ pub struct PagedKv<'a> {
 
 impl<'a> PagedKv<'a> {
     /// The pools of one layer, every kv head in view.
-    pub fn new(k: &'a [f32], v: &'a [f32], block_size: usize, kv_heads: usize, head_dim: usize) -> Self {
-        PagedKv { k, v, block_size, kv_heads, head_dim, first_head: 0, view_heads: kv_heads }
+    pub fn new(pools: Pools<'a>, block_size: usize, kv_heads: usize, head_dim: usize) -> Self {
+        PagedKv { pools, block_size, kv_heads, head_dim, first_head: 0, view_heads: kv_heads }
     }
 
     /// This view narrowed to kv head `h` alone, so the heads of one sequence can be
@@ -92,6 +142,8 @@ pub fn softcap(xs: &mut [f32], cap: f32) {
 #[derive(Default)]
 pub struct Scratch {
     scores: Vec<f32>,
+    /// A K or V row widened to f32 (the portable path).
+    row: Vec<f32>,
 }
 
 /// For each query head `h` (`q` and `out` are `[heads, head_dim]`, heads a multiple of the
@@ -99,19 +151,39 @@ pub struct Scratch {
 /// `out[h] = softmax(score(q[h]·Kᵀ)) · V` over the span. Blocks are visited in order with
 /// every kv head of a block together, so each block's K (and V) is one contiguous read.
 pub fn attend(q: &[f32], kv: PagedKv<'_>, span: KvSpan<'_>, scoring: Scoring, scratch: &mut Scratch, out: &mut [f32]) {
+    match kv.pools {
+        Pools::F32 { k, v } => attend_in(q, k, v, kv, span, scoring, scratch, out),
+        Pools::F16 { k, v } => attend_in(q, k, v, kv, span, scoring, scratch, out),
+    }
+}
+
+/// [`attend`] over pools of `E`.
+#[allow(clippy::too_many_arguments)]
+fn attend_in<E: KvElem>(
+    q: &[f32],
+    kp: &[E],
+    vp: &[E],
+    kv: PagedKv<'_>,
+    span: KvSpan<'_>,
+    scoring: Scoring,
+    scratch: &mut Scratch,
+    out: &mut [f32],
+) {
     let hd = kv.head_dim;
     assert!(span.first_pos <= span.last_pos, "empty attention span");
     let (start, end) = (span.first_pos, span.last_pos + 1);
     let n = end - start;
     let scale = scoring.scale;
-    let scores = &mut scratch.scores;
+    let Scratch { scores, row } = scratch;
     scores.clear();
     scores.resize(q.len() / hd * n, 0.0);
     #[cfg(target_arch = "x86_64")]
     if hd.is_multiple_of(8) && crate::kernels::matmul::avx2::available() {
-        // SAFETY: the CPU supports AVX2 and FMA, and the head dim is a multiple of 8.
-        return unsafe { attend_avx2(q, kv, span, scoring, scores, out) };
+        // SAFETY: the CPU supports AVX2, FMA and F16C, and the head dim is a multiple of 8.
+        return unsafe { attend_avx2(q, kp, vp, kv, span, scoring, scores, out) };
     }
+    row.resize(hd, 0.0);
+    let widen = |row: &mut [f32], src: &[E]| row.iter_mut().zip(src).for_each(|(r, s)| *r = s.to_f32());
     let group_width = q.len() / kv.view_heads;
     let head_stride = kv.block_size * hd;
     let mut p0 = 0;
@@ -119,9 +191,9 @@ pub fn attend(q: &[f32], kv: PagedKv<'_>, span: KvSpan<'_>, scoring: Scoring, sc
         for (g, qg) in q.chunks_exact(group_width).enumerate() {
             let kb = base + (kv.first_head + g) * head_stride;
             for j in 0..len {
-                let k = &kv.k[kb + j * hd..kb + (j + 1) * hd];
+                widen(row, &kp[kb + j * hd..kb + (j + 1) * hd]);
                 for (hh, qh) in qg.chunks_exact(hd).enumerate() {
-                    scores[(g * group_width / hd + hh) * n + p0 + j] = dot_lanes(qh, k) * scale;
+                    scores[(g * group_width / hd + hh) * n + p0 + j] = dot_lanes(qh, row) * scale;
                 }
             }
         }
@@ -135,9 +207,9 @@ pub fn attend(q: &[f32], kv: PagedKv<'_>, span: KvSpan<'_>, scoring: Scoring, sc
         for (g, og) in out.chunks_exact_mut(group_width).enumerate() {
             let vb = base + (kv.first_head + g) * head_stride;
             for j in 0..len {
-                let v = &kv.v[vb + j * hd..vb + (j + 1) * hd];
+                widen(row, &vp[vb + j * hd..vb + (j + 1) * hd]);
                 for (hh, oh) in og.chunks_exact_mut(hd).enumerate() {
-                    axpy_lanes(oh, scores[(g * group_width / hd + hh) * n + p0 + j], v);
+                    axpy_lanes(oh, scores[(g * group_width / hd + hh) * n + p0 + j], row);
                 }
             }
         }
@@ -148,9 +220,12 @@ pub fn attend(q: &[f32], kv: PagedKv<'_>, span: KvSpan<'_>, scoring: Scoring, sc
 /// AVX2 version: scores eight positions at a time (eight independent FMA chains, summed
 /// together), and the weighted sum of V in registers, 64 floats of a head at a time.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn attend_avx2(
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attend_avx2<E: KvElem>(
     q: &[f32],
+    kp: &[E],
+    vp: &[E],
     kv: PagedKv<'_>,
     span: KvSpan<'_>,
     scoring: Scoring,
@@ -167,16 +242,16 @@ unsafe fn attend_avx2(
     let mut p0 = 0;
     for (base, len) in kv.runs(span.block_table, start, end) {
         for (h, qh) in q.chunks_exact(hd).enumerate() {
-            let kb = kv.k[base + (kv.first_head + h / group) * head_stride..][..len * hd].as_ptr();
+            let kb = kp[base + (kv.first_head + h / group) * head_stride..][..len * hd].as_ptr();
             let row = &mut scores[h * n + p0..h * n + p0 + len];
             for j in (0..len).step_by(8) {
                 // Past the run's end the last row repeats; those scores are not kept.
-                let rows: [*const f32; 8] = std::array::from_fn(|i| kb.add((j + i).min(len - 1) * hd));
+                let rows: [*const E; 8] = std::array::from_fn(|i| kb.add((j + i).min(len - 1) * hd));
                 let mut acc = [_mm256_setzero_ps(); 8];
                 for c in (0..hd).step_by(8) {
                     let qv = _mm256_loadu_ps(qh.as_ptr().add(c));
                     for (a, r) in acc.iter_mut().zip(&rows) {
-                        *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(r.add(c)), *a);
+                        *a = _mm256_fmadd_ps(qv, E::load8(r.add(c)), *a);
                     }
                 }
                 let sums = _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(scale));
@@ -198,19 +273,19 @@ unsafe fn attend_avx2(
     let mut p0 = 0;
     for (bi, (base, len)) in kv.runs(span.block_table, start, end).enumerate() {
         for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
-            let vb = kv.v[base + (kv.first_head + h / group) * head_stride..][..len * hd].as_ptr();
+            let vb = vp[base + (kv.first_head + h / group) * head_stride..][..len * hd].as_ptr();
             let w = &scores[h * n + p0..h * n + p0 + len];
             for c0 in (0..hd).step_by(64) {
                 let (o, v) = (oh.as_mut_ptr().add(c0), vb.add(c0));
                 match (hd - c0) / 8 {
-                    1 => weighted_sum::<1>(w, v, hd, o, bi > 0),
-                    2 => weighted_sum::<2>(w, v, hd, o, bi > 0),
-                    3 => weighted_sum::<3>(w, v, hd, o, bi > 0),
-                    4 => weighted_sum::<4>(w, v, hd, o, bi > 0),
-                    5 => weighted_sum::<5>(w, v, hd, o, bi > 0),
-                    6 => weighted_sum::<6>(w, v, hd, o, bi > 0),
-                    7 => weighted_sum::<7>(w, v, hd, o, bi > 0),
-                    _ => weighted_sum::<8>(w, v, hd, o, bi > 0),
+                    1 => weighted_sum::<E, 1>(w, v, hd, o, bi > 0),
+                    2 => weighted_sum::<E, 2>(w, v, hd, o, bi > 0),
+                    3 => weighted_sum::<E, 3>(w, v, hd, o, bi > 0),
+                    4 => weighted_sum::<E, 4>(w, v, hd, o, bi > 0),
+                    5 => weighted_sum::<E, 5>(w, v, hd, o, bi > 0),
+                    6 => weighted_sum::<E, 6>(w, v, hd, o, bi > 0),
+                    7 => weighted_sum::<E, 7>(w, v, hd, o, bi > 0),
+                    _ => weighted_sum::<E, 8>(w, v, hd, o, bi > 0),
                 }
             }
         }
@@ -221,9 +296,15 @@ unsafe fn attend_avx2(
 /// `out[..8L] (+)= Σ_j w[j] · v[j * stride..][..8L]`, summed over `j` in order, with the
 /// `L` accumulators in registers (a fixed count, so they are not spilled to the stack).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn weighted_sum<const L: usize>(w: &[f32], v: *const f32, stride: usize, out: *mut f32, accumulate: bool) {
+unsafe fn weighted_sum<E: KvElem, const L: usize>(
+    w: &[f32],
+    v: *const E,
+    stride: usize,
+    out: *mut f32,
+    accumulate: bool,
+) {
     use std::arch::x86_64::*;
     let mut acc = [_mm256_setzero_ps(); L];
     if accumulate {
@@ -234,7 +315,7 @@ unsafe fn weighted_sum<const L: usize>(w: &[f32], v: *const f32, stride: usize, 
     for (j, &wj) in w.iter().enumerate() {
         let (wv, row) = (_mm256_set1_ps(wj), v.add(j * stride));
         for (i, a) in acc.iter_mut().enumerate() {
-            *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(row.add(8 * i)), *a);
+            *a = _mm256_fmadd_ps(wv, E::load8(row.add(8 * i)), *a);
         }
     }
     for (i, a) in acc.iter().enumerate() {
@@ -324,7 +405,7 @@ mod tests {
         let (bs, kvh, blocks, group) = (4, 2, 8, 3);
         let k = random_vec(blocks * bs * kvh * hd, 1);
         let v = random_vec(blocks * bs * kvh * hd, 2);
-        let kv = PagedKv::new(&k, &v, bs, kvh, hd);
+        let kv = PagedKv::new(Pools::F32 { k: &k, v: &v }, bs, kvh, hd);
         let table = [5u32, 0, 7, 2];
         let heads = kvh * group;
         let q = random_vec(heads * hd, 3);
@@ -366,9 +447,38 @@ mod tests {
         }
     }
 
+    /// f16 pools give what f32 pools holding the same (f16-rounded) values give, on the
+    /// AVX2 path and the portable one.
+    #[test]
+    fn f16_pools_read_as_their_values() {
+        for hd in [6, 16, 64] {
+            let (bs, kvh, blocks, group) = (4, 2, 8, 3);
+            let round = |x: Vec<f32>| -> (Vec<u16>, Vec<f32>) {
+                let h: Vec<u16> = x.iter().map(|&x| u16::from_f32(x)).collect();
+                let f = h.iter().map(|&b| b.to_f32()).collect();
+                (h, f)
+            };
+            let (k16, k32) = round(random_vec(blocks * bs * kvh * hd, 4));
+            let (v16, v32) = round(random_vec(blocks * bs * kvh * hd, 5));
+            let q = random_vec(kvh * group * hd, 6);
+            let table = [3u32, 6, 1, 4];
+            for (first, last) in [(0, 0), (0, 15), (3, 12)] {
+                let span = KvSpan { block_table: &table, first_pos: first, last_pos: last };
+                let scoring = Scoring { scale: 0.3, softcap: None };
+                let run = |pools| {
+                    let mut out = vec![0f32; q.len()];
+                    attend(&q, PagedKv::new(pools, bs, kvh, hd), span, scoring, &mut Scratch::default(), &mut out);
+                    out
+                };
+                let (half, full) = (run(Pools::F16 { k: &k16, v: &v16 }), run(Pools::F32 { k: &k32, v: &v32 }));
+                assert_eq!(half, full, "hd {hd} {first}..={last}");
+            }
+        }
+    }
+
     #[test]
     fn runs_walk_blocks_in_position_order() {
-        let kv = PagedKv::new(&[], &[], 2, 3, 4);
+        let kv = PagedKv::new(Pools::F32 { k: &[], v: &[] }, 2, 3, 4);
         let table = [4u32, 1, 6];
         for (start, end) in [(0, 3), (1, 3), (2, 6), (3, 5), (5, 6)] {
             let got: Vec<usize> = kv

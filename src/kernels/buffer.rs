@@ -1,57 +1,71 @@
-//! Large f32 buffers (weights, KV pools) in anonymous memory advised for transparent huge
-//! pages: far fewer page faults when first touched and fewer TLB misses while weights
+//! Large buffers of numbers (weights, KV pools) in anonymous memory advised for transparent
+//! huge pages: far fewer page faults when first touched and fewer TLB misses while weights
 //! stream through the kernels. Falls back to ordinary pages where the advice is refused.
 
 use memmap2::MmapMut;
+use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
 
-pub struct F32Buf {
+/// Element types for which all-zero bytes are the value zero.
+///
+/// # Safety
+/// Implementors must be plain data with no padding, valid for every bit pattern.
+pub unsafe trait Zeroable: Copy + Default {}
+// SAFETY: f32 and u16 (f16 bits) are plain data, valid for every bit pattern.
+unsafe impl Zeroable for f32 {}
+unsafe impl Zeroable for u16 {}
+
+pub struct Buf<T: Zeroable> {
     map: Option<MmapMut>,
     len: usize,
+    kind: PhantomData<T>,
 }
 
-impl F32Buf {
+pub type F32Buf = Buf<f32>;
+
+impl<T: Zeroable> Buf<T> {
     /// `len` zeros.
     pub fn zeroed(len: usize) -> Self {
         if len == 0 {
-            return F32Buf { map: None, len };
+            return Buf { map: None, len, kind: PhantomData };
         }
-        let map = MmapMut::map_anon(len * std::mem::size_of::<f32>()).expect("allocating anonymous memory");
+        let map = MmapMut::map_anon(len * std::mem::size_of::<T>()).expect("allocating anonymous memory");
         #[cfg(target_os = "linux")]
         let _ = map.advise(memmap2::Advice::HugePage);
-        F32Buf { map: Some(map), len }
+        Buf { map: Some(map), len, kind: PhantomData }
     }
 
     /// `len` zeros with every page already mapped, so the first writes into it (a KV pool's,
     /// during serving) do not each stop for a page fault.
     pub fn zeroed_resident(len: usize) -> Self {
         let mut buf = Self::zeroed(len);
-        const PAGE_FLOATS: usize = 4096 / std::mem::size_of::<f32>();
-        for i in (0..len).step_by(PAGE_FLOATS) {
+        let page = 4096 / std::mem::size_of::<T>();
+        for i in (0..len).step_by(page) {
             // A volatile write, so the store that faults the page in is not optimised away.
             // SAFETY: `i < len`, inside the buffer.
-            unsafe { std::ptr::write_volatile(buf.as_mut_ptr().add(i), 0.0) };
+            unsafe { std::ptr::write_volatile(buf.as_mut_ptr().add(i), T::default()) };
         }
         buf
     }
 }
 
-impl Deref for F32Buf {
-    type Target = [f32];
-    fn deref(&self) -> &[f32] {
+impl<T: Zeroable> Deref for Buf<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
         match &self.map {
-            // SAFETY: the map is page-aligned, `len` floats long, and zero-initialised.
-            Some(m) => unsafe { std::slice::from_raw_parts(m.as_ptr().cast::<f32>(), self.len) },
+            // SAFETY: the map is page-aligned, `len` elements long, and zero-initialised,
+            // which `Zeroable` makes valid values.
+            Some(m) => unsafe { std::slice::from_raw_parts(m.as_ptr().cast::<T>(), self.len) },
             None => &[],
         }
     }
 }
 
-impl DerefMut for F32Buf {
-    fn deref_mut(&mut self) -> &mut [f32] {
+impl<T: Zeroable> DerefMut for Buf<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
         match &mut self.map {
             // SAFETY: as in `deref`, and `&mut self` makes the access exclusive.
-            Some(m) => unsafe { std::slice::from_raw_parts_mut(m.as_mut_ptr().cast::<f32>(), self.len) },
+            Some(m) => unsafe { std::slice::from_raw_parts_mut(m.as_mut_ptr().cast::<T>(), self.len) },
             None => &mut [],
         }
     }

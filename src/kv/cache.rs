@@ -1,12 +1,80 @@
 //! The K/V pools: one `[num_blocks, kv_heads, block_size, head_dim]` array each for K and V
-//! per layer, f32 so the cached path computes exactly what the reference does. Head-major
-//! blocks keep one head's positions contiguous, the order attention reads them in.
+//! per layer. Head-major blocks keep one head's positions contiguous, the order attention
+//! reads them in. Elements are f32 (the cached path computes exactly what the reference
+//! does) or f16 (half the memory, and half the bytes a decode step reads from the cache).
 
-use crate::kernels::attention::PagedKv;
-use crate::kernels::buffer::F32Buf;
+use crate::kernels::attention::{KvElem, PagedKv, Pools};
+use crate::kernels::buffer::Buf;
+
+/// The element type of the pools, as asked for: `auto` is f16 for a model whose matrices
+/// are in a block format (already approximate, as llama.cpp's default cache) and f32 for
+/// float weights, which then compute exactly as the reference.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvCacheDtype {
+    #[default]
+    Auto,
+    F32,
+    F16,
+}
+
+impl std::str::FromStr for KvCacheDtype {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(KvCacheDtype::Auto),
+            "f32" => Ok(KvCacheDtype::F32),
+            "f16" => Ok(KvCacheDtype::F16),
+            other => Err(format!("unknown KV cache dtype {other:?} (auto, f32 or f16)")),
+        }
+    }
+}
+
+impl KvCacheDtype {
+    /// The element type for a model whose matrices are (`quantized`) or are not in a block
+    /// format.
+    pub fn resolve(self, quantized: bool) -> KvDtype {
+        match self {
+            KvCacheDtype::F32 => KvDtype::F32,
+            KvCacheDtype::F16 => KvDtype::F16,
+            KvCacheDtype::Auto if quantized => KvDtype::F16,
+            KvCacheDtype::Auto => KvDtype::F32,
+        }
+    }
+}
+
+/// The element type the pools are allocated in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvDtype {
+    F32,
+    F16,
+}
+
+impl KvDtype {
+    pub fn bytes(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::F16 => 2,
+        }
+    }
+}
+
+impl std::fmt::Display for KvDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KvDtype::F32 => "f32",
+            KvDtype::F16 => "f16",
+        })
+    }
+}
+
+/// Every layer's (K, V) pools in one element type.
+enum Layers {
+    F32(Vec<(Buf<f32>, Buf<f32>)>),
+    F16(Vec<(Buf<u16>, Buf<u16>)>),
+}
 
 pub struct KvCache {
-    layers: Vec<(F32Buf, F32Buf)>,
+    layers: Layers,
     num_blocks: usize,
     block_size: usize,
     kv_heads: usize,
@@ -14,17 +82,41 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    pub fn new(num_layers: usize, num_blocks: usize, block_size: usize, kv_heads: usize, head_dim: usize) -> Self {
+    pub fn new(
+        dtype: KvDtype,
+        num_layers: usize,
+        num_blocks: usize,
+        block_size: usize,
+        kv_heads: usize,
+        head_dim: usize,
+    ) -> Self {
         let len = num_blocks * block_size * kv_heads * head_dim;
-        let layers = (0..num_layers).map(|_| (F32Buf::zeroed_resident(len), F32Buf::zeroed_resident(len))).collect();
+        fn pools<E: KvElem>(layers: usize, len: usize) -> Vec<(Buf<E>, Buf<E>)> {
+            (0..layers).map(|_| (Buf::zeroed_resident(len), Buf::zeroed_resident(len))).collect()
+        }
+        let layers = match dtype {
+            KvDtype::F32 => Layers::F32(pools(num_layers, len)),
+            KvDtype::F16 => Layers::F16(pools(num_layers, len)),
+        };
         KvCache { layers, num_blocks, block_size, kv_heads, head_dim }
     }
 
     /// Bytes one block takes over all layers, K and V.
-    pub fn bytes_per_block(num_layers: usize, block_size: usize, kv_heads: usize, head_dim: usize) -> usize {
-        [num_layers, block_size, kv_heads, head_dim, std::mem::size_of::<f32>()]
-            .iter()
-            .fold(2usize, |a, &b| a.saturating_mul(b))
+    pub fn bytes_per_block(
+        dtype: KvDtype,
+        num_layers: usize,
+        block_size: usize,
+        kv_heads: usize,
+        head_dim: usize,
+    ) -> usize {
+        [num_layers, block_size, kv_heads, head_dim, dtype.bytes()].iter().fold(2usize, |a, &b| a.saturating_mul(b))
+    }
+
+    pub fn dtype(&self) -> KvDtype {
+        match self.layers {
+            Layers::F32(_) => KvDtype::F32,
+            Layers::F16(_) => KvDtype::F16,
+        }
     }
 
     pub fn num_blocks(&self) -> usize {
@@ -36,29 +128,43 @@ impl KvCache {
     }
 
     pub fn layer(&self, layer: usize) -> PagedKv<'_> {
-        let (k, v) = &self.layers[layer];
-        PagedKv::new(k, v, self.block_size, self.kv_heads, self.head_dim)
+        let pools = match &self.layers {
+            Layers::F32(l) => Pools::F32 { k: &l[layer].0, v: &l[layer].1 },
+            Layers::F16(l) => Pools::F16 { k: &l[layer].0, v: &l[layer].1 },
+        };
+        PagedKv::new(pools, self.block_size, self.kv_heads, self.head_dim)
     }
 
     /// Copies block `src` into block `dst` in every layer (copy-on-write for forks).
     pub fn copy_block(&mut self, src: u32, dst: u32) {
         let n = self.block_size * self.kv_heads * self.head_dim;
         let (s, d) = (src as usize * n, dst as usize * n);
-        for (k, v) in &mut self.layers {
-            k.copy_within(s..s + n, d);
-            v.copy_within(s..s + n, d);
+        fn copy<E: KvElem>(layers: &mut [(Buf<E>, Buf<E>)], s: usize, d: usize, n: usize) {
+            for (k, v) in layers {
+                k.copy_within(s..s + n, d);
+                v.copy_within(s..s + n, d);
+            }
+        }
+        match &mut self.layers {
+            Layers::F32(l) => copy(l, s, d, n),
+            Layers::F16(l) => copy(l, s, d, n),
         }
     }
 
     /// Stores all kv heads of one position: `k` and `v` are `[kv_heads * head_dim]`.
     pub fn write(&mut self, layer: usize, block_table: &[u32], pos: usize, k: &[f32], v: &[f32]) {
-        let hd = self.head_dim;
+        let (hd, bs) = (self.head_dim, self.block_size);
         let first = self.layer(layer).offset(block_table, pos, 0);
-        let (kp, vp) = &mut self.layers[layer];
-        for h in 0..self.kv_heads {
-            let o = first + h * self.block_size * hd;
-            kp[o..o + hd].copy_from_slice(&k[h * hd..(h + 1) * hd]);
-            vp[o..o + hd].copy_from_slice(&v[h * hd..(h + 1) * hd]);
+        fn store<E: KvElem>(pools: &mut (Buf<E>, Buf<E>), first: usize, step: usize, hd: usize, k: &[f32], v: &[f32]) {
+            for (h, (k, v)) in k.chunks_exact(hd).zip(v.chunks_exact(hd)).enumerate() {
+                let o = first + h * step;
+                pools.0[o..o + hd].iter_mut().zip(k).for_each(|(d, x)| *d = E::from_f32(*x));
+                pools.1[o..o + hd].iter_mut().zip(v).for_each(|(d, x)| *d = E::from_f32(*x));
+            }
+        }
+        match &mut self.layers {
+            Layers::F32(l) => store(&mut l[layer], first, bs * hd, hd, k, v),
+            Layers::F16(l) => store(&mut l[layer], first, bs * hd, hd, k, v),
         }
     }
 }
@@ -69,19 +175,31 @@ mod tests {
 
     #[test]
     fn write_lands_in_the_mapped_block_and_slot() {
-        // 2 layers, 3 blocks of 2 slots, 3 kv heads of dim 2.
-        let mut c = KvCache::new(2, 3, 2, 3, 2);
-        let k: Vec<f32> = (0..6).map(|x| x as f32).collect();
-        let v: Vec<f32> = (10..16).map(|x| x as f32).collect();
-        c.write(1, &[2, 0], 1, &k, &v);
-        let view = c.layer(1);
-        for h in 0..3 {
-            let o = view.offset(&[2, 0], 1, h);
-            assert_eq!(o, ((2 * 3 + h) * 2 + 1) * 2);
-            assert_eq!(view.k[o..o + 2], k[2 * h..2 * h + 2]);
-            assert_eq!(view.v[o..o + 2], v[2 * h..2 * h + 2]);
+        for dtype in [KvDtype::F32, KvDtype::F16] {
+            // 2 layers, 3 blocks of 2 slots, 3 kv heads of dim 2.
+            let mut c = KvCache::new(dtype, 2, 3, 2, 3, 2);
+            let k: Vec<f32> = (0..6).map(|x| x as f32).collect();
+            let v: Vec<f32> = (10..16).map(|x| x as f32 + 0.5).collect();
+            c.write(1, &[2, 0], 1, &k, &v);
+            let read = |pools: Pools<'_>, o: usize| -> (Vec<f32>, Vec<f32>) {
+                match pools {
+                    Pools::F32 { k, v } => (k[o..o + 2].to_vec(), v[o..o + 2].to_vec()),
+                    Pools::F16 { k, v } => {
+                        let w = |s: &[u16]| s[o..o + 2].iter().map(|x| x.to_f32()).collect();
+                        (w(k), w(v))
+                    }
+                }
+            };
+            let view = c.layer(1);
+            for h in 0..3 {
+                let o = view.offset(&[2, 0], 1, h);
+                assert_eq!(o, ((2 * 3 + h) * 2 + 1) * 2);
+                // Small integers and halves are exact in f16 too.
+                assert_eq!(read(view.pools, o), (k[2 * h..2 * h + 2].to_vec(), v[2 * h..2 * h + 2].to_vec()));
+            }
+            let len = 3 * 2 * 3 * 2;
+            assert!((0..len).step_by(2).all(|o| read(c.layer(0).pools, o) == (vec![0.0; 2], vec![0.0; 2])));
+            assert_eq!(KvCache::bytes_per_block(dtype, 2, 2, 3, 2), 2 * 2 * 2 * 3 * 2 * dtype.bytes());
         }
-        assert!(c.layer(0).k.iter().all(|x| *x == 0.0));
-        assert_eq!(KvCache::bytes_per_block(2, 2, 3, 2), 2 * 2 * 2 * 3 * 2 * 4);
     }
 }

@@ -8,7 +8,7 @@ mod cache;
 
 pub use allocator::{block_hash, BlockAllocator, BlockHash};
 pub use block_table::BlockTable;
-pub use cache::KvCache;
+pub use cache::{KvCache, KvCacheDtype, KvDtype};
 
 /// Raised when a sequence needs more blocks than are free; the caller decides what to evict.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

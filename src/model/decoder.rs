@@ -14,7 +14,7 @@ use crate::kernels::norm::{gelu_tanh_mul, rmsnorm_in_place};
 use crate::kernels::qmatmul::{QActs, QMatrix};
 use crate::kernels::rope::Rope;
 use crate::kernels::{rmsnorm, silu_mul};
-use crate::kv::KvCache;
+use crate::kv::{KvCache, KvCacheDtype, KvDtype};
 use anyhow::{ensure, Result};
 use rayon::prelude::*;
 
@@ -294,6 +294,17 @@ impl Decoder {
             }
         }
         Ok(Rotary::One(Rope::with_inv_freq(inv_freq, 1.0, c.max_position_embeddings)))
+    }
+
+    /// Whether the matrices are computed in a block format (then approximate anyway, so an
+    /// f16 KV cache is the default).
+    pub fn quantized(&self) -> bool {
+        self.layers.iter().any(|l| matches!(l.wqkv, Weight::Quant(_)))
+    }
+
+    /// The KV cache element type `choice` comes to for this model.
+    pub fn kv_dtype(&self, choice: KvCacheDtype) -> KvDtype {
+        choice.resolve(self.quantized())
     }
 
     /// Bytes of weights read by one step (the decode bandwidth bound).

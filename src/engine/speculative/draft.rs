@@ -4,7 +4,7 @@
 //! batched forward pass. K/V of drafts the target accepted stay valid, so only rejected
 //! positions are recomputed.
 
-use crate::kv::{BlockAllocator, BlockTable, KvCache};
+use crate::kv::{BlockAllocator, BlockTable, KvCache, KvCacheDtype};
 use crate::loaded::LoadedModel;
 use crate::model::{SeqStep, StepInput, Workspace};
 use crate::sampling::argmax;
@@ -46,12 +46,14 @@ impl DraftModel {
         capacity_tokens: usize,
         block_size: usize,
         max_catch_up: usize,
+        kv: KvCacheDtype,
     ) -> Result<Self> {
         same_vocabulary(&draft, target)?;
         let c = &draft.model.config;
         let context = c.max_position_embeddings;
         let num_blocks = capacity_tokens.div_ceil(block_size).max(1);
-        let kv = KvCache::new(c.num_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim);
+        let kv =
+            KvCache::new(draft.model.kv_dtype(kv), c.num_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim);
         Ok(DraftModel {
             model: draft,
             kv,

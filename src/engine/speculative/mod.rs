@@ -23,6 +23,7 @@ pub mod ngram;
 pub use acceptance::{worth, Acceptance, FIRST_PRIOR};
 pub use config::{Method, SpeculativeConfig, MAX_SPECULATIVE_TOKENS};
 
+use crate::kv::KvCacheDtype;
 use crate::loaded::LoadedModel;
 use crate::model::WeightDtype;
 use crate::scheduler::{Scheduler, SeqId};
@@ -70,13 +71,15 @@ impl Speculator {
         capacity_tokens: usize,
         block_size: usize,
         max_catch_up: usize,
+        kv: KvCacheDtype,
     ) -> Result<Self> {
         let (proposer, lens) = match &cfg.method {
             &Method::Ngram { min, max } => (Proposer::Ngram { min, max }, max + 1),
             Method::DraftModel { model } => {
                 let loaded = LoadedModel::open(model, WeightDtype::Auto)
                     .with_context(|| format!("loading the draft model {}", model.display()))?;
-                let d = draft::DraftModel::new(Arc::new(loaded), target, capacity_tokens, block_size, max_catch_up)?;
+                let d =
+                    draft::DraftModel::new(Arc::new(loaded), target, capacity_tokens, block_size, max_catch_up, kv)?;
                 (Proposer::Draft(Box::new(d)), 0)
             }
         };
