@@ -344,8 +344,15 @@ mod avx2 {
                 }
                 let d = _mm256_mul_ps(dw, _mm256_set1_ps(*xq.d.get_unchecked(xb)));
                 *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), *acc);
-                if OFFSET == 1 {
-                    let mw = _mm256_cvtph_ps(_mm_loadu_si128(rec.add(16).cast()));
+            }
+        }
+        // Q4_1's offsets, `m · d_x · Σx` per block, in a pass of their own: the group's
+        // records are in L1 by now, and the loop above keeps its registers for the values.
+        if OFFSET == 1 {
+            for b in 0..blocks {
+                let mw = _mm256_cvtph_ps(_mm_loadu_si128(p.add(b * rec_bytes + 16).cast()));
+                for (t, acc) in acc[..R].iter_mut().enumerate() {
+                    let xb = (first + t) * blocks + b;
                     *acc = _mm256_fmadd_ps(mw, _mm256_set1_ps(*xq.dsum.get_unchecked(xb)), *acc);
                 }
             }
@@ -416,7 +423,6 @@ mod avx2 {
             let rec = p.add(b * rec_bytes);
             prefetch(rec, rec_bytes);
             let dw = _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()));
-            let dmin = _mm256_cvtph_ps(_mm_loadu_si128(rec.add(16).cast()));
             for (t, acc) in acc[..R].iter_mut().enumerate() {
                 let xb0 = ((first + t) * blocks + b) * 8;
                 let x = xq.q.as_ptr().add(xb0 * QB);
@@ -452,10 +458,22 @@ mod avx2 {
                         let xb = xb0 + sub;
                         let d = _mm256_mul_ps(dw, _mm256_set1_ps(*xq.d.get_unchecked(xb)));
                         *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot), *acc);
-                        let m = _mm256_cvtepu8_epi32(_mm_loadl_epi64(rec.add(96 + 8 * sub).cast()));
-                        let dm = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(m));
-                        *acc = _mm256_fnmadd_ps(dm, _mm256_set1_ps(*xq.dsum.get_unchecked(xb)), *acc);
                     }
+                }
+            }
+        }
+        // The mins, `dmin·m · d_x·Σx` per sub-block, in a pass of their own: `dmin·m` is
+        // formed once per block for every row of the tile, and the loop above keeps its
+        // registers for the values.
+        for b in 0..blocks {
+            let rec = p.add(b * rec_bytes);
+            let dmin = _mm256_cvtph_ps(_mm_loadu_si128(rec.add(16).cast()));
+            for sub in 0..8 {
+                let m = _mm256_cvtepu8_epi32(_mm_loadl_epi64(rec.add(96 + 8 * sub).cast()));
+                let dm = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(m));
+                for (t, acc) in acc[..R].iter_mut().enumerate() {
+                    let xb = ((first + t) * blocks + b) * 8 + sub;
+                    *acc = _mm256_fnmadd_ps(dm, _mm256_set1_ps(*xq.dsum.get_unchecked(xb)), *acc);
                 }
             }
         }
