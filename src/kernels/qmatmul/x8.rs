@@ -269,7 +269,7 @@ mod avx2 {
             GgmlType::Q4_0 => by_tile!(legacy_q4, 0),
             GgmlType::Q4_1 => by_tile!(legacy_q4, 1),
             GgmlType::Q8_0 => by_tile!(q8_0),
-            GgmlType::Q4K => by_tile!(k_quant, false),
+            GgmlType::Q4K => by_tile!(q4_k),
             GgmlType::Q5K => by_tile!(k_quant, true),
             GgmlType::Q6K => by_tile!(q6_k),
             other => unreachable!("{other:?} is not interleaved"),
@@ -404,11 +404,12 @@ mod avx2 {
         _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16))
     }
 
-    /// Q4_K (`FIVE = false`) and Q5_K: per 32-value sub-block, `d·sc` times the integer
+    /// Q5_K (and, as `FIVE = false`, the per-row form of Q4_K that [`q4_k`] is tested
+    /// against): per 32-value sub-block, `d·sc` times the integer
     /// sum (the 6-bit scale applied in `madd`), minus `dmin·m` times the activations' sum.
     /// Q5_K's fifth bits come from the `qh` chunks before the nibbles.
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn k_quant<const FIVE: bool, const R: usize>(
+    pub(super) unsafe fn k_quant<const FIVE: bool, const R: usize>(
         p: *const u8,
         xq: &QActs,
         first: usize,
@@ -462,9 +463,68 @@ mod avx2 {
                 }
             }
         }
-        // The mins, `dmin·m · d_x·Σx` per sub-block, in a pass of their own: `dmin·m` is
-        // formed once per block for every row of the tile, and the loop above keeps its
-        // registers for the values.
+        k_mins::<R>(p, rec_bytes, xq, first, blocks, &mut acc);
+        store(&acc, out, R);
+    }
+
+    /// Q4_K with each decoded chunk shared by the tile's rows (as [`legacy_q4`] does):
+    /// values are at most 15, so eight products of at most 2·15·127 fit in i16 and a
+    /// sub-block's whole integer sum gathers before `madd` applies its scale. The integer
+    /// sums and the order of the f32 updates are [`k_quant`]'s, so results are the same.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn q4_k<const R: usize>(
+        p: *const u8,
+        xq: &QActs,
+        first: usize,
+        blocks: usize,
+        out: &mut [[f32; GROUP]; TILE],
+    ) {
+        let (rec_bytes, head) = record(GgmlType::Q4K);
+        let low4 = _mm256_set1_epi8(0xF);
+        let mut acc = [_mm256_setzero_ps(); TILE];
+        for b in 0..blocks {
+            let rec = p.add(b * rec_bytes);
+            prefetch(rec, rec_bytes);
+            let dw = _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()));
+            for pair in 0..4 {
+                let mut s16 = [[_mm256_setzero_si256(); 2]; TILE];
+                for c in 0..8 {
+                    let v = _mm256_loadu_si256(rec.add(head + pair * 256 + 32 * c).cast());
+                    let w = [_mm256_and_si256(v, low4), _mm256_and_si256(_mm256_srli_epi16(v, 4), low4)];
+                    for (t, s) in s16[..R].iter_mut().enumerate() {
+                        let x = xq.q.as_ptr().add(((first + t) * blocks + b) * 8 * QB);
+                        for h in 0..2 {
+                            let xs = bcast(x.add((2 * pair + h) * QB + 4 * c));
+                            s[h] = _mm256_add_epi16(s[h], _mm256_maddubs_epi16(w[h], xs));
+                        }
+                    }
+                }
+                let sc = [scale_pairs::<false>(rec.add(32 + 16 * pair)), scale_pairs::<false>(rec.add(40 + 16 * pair))];
+                for (t, (acc, s)) in acc[..R].iter_mut().zip(&s16).enumerate() {
+                    for h in 0..2 {
+                        let xb = ((first + t) * blocks + b) * 8 + 2 * pair + h;
+                        let d = _mm256_mul_ps(dw, _mm256_set1_ps(*xq.d.get_unchecked(xb)));
+                        *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_madd_epi16(s[h], sc[h])), *acc);
+                    }
+                }
+            }
+        }
+        k_mins::<R>(p, rec_bytes, xq, first, blocks, &mut acc);
+        store(&acc, out, R);
+    }
+
+    /// Q4_K/Q5_K's mins, `dmin·m · d_x·Σx` per sub-block, in a pass of their own after the
+    /// values: `dmin·m` is formed once per block for every row of the tile, and the value
+    /// loop keeps its registers.
+    #[inline(always)]
+    unsafe fn k_mins<const R: usize>(
+        p: *const u8,
+        rec_bytes: usize,
+        xq: &QActs,
+        first: usize,
+        blocks: usize,
+        acc: &mut [__m256; TILE],
+    ) {
         for b in 0..blocks {
             let rec = p.add(b * rec_bytes);
             let dmin = _mm256_cvtph_ps(_mm_loadu_si128(rec.add(16).cast()));
@@ -477,7 +537,6 @@ mod avx2 {
                 }
             }
         }
-        store(&acc, out, R);
     }
 
     /// Q6_K: 6-bit values from a low-nibble chunk and a 2-bit chunk, kept unsigned for
@@ -601,6 +660,27 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The tiled Q4_K kernel gives the per-row one's results bit for bit.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn tiled_q4_k_is_the_per_row_kernel() {
+        if !crate::kernels::matmul::avx2::available() {
+            return;
+        }
+        let k = 3 * 256;
+        let data = interleave(GgmlType::Q4K, &random_blocks(GgmlType::Q4K, GROUP * k / 256, 41), k);
+        let x = random_vec(2 * TILE * k, 42);
+        let mut xq = QActs::default();
+        quantize_rows(&x, 2 * TILE, k, &mut xq);
+        let (mut a, mut b) = ([[0f32; GROUP]; TILE], [[0f32; GROUP]; TILE]);
+        // SAFETY: AVX2 was detected above; `data` is one group's records of `k / 256` blocks.
+        unsafe {
+            avx2::q4_k::<TILE>(data.as_ptr(), &xq, TILE, k / 256, &mut a);
+            avx2::k_quant::<false, TILE>(data.as_ptr(), &xq, TILE, k / 256, &mut b);
+        }
+        assert_eq!(a, b);
     }
 
     /// Repacking and reading a row back give the file's bytes, for every interleaved format.
