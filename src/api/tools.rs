@@ -311,11 +311,20 @@ pub struct ToolStream {
     text_only: bool,
     /// Per opened call, the bytes of its arguments sent so far.
     sent: Vec<usize>,
+    /// The call text read so far (from the start of `held` once in a call).
+    scanner: Scanner,
 }
 
 impl ToolStream {
     pub fn new(format: ToolFormat) -> Self {
-        ToolStream { format, held: String::new(), in_call: false, text_only: false, sent: Vec::new() }
+        ToolStream {
+            format,
+            held: String::new(),
+            in_call: false,
+            text_only: false,
+            sent: Vec::new(),
+            scanner: Scanner::default(),
+        }
     }
 
     /// Takes the next piece of text; returns what can be sent now.
@@ -361,8 +370,11 @@ impl ToolStream {
     /// Calls opened and arguments grown since the last push.
     fn call_deltas(&mut self) -> Vec<CallDelta> {
         let mut out = Vec::new();
-        for (index, call) in scan(&self.held).into_iter().enumerate() {
-            let Some(name) = call.name else { break };
+        self.scanner.advance(&self.held);
+        // Calls whose arguments are all sent are skipped.
+        let settled = self.sent.len().saturating_sub(1);
+        for (index, call) in self.scanner.calls.iter().enumerate().skip(settled) {
+            let Some(name) = &call.name else { break };
             let opened = index < self.sent.len();
             if !opened {
                 self.sent.push(0);
@@ -377,7 +389,7 @@ impl ToolStream {
             };
             self.sent[index] += arguments.len();
             if !opened || !arguments.is_empty() {
-                out.push(CallDelta { index, name: (!opened).then_some(name), arguments });
+                out.push(CallDelta { index, name: (!opened).then(|| name.clone()), arguments });
             }
         }
         out
@@ -418,65 +430,76 @@ struct Scanned {
     args: Option<(usize, Option<usize>)>,
 }
 
-/// Finds the call objects in `text` — each `{...}` outside any object — and, in each, the
-/// `name` string and the `arguments` / `parameters` object, tolerating text cut anywhere.
-/// Enough of JSON's syntax to stream a call's arguments as they are generated; the whole
-/// answer is still parsed by serde_json at the end.
-fn scan(text: &str) -> Vec<Scanned> {
-    let b = text.as_bytes();
-    let mut calls: Vec<Scanned> = Vec::new();
-    let mut depth = 0usize;
-    // At depth 1: whether the next string is a key, and the key whose value comes next.
-    let (mut at_key, mut key) = (false, None::<&str>);
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'"' => {
-                let mut j = i + 1;
-                while j < b.len() && b[j] != b'"' {
-                    j += if b[j] == b'\\' { 2 } else { 1 };
+/// Finds the call objects in growing call text — each `{...}` outside any object — and, in
+/// each, the `name` string and the `arguments` / `parameters` object. Enough of JSON's
+/// syntax to stream a call's arguments as they are generated; the whole answer is still
+/// parsed by serde_json at the end. It resumes where it stopped (at most at the start of
+/// a string not yet closed), so each piece of text is read about once.
+#[derive(Debug, Default)]
+struct Scanner {
+    /// Where reading resumes.
+    pos: usize,
+    depth: usize,
+    /// At depth 1: whether the next string is a key, and the key whose value comes next.
+    at_key: bool,
+    key: Option<String>,
+    calls: Vec<Scanned>,
+}
+
+impl Scanner {
+    /// Reads `text` (what was read before, with more after it) as far as it is complete.
+    fn advance(&mut self, text: &str) {
+        let b = text.as_bytes();
+        while self.pos < b.len() {
+            let i = self.pos;
+            match b[i] {
+                b'"' => {
+                    let mut j = i + 1;
+                    while j < b.len() && b[j] != b'"' {
+                        j += if b[j] == b'\\' { 2 } else { 1 };
+                    }
+                    if j >= b.len() {
+                        // The string is not closed yet: read it again when it is.
+                        return;
+                    }
+                    if self.depth == 1 {
+                        let s = &text[i..=j];
+                        if self.at_key {
+                            self.key = serde_json::from_str(s).ok();
+                            self.at_key = false;
+                        } else if self.key.as_deref() == Some("name") {
+                            if let Some(c) = self.calls.last_mut() {
+                                c.name = serde_json::from_str(s).ok();
+                            }
+                        }
+                    }
+                    self.pos = j;
                 }
-                if j >= b.len() {
-                    break;
+                b'{' if self.depth == 0 => {
+                    self.calls.push(Scanned::default());
+                    (self.depth, self.at_key, self.key) = (1, true, None);
                 }
-                if depth == 1 {
-                    let s = &text[i..=j];
-                    if at_key {
-                        key = serde_json::from_str(s).ok();
-                        at_key = false;
-                    } else if key == Some("name") {
-                        if let Some(c) = calls.last_mut() {
-                            c.name = serde_json::from_str(s).ok();
+                b'{' if self.depth == 1 && matches!(self.key.as_deref(), Some("arguments" | "parameters")) => {
+                    if let Some(c) = self.calls.last_mut() {
+                        c.args = Some((i, None));
+                    }
+                    self.depth = 2;
+                }
+                b'{' | b'[' if self.depth > 0 => self.depth += 1,
+                b'}' | b']' if self.depth > 0 => {
+                    self.depth -= 1;
+                    if self.depth == 1 {
+                        if let Some(Scanned { args: Some((_, end @ None)), .. }) = self.calls.last_mut() {
+                            *end = Some(i + 1);
                         }
                     }
                 }
-                i = j;
+                b',' if self.depth == 1 => (self.at_key, self.key) = (true, None),
+                _ => {}
             }
-            b'{' if depth == 0 => {
-                calls.push(Scanned::default());
-                (depth, at_key, key) = (1, true, None);
-            }
-            b'{' if depth == 1 && matches!(key, Some("arguments" | "parameters")) => {
-                if let Some(c) = calls.last_mut() {
-                    c.args = Some((i, None));
-                }
-                depth = 2;
-            }
-            b'{' | b'[' if depth > 0 => depth += 1,
-            b'}' | b']' if depth > 0 => {
-                depth -= 1;
-                if depth == 1 {
-                    if let Some(Scanned { args: Some((_, end @ None)), .. }) = calls.last_mut() {
-                        *end = Some(i + 1);
-                    }
-                }
-            }
-            b',' if depth == 1 => (at_key, key) = (true, None),
-            _ => {}
+            self.pos += 1;
         }
-        i += 1;
     }
-    calls
 }
 
 /// An id for a call: Mistral's templates insist on nine alphanumerics; others get OpenAI's shape.
