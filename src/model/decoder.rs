@@ -299,7 +299,8 @@ impl Decoder {
     /// Whether the matrices are computed in a block format (then approximate anyway, so an
     /// f16 KV cache is the default).
     pub fn quantized(&self) -> bool {
-        self.layers.iter().any(|l| matches!(l.wqkv, Weight::Quant(_)))
+        let quant = |w: &Weight| matches!(w, Weight::Quant(_));
+        self.layers.iter().any(|l| [&l.wqkv, &l.wo, &l.w_gate_up, &l.w_down].into_iter().any(quant))
     }
 
     /// The KV cache element type `choice` comes to for this model.
