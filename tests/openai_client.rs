@@ -16,13 +16,9 @@ use async_openai::types::chat::{
 use async_openai::types::completions::CreateCompletionRequestArgs;
 use async_openai::Client;
 use common::server::Server;
+use common::weather_schema as weather;
 use serde_json::{json, Value};
 use tokio_stream::StreamExt;
-
-fn weather() -> Value {
-    json!({"type": "object", "properties": {"city": {"type": "string", "maxLength": 10}, "unit": {"enum": ["c", "f"]}},
-        "required": ["city", "unit"], "additionalProperties": false})
-}
 
 fn user(text: &str) -> ChatCompletionRequestMessage {
     ChatCompletionRequestUserMessageArgs::default().content(text).build().unwrap().into()
@@ -89,11 +85,15 @@ async fn openai_client_drop_in() {
     // follow in pieces; put together they equal the unstreamed answer.
     let req = tool_request(vec![user("Weather in Oslo?")]);
     let whole = client.chat().create(req.clone()).await.unwrap();
+    assert_eq!(whole.choices[0].finish_reason, Some(FinishReason::ToolCalls));
     let Some(ChatCompletionMessageToolCalls::Function(call)) =
         whole.choices[0].message.tool_calls.as_ref().and_then(|c| c.first())
     else {
         panic!("no call: {whole:?}");
     };
+    assert_eq!(call.function.name, "get_weather");
+    let args: Value = serde_json::from_str(&call.function.arguments).unwrap();
+    assert!(jsonschema::validator_for(&weather()).unwrap().is_valid(&args), "{args}");
     let mut stream = client.chat().create_stream(req).await.unwrap();
     let (mut id, mut name, mut arguments, mut pieces, mut finish) = (None, None, String::new(), 0, None);
     while let Some(chunk) = stream.next().await {

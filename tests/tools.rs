@@ -6,12 +6,8 @@
 mod common;
 
 use common::server::Server;
+use common::weather_schema as weather;
 use serde_json::{json, Value};
-
-fn weather() -> Value {
-    json!({"type": "object", "properties": {"city": {"type": "string", "maxLength": 10}, "unit": {"enum": ["c", "f"]}},
-        "required": ["city", "unit"], "additionalProperties": false})
-}
 
 fn count() -> Value {
     json!({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}},
@@ -144,51 +140,12 @@ async fn calls_and_results_go_back_through_the_template() {
     }
 }
 
-/// With the openai client crate: `tools` + `tool_choice: required` parse into its types; a
-/// model whose template has no tool-call format refuses tools (unless `none`).
+/// A model whose template has no tool-call format refuses tools (unless `none`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn openai_client_reads_tool_calls() {
-    use async_openai::config::OpenAIConfig;
-    use async_openai::types::chat::{
-        ChatCompletionMessageToolCalls, ChatCompletionRequestUserMessageArgs, ChatCompletionTool,
-        ChatCompletionToolChoiceOption, ChatCompletionTools, CreateChatCompletionRequestArgs, FinishReason,
-        FunctionObject, ToolChoiceOptions,
-    };
-    use async_openai::Client;
+async fn a_template_without_calls_refuses_tools() {
     if common::shared_models().is_none() {
         return;
     }
-    let s = Server::start("tiny-qwen2", &[]).await;
-    let client = Client::with_config(OpenAIConfig::new().with_api_base(format!("{}/v1", s.base)));
-    let tool = ChatCompletionTools::Function(ChatCompletionTool {
-        function: FunctionObject {
-            name: "get_weather".into(),
-            description: Some("Weather in a city".into()),
-            parameters: Some(weather()),
-            strict: Some(true),
-        },
-    });
-    let msg = ChatCompletionRequestUserMessageArgs::default().content("Weather in Oslo?").build().unwrap();
-    let req = CreateChatCompletionRequestArgs::default()
-        .model("tiny-qwen2")
-        .messages(vec![msg.into()])
-        .tools(vec![tool])
-        .tool_choice(ChatCompletionToolChoiceOption::Mode(ToolChoiceOptions::Required))
-        .parallel_tool_calls(false)
-        .max_tokens(400u32)
-        .build()
-        .unwrap();
-    let resp = client.chat().create(req).await.unwrap();
-    assert_eq!(resp.choices[0].finish_reason, Some(FinishReason::ToolCalls));
-    let Some(ChatCompletionMessageToolCalls::Function(call)) =
-        resp.choices[0].message.tool_calls.as_ref().unwrap().first()
-    else {
-        panic!("no function call: {resp:?}");
-    };
-    assert_eq!(call.function.name, "get_weather");
-    let args: Value = serde_json::from_str(&call.function.arguments).unwrap();
-    assert!(jsonschema::validator_for(&weather()).unwrap().is_valid(&args));
-
     let smol = Server::start("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf", &[]).await;
     let chat = |choice: &str| {
         json!({"messages": [{"role": "user", "content": "Hi"}], "tools": tools(),

@@ -181,3 +181,10 @@ pub fn assert_all_blocks_free(e: &EngineHandle) {
     }
     panic!("engine did not release its blocks: {:?}", e.stats());
 }
+
+/// The parameters of the `get_weather` tool the tool-call tests offer: short city names and
+/// a closed unit set, so random-weight models' calls end.
+pub fn weather_schema() -> Value {
+    serde_json::json!({"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
+        "unit": {"enum": ["c", "f"]}}, "required": ["city", "unit"], "additionalProperties": false})
+}
