@@ -143,6 +143,8 @@ pub struct Workspace {
 
 /// Rows per task when row-wise work (norms, RoPE, SwiGLU) is spread over the pool.
 const ROWS_PER_TASK: usize = 8;
+/// Logits per row that a quantized LM head recomputes in f32 ([`Weight::refine_top`]).
+const EXACT_TOP_LOGITS: usize = 16;
 
 /// `[rows, width]` data in parallel chunks of [`ROWS_PER_TASK`] rows.
 fn rows_par(x: &[f32], width: usize) -> rayon::slice::Chunks<'_, f32> {
@@ -426,6 +428,7 @@ impl Decoder {
         }
         let logits = resize(&mut ws.logits, sampled.len() * c.vocab_size);
         self.lm_head.matmul(last, &mut ws.xq, logits, sampled.len());
+        self.lm_head.refine_top(last, logits, sampled.len(), EXACT_TOP_LOGITS);
         if let Some(cap) = c.final_softcap {
             softcap(logits, cap);
         }

@@ -90,6 +90,11 @@ impl QMatrix {
         dtype.block().0 >= QB
     }
 
+    /// Rows (`n`).
+    pub fn rows(&self) -> usize {
+        self.n
+    }
+
     /// Values per row (`k`).
     pub fn cols(&self) -> usize {
         self.k
@@ -110,6 +115,20 @@ impl QMatrix {
             r -= p.rows;
         }
         panic!("row {r} past the end of the matrix");
+    }
+
+    /// `x · row r` in f32 against the exactly dequantized row: what the f32 path computes,
+    /// up to the order of the sum.
+    pub fn dot_row_exact(&self, r: usize, x: &[f32], scratch: &mut Vec<f32>) -> f32 {
+        scratch.resize(self.k, 0.0);
+        self.row_into(r, scratch);
+        let mut acc = [0f32; 8];
+        for (a, b) in x[..self.k].chunks_exact(8).zip(scratch.chunks_exact(8)) {
+            for l in 0..8 {
+                acc[l] += a[l] * b[l];
+            }
+        }
+        acc.iter().sum()
     }
 }
 
