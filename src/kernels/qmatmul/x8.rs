@@ -541,7 +541,9 @@ mod avx2 {
 
     /// Q6_K: 6-bit values from a low-nibble chunk and a 2-bit chunk, kept unsigned for
     /// `maddubs`; the signed 8-bit scale of each 16 values applied in `madd`; the −32 taken
-    /// off the integer sum with the activations' half-block sums.
+    /// off the integer sum with the activations' half-block sums. Each pair of decoded
+    /// chunks is shared by the tile's rows; every row's integer sums and f32 updates are
+    /// the same whatever its tile.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn q6_k<const R: usize>(
         p: *const u8,
@@ -559,51 +561,54 @@ mod avx2 {
             prefetch(rec, rec_bytes);
             let dw = _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()));
             let scales = rec.add(16);
-            for (t, acc) in acc[..R].iter_mut().enumerate() {
-                let xb0 = ((first + t) * blocks + b) * 8;
-                let x = xq.q.as_ptr().add(xb0 * QB);
-                for n in 0..2 {
-                    let mut dots = [_mm256_setzero_si256(); 4];
-                    // Chunks 0..4 use each sub-block's first scale, 4..8 its second; two
-                    // products of at most 2·63·127 fit in i16 before `madd` applies it.
-                    for half in 0..2 {
-                        let sc: [__m256i; 4] =
-                            std::array::from_fn(|i| scale_pairs::<true>(scales.add(8 * (8 * n + 2 * i + half))));
-                        for pair in 0..2 {
-                            let mut s16 = [_mm256_setzero_si256(); 4];
-                            for c in 4 * half + 2 * pair..4 * half + 2 * pair + 2 {
-                                let ql0 = _mm256_loadu_si256(rec.add(ql_at + 32 * (16 * n + c)).cast());
-                                let ql1 = _mm256_loadu_si256(rec.add(ql_at + 32 * (16 * n + 8 + c)).cast());
-                                let qh = _mm256_loadu_si256(rec.add(qh_at + 32 * (8 * n + c)).cast());
-                                let w = [
-                                    _mm256_or_si256(
-                                        _mm256_and_si256(ql0, low4),
-                                        _mm256_and_si256(_mm256_slli_epi16(qh, 4), two),
-                                    ),
-                                    _mm256_or_si256(
-                                        _mm256_and_si256(ql1, low4),
-                                        _mm256_and_si256(_mm256_slli_epi16(qh, 2), two),
-                                    ),
-                                    _mm256_or_si256(
-                                        _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
-                                        _mm256_and_si256(qh, two),
-                                    ),
-                                    _mm256_or_si256(
-                                        _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
-                                        _mm256_and_si256(_mm256_srli_epi16(qh, 2), two),
-                                    ),
-                                ];
-                                for (i, w) in w.into_iter().enumerate() {
-                                    let xs = bcast(x.add(n * 128 + 32 * i + 4 * c));
-                                    s16[i] = _mm256_add_epi16(s16[i], _mm256_maddubs_epi16(w, xs));
-                                }
-                            }
-                            for i in 0..4 {
-                                dots[i] = _mm256_add_epi32(dots[i], _mm256_madd_epi16(s16[i], sc[i]));
+            for n in 0..2 {
+                let mut dots = [[_mm256_setzero_si256(); 4]; TILE];
+                // Chunks 0..4 use each sub-block's first scale, 4..8 its second; two
+                // products of at most 2·63·127 fit in i16 before `madd` applies it.
+                for half in 0..2 {
+                    let sc: [__m256i; 4] =
+                        std::array::from_fn(|i| scale_pairs::<true>(scales.add(8 * (8 * n + 2 * i + half))));
+                    for pair in 0..2 {
+                        let c0 = 4 * half + 2 * pair;
+                        let w: [[__m256i; 4]; 2] = std::array::from_fn(|j| {
+                            let c = c0 + j;
+                            let ql0 = _mm256_loadu_si256(rec.add(ql_at + 32 * (16 * n + c)).cast());
+                            let ql1 = _mm256_loadu_si256(rec.add(ql_at + 32 * (16 * n + 8 + c)).cast());
+                            let qh = _mm256_loadu_si256(rec.add(qh_at + 32 * (8 * n + c)).cast());
+                            [
+                                _mm256_or_si256(
+                                    _mm256_and_si256(ql0, low4),
+                                    _mm256_and_si256(_mm256_slli_epi16(qh, 4), two),
+                                ),
+                                _mm256_or_si256(
+                                    _mm256_and_si256(ql1, low4),
+                                    _mm256_and_si256(_mm256_slli_epi16(qh, 2), two),
+                                ),
+                                _mm256_or_si256(
+                                    _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
+                                    _mm256_and_si256(qh, two),
+                                ),
+                                _mm256_or_si256(
+                                    _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
+                                    _mm256_and_si256(_mm256_srli_epi16(qh, 2), two),
+                                ),
+                            ]
+                        });
+                        for (t, dots) in dots[..R].iter_mut().enumerate() {
+                            let x = xq.q.as_ptr().add(((first + t) * blocks + b) * 8 * QB + n * 128 + 4 * c0);
+                            for (i, dot) in dots.iter_mut().enumerate() {
+                                let s16 = _mm256_add_epi16(
+                                    _mm256_maddubs_epi16(w[0][i], bcast(x.add(32 * i))),
+                                    _mm256_maddubs_epi16(w[1][i], bcast(x.add(32 * i + 4))),
+                                );
+                                *dot = _mm256_add_epi32(*dot, _mm256_madd_epi16(s16, sc[i]));
                             }
                         }
                     }
-                    for (i, dot) in dots.into_iter().enumerate() {
+                }
+                for (t, (acc, dots)) in acc[..R].iter_mut().zip(&dots).enumerate() {
+                    let xb0 = ((first + t) * blocks + b) * 8;
+                    for (i, &dot) in dots.iter().enumerate() {
                         let xb = xb0 + 4 * n + i;
                         // 32 · (sc_lo · Σx_lo + sc_hi · Σx_hi), the pairs multiplied in one `madd`.
                         let (lo, hi) = (scales.add(8 * (8 * n + 2 * i)), scales.add(8 * (8 * n + 2 * i + 1)));
@@ -658,6 +663,33 @@ mod tests {
                         assert!((va - vb).abs() <= 1e-4 * (1.0 + va.abs()), "{dtype:?} tile {tile}: {va} vs {vb}");
                     }
                 }
+            }
+        }
+    }
+
+    /// A row's result does not depend on its tile: every format's kernel gives each row of
+    /// a full tile exactly what it gives that row alone (batch invariance).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn rows_are_tile_invariant() {
+        if !crate::kernels::matmul::avx2::available() {
+            return;
+        }
+        for dtype in FORMATS {
+            let per = dtype.block().0;
+            let k = 3 * per.max(64);
+            let data = interleave(dtype, &random_blocks(dtype, GROUP * k / per, 51), k);
+            let x = random_vec(TILE * k, 52);
+            let mut xq = QActs::default();
+            quantize_rows(&x, TILE, k, &mut xq);
+            let mut tiled = [[0f32; GROUP]; TILE];
+            // SAFETY: AVX2 was detected above; `data` is one group's records.
+            unsafe { avx2::group(dtype, &data, &xq, 0, TILE, k / per, &mut tiled) };
+            for (t, want) in tiled.iter().enumerate() {
+                let mut alone = [[0f32; GROUP]; TILE];
+                // SAFETY: as above.
+                unsafe { avx2::group(dtype, &data, &xq, t, 1, k / per, &mut alone) };
+                assert_eq!(alone[0], *want, "{dtype:?} row {t}");
             }
         }
     }
