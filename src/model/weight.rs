@@ -179,10 +179,7 @@ fn top_indices(v: &[f32], top: usize) -> Vec<usize> {
     // Kept sorted, largest first; a value enters only when it beats the smallest kept.
     let mut best: Vec<(f32, usize)> = Vec::with_capacity(top + 1);
     for (i, &x) in v.iter().enumerate() {
-        if best.len() == top && !(x > best[top - 1].0) {
-            continue;
-        }
-        if x.is_nan() {
+        if x.is_nan() || (best.len() == top && x <= best[top - 1].0) {
             continue;
         }
         let at = best.partition_point(|&(b, _)| b >= x);
