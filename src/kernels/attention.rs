@@ -15,6 +15,8 @@ use super::exp::exp;
 
 /// An element of the K/V pools, widened to f32 as it is read.
 pub trait KvElem: Zeroable + Send + Sync + 'static {
+    /// Whether the element is f32 already (its rows need no widening).
+    const IS_F32: bool;
     fn from_f32(x: f32) -> Self;
     fn to_f32(self) -> f32;
     /// Eight consecutive elements as f32 (inlined into AVX2+F16C code only).
@@ -26,6 +28,7 @@ pub trait KvElem: Zeroable + Send + Sync + 'static {
 }
 
 impl KvElem for f32 {
+    const IS_F32: bool = true;
     fn from_f32(x: f32) -> Self {
         x
     }
@@ -41,6 +44,7 @@ impl KvElem for f32 {
 
 /// f16, as its bits.
 impl KvElem for u16 {
+    const IS_F32: bool = false;
     fn from_f32(x: f32) -> Self {
         half::f16::from_f32(x).to_bits()
     }
@@ -142,7 +146,8 @@ pub fn softcap(xs: &mut [f32], cap: f32) {
 #[derive(Default)]
 pub struct Scratch {
     scores: Vec<f32>,
-    /// A K or V row widened to f32 (the portable path).
+    /// K or V rows widened to f32: one row on the portable path, one kv head's run of a
+    /// block on the AVX2 path (widened once for all the query heads that read it).
     row: Vec<f32>,
 }
 
@@ -180,7 +185,7 @@ fn attend_in<E: KvElem>(
     #[cfg(target_arch = "x86_64")]
     if hd.is_multiple_of(8) && crate::kernels::matmul::avx2::available() {
         // SAFETY: the CPU supports AVX2, FMA and F16C, and the head dim is a multiple of 8.
-        return unsafe { attend_avx2(q, kp, vp, kv, span, scoring, scores, out) };
+        return unsafe { attend_avx2(q, kp, vp, kv, span, scoring, scores, row, out) };
     }
     row.resize(hd, 0.0);
     let widen = |row: &mut [f32], src: &[E]| row.iter_mut().zip(src).for_each(|(r, s)| *r = s.to_f32());
@@ -217,8 +222,9 @@ fn attend_in<E: KvElem>(
     }
 }
 
-/// AVX2 version: scores eight positions at a time (eight independent FMA chains, summed
-/// together), and the weighted sum of V in registers, 64 floats of a head at a time.
+/// AVX2 version: each kv head's run of a block is widened to f32 once and read from L1 by
+/// every query head of its group (F16C conversion would otherwise bound the FMAs); scores
+/// eight positions at a time, and the weighted sum of V in registers, 64 floats at a time.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
@@ -230,9 +236,9 @@ unsafe fn attend_avx2<E: KvElem>(
     span: KvSpan<'_>,
     scoring: Scoring,
     scores: &mut [f32],
+    widened: &mut Vec<f32>,
     out: &mut [f32],
 ) {
-    use std::arch::x86_64::*;
     let hd = kv.head_dim;
     let (start, end) = (span.first_pos, span.last_pos + 1);
     let n = end - start;
@@ -241,30 +247,12 @@ unsafe fn attend_avx2<E: KvElem>(
     let head_stride = kv.block_size * hd;
     let mut p0 = 0;
     for (base, len) in kv.runs(span.block_table, start, end) {
+        let mut kb = std::ptr::null();
         for (h, qh) in q.chunks_exact(hd).enumerate() {
-            let kb = kp[base + (kv.first_head + h / group) * head_stride..][..len * hd].as_ptr();
-            let row = &mut scores[h * n + p0..h * n + p0 + len];
-            for j in (0..len).step_by(8) {
-                // Past the run's end the last row repeats; those scores are not kept.
-                let rows: [*const E; 8] = std::array::from_fn(|i| kb.add((j + i).min(len - 1) * hd));
-                let mut acc = [_mm256_setzero_ps(); 8];
-                for c in (0..hd).step_by(8) {
-                    let qv = _mm256_loadu_ps(qh.as_ptr().add(c));
-                    for (a, r) in acc.iter_mut().zip(&rows) {
-                        *a = _mm256_fmadd_ps(qv, E::load8(r.add(c)), *a);
-                    }
-                }
-                let sums = _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(scale));
-                if j + 8 <= len {
-                    _mm256_storeu_ps(row.as_mut_ptr().add(j), sums);
-                } else {
-                    let mut s = [0f32; 8];
-                    _mm256_storeu_ps(s.as_mut_ptr(), sums);
-                    for (r, v) in row[j..].iter_mut().zip(s) {
-                        *r = v;
-                    }
-                }
+            if h % group == 0 {
+                kb = widen_run(&kp[base + (kv.first_head + h / group) * head_stride..][..len * hd], widened);
             }
+            score_run(qh, kb, len, hd, scale, &mut scores[h * n + p0..h * n + p0 + len]);
         }
         p0 += len;
     }
@@ -272,24 +260,74 @@ unsafe fn attend_avx2<E: KvElem>(
     scores.chunks_exact_mut(n).for_each(softmax);
     let mut p0 = 0;
     for (bi, (base, len)) in kv.runs(span.block_table, start, end).enumerate() {
+        let mut vb = std::ptr::null();
         for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
-            let vb = vp[base + (kv.first_head + h / group) * head_stride..][..len * hd].as_ptr();
+            if h % group == 0 {
+                vb = widen_run(&vp[base + (kv.first_head + h / group) * head_stride..][..len * hd], widened);
+            }
             let w = &scores[h * n + p0..h * n + p0 + len];
             for c0 in (0..hd).step_by(64) {
                 let (o, v) = (oh.as_mut_ptr().add(c0), vb.add(c0));
                 match (hd - c0) / 8 {
-                    1 => weighted_sum::<E, 1>(w, v, hd, o, bi > 0),
-                    2 => weighted_sum::<E, 2>(w, v, hd, o, bi > 0),
-                    3 => weighted_sum::<E, 3>(w, v, hd, o, bi > 0),
-                    4 => weighted_sum::<E, 4>(w, v, hd, o, bi > 0),
-                    5 => weighted_sum::<E, 5>(w, v, hd, o, bi > 0),
-                    6 => weighted_sum::<E, 6>(w, v, hd, o, bi > 0),
-                    7 => weighted_sum::<E, 7>(w, v, hd, o, bi > 0),
-                    _ => weighted_sum::<E, 8>(w, v, hd, o, bi > 0),
+                    1 => weighted_sum::<1>(w, v, hd, o, bi > 0),
+                    2 => weighted_sum::<2>(w, v, hd, o, bi > 0),
+                    3 => weighted_sum::<3>(w, v, hd, o, bi > 0),
+                    4 => weighted_sum::<4>(w, v, hd, o, bi > 0),
+                    5 => weighted_sum::<5>(w, v, hd, o, bi > 0),
+                    6 => weighted_sum::<6>(w, v, hd, o, bi > 0),
+                    7 => weighted_sum::<7>(w, v, hd, o, bi > 0),
+                    _ => weighted_sum::<8>(w, v, hd, o, bi > 0),
                 }
             }
         }
         p0 += len;
+    }
+}
+
+/// `run` (one kv head's rows of a block) as f32: the pool itself when it is f32, else
+/// widened into `buf`, so the query heads sharing the kv head read it without converting.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn widen_run<E: KvElem>(run: &[E], buf: &mut Vec<f32>) -> *const f32 {
+    use std::arch::x86_64::*;
+    if E::IS_F32 {
+        return run.as_ptr().cast();
+    }
+    buf.resize(run.len(), 0.0);
+    for (i, dst) in buf.chunks_exact_mut(8).enumerate() {
+        _mm256_storeu_ps(dst.as_mut_ptr(), E::load8(run.as_ptr().add(8 * i)));
+    }
+    buf.as_ptr()
+}
+
+/// `row[j] = scale · (qh · K[j])` for the `len` rows of `kb` (`hd` apart), eight rows at a
+/// time: eight independent FMA chains, summed together.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn score_run(qh: &[f32], kb: *const f32, len: usize, hd: usize, scale: f32, row: &mut [f32]) {
+    use std::arch::x86_64::*;
+    for j in (0..len).step_by(8) {
+        // Past the run's end the last row repeats; those scores are not kept.
+        let rows: [*const f32; 8] = std::array::from_fn(|i| kb.add((j + i).min(len - 1) * hd));
+        let mut acc = [_mm256_setzero_ps(); 8];
+        for c in (0..hd).step_by(8) {
+            let qv = _mm256_loadu_ps(qh.as_ptr().add(c));
+            for (a, r) in acc.iter_mut().zip(&rows) {
+                *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(r.add(c)), *a);
+            }
+        }
+        let sums = _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(scale));
+        if j + 8 <= len {
+            _mm256_storeu_ps(row.as_mut_ptr().add(j), sums);
+        } else {
+            let mut s = [0f32; 8];
+            _mm256_storeu_ps(s.as_mut_ptr(), sums);
+            for (r, v) in row[j..].iter_mut().zip(s) {
+                *r = v;
+            }
+        }
     }
 }
 
@@ -298,13 +336,7 @@ unsafe fn attend_avx2<E: KvElem>(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn weighted_sum<E: KvElem, const L: usize>(
-    w: &[f32],
-    v: *const E,
-    stride: usize,
-    out: *mut f32,
-    accumulate: bool,
-) {
+unsafe fn weighted_sum<const L: usize>(w: &[f32], v: *const f32, stride: usize, out: *mut f32, accumulate: bool) {
     use std::arch::x86_64::*;
     let mut acc = [_mm256_setzero_ps(); L];
     if accumulate {
@@ -315,7 +347,7 @@ unsafe fn weighted_sum<E: KvElem, const L: usize>(
     for (j, &wj) in w.iter().enumerate() {
         let (wv, row) = (_mm256_set1_ps(wj), v.add(j * stride));
         for (i, a) in acc.iter_mut().enumerate() {
-            *a = _mm256_fmadd_ps(wv, E::load8(row.add(8 * i)), *a);
+            *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(row.add(8 * i)), *a);
         }
     }
     for (i, a) in acc.iter().enumerate() {

@@ -176,6 +176,9 @@ impl Weight {
 
 /// Indices of the `top` largest values of `v` (NaNs never among them), in no set order.
 fn top_indices(v: &[f32], top: usize) -> Vec<usize> {
+    if top == 0 {
+        return Vec::new();
+    }
     // Kept sorted, largest first; a value enters only when it beats the smallest kept.
     let mut best: Vec<(f32, usize)> = Vec::with_capacity(top + 1);
     for (i, &x) in v.iter().enumerate() {
