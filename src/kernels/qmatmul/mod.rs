@@ -118,7 +118,8 @@ impl QMatrix {
     }
 
     /// `x · row r` in f32 against the exactly dequantized row: what the f32 path computes,
-    /// up to the order of the sum.
+    /// up to the order of the sum. Plain multiply-adds in eight lanes, not `dot_lanes`:
+    /// its `mul_add` is a libm call outside AVX2-compiled code.
     pub fn dot_row_exact(&self, r: usize, x: &[f32], scratch: &mut Vec<f32>) -> f32 {
         scratch.resize(self.k, 0.0);
         self.row_into(r, scratch);

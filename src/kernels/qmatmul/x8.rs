@@ -639,6 +639,15 @@ mod tests {
     const FORMATS: [GgmlType; 6] =
         [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K];
 
+    /// One interleaved group of random `dtype` rows of `k` values (seed `seed`), and `rows`
+    /// random activation rows quantized for it (seed `seed + 1`).
+    fn one_group(dtype: GgmlType, k: usize, rows: usize, seed: u64) -> (Vec<u8>, QActs) {
+        let data = interleave(dtype, &random_blocks(dtype, GROUP * k / dtype.block().0, seed), k);
+        let mut xq = QActs::default();
+        quantize_rows(&random_vec(rows * k, seed + 1), rows, k, &mut xq);
+        (data, xq)
+    }
+
     /// The portable fallback and the AVX2 kernels agree on every format and tile height.
     #[cfg(target_arch = "x86_64")]
     #[test]
@@ -649,10 +658,7 @@ mod tests {
         for dtype in FORMATS {
             let per = dtype.block().0;
             let k = 2 * per.max(64);
-            let data = interleave(dtype, &random_blocks(dtype, GROUP * k / per, 31), k);
-            let x = random_vec(TILE * k, 32);
-            let mut xq = QActs::default();
-            quantize_rows(&x, TILE, k, &mut xq);
+            let (data, xq) = one_group(dtype, k, TILE, 31);
             for tile in 1..=TILE {
                 let (mut a, mut b) = ([[0f32; GROUP]; TILE], [[0f32; GROUP]; TILE]);
                 portable_group(dtype, &data, &xq, 0, tile, k, &mut a);
@@ -678,10 +684,7 @@ mod tests {
         for dtype in FORMATS {
             let per = dtype.block().0;
             let k = 3 * per.max(64);
-            let data = interleave(dtype, &random_blocks(dtype, GROUP * k / per, 51), k);
-            let x = random_vec(TILE * k, 52);
-            let mut xq = QActs::default();
-            quantize_rows(&x, TILE, k, &mut xq);
+            let (data, xq) = one_group(dtype, k, TILE, 51);
             let mut tiled = [[0f32; GROUP]; TILE];
             // SAFETY: AVX2 was detected above; `data` is one group's records.
             unsafe { avx2::group(dtype, &data, &xq, 0, TILE, k / per, &mut tiled) };
@@ -702,10 +705,7 @@ mod tests {
             return;
         }
         let k = 3 * 256;
-        let data = interleave(GgmlType::Q4K, &random_blocks(GgmlType::Q4K, GROUP * k / 256, 41), k);
-        let x = random_vec(2 * TILE * k, 42);
-        let mut xq = QActs::default();
-        quantize_rows(&x, 2 * TILE, k, &mut xq);
+        let (data, xq) = one_group(GgmlType::Q4K, k, 2 * TILE, 41);
         let (mut a, mut b) = ([[0f32; GROUP]; TILE], [[0f32; GROUP]; TILE]);
         // SAFETY: AVX2 was detected above; `data` is one group's records of `k / 256` blocks.
         unsafe {
