@@ -4,41 +4,12 @@
 
 mod common;
 
-use common::{collect, greedy, model_as, reference, shared_models};
+use common::{collect, greedy, log_softmax, model_as, reference, shared_models, teacher_forced};
 use weft::engine::{EngineConfig, EngineHandle};
 use weft::kernels::quant::GgmlType;
-use weft::kv::{BlockAllocator, BlockTable, KvCache, KvCacheDtype};
-use weft::loaded::LoadedModel;
-use weft::model::{SeqStep, StepInput, WeightDtype, Workspace};
+use weft::kv::KvCacheDtype;
+use weft::model::WeightDtype;
 use weft::sampling::argmax;
-
-/// Logits at every step of `prompt` followed by `generated`, one token at a time after
-/// the prompt.
-fn teacher_forced(m: &LoadedModel, prompt: &[u32], generated: &[u32]) -> Vec<Vec<f32>> {
-    let llama = &m.model;
-    let c = &llama.config;
-    let n = prompt.len() + generated.len();
-    let mut kv =
-        KvCache::new(llama.kv_dtype(KvCacheDtype::Auto), c.num_layers, n.div_ceil(16), 16, c.num_kv_heads, c.head_dim);
-    let mut alloc = BlockAllocator::new(kv.num_blocks(), false);
-    let mut table = BlockTable::default();
-    table.reserve(&mut alloc, n, 16).unwrap();
-    let mut ws = Workspace::default();
-    let (mut ctx, mut feed, mut out) = (0, prompt.to_vec(), Vec::new());
-    for &next in generated {
-        let seq = [SeqStep::sampled(ctx, feed.len(), table.blocks())];
-        out.push(llama.forward(&StepInput { tokens: &feed, seqs: &seq }, &mut kv, &mut ws).to_vec());
-        ctx += feed.len();
-        feed = vec![next];
-    }
-    out
-}
-
-fn log_softmax(x: &[f32]) -> Vec<f64> {
-    let max = x.iter().fold(f32::MIN, |a, &b| a.max(b)) as f64;
-    let lse = x.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln() + max;
-    x.iter().map(|&v| v as f64 - lse).collect()
-}
 
 /// (mean KL(f32 ‖ quantized), top-1 agreement) over every step of every case.
 fn compare(path: &str, refs: &str) -> (f64, f64) {

@@ -2,15 +2,11 @@
 
 mod common;
 
-use common::{collect, engine, greedy, model, reference, shared_models, VARIANTS};
+use common::{assert_matches_reference, collect, engine, greedy, model, reference, shared_models, MARGIN, VARIANTS};
 use weft::engine::EngineConfig;
 use weft::kv::{BlockAllocator, BlockTable, KvCache, KvCacheDtype};
 use weft::model::{SeqStep, StepInput, Workspace};
-use weft::sampling::argmax;
 use weft::tokenizer::{Detokenizer, Tokenizer};
-
-/// Steps whose top-1/top-2 reference margin is below this may legitimately differ.
-const MARGIN: f32 = 1e-3;
 
 #[test]
 fn prompt_token_ids_match_reference() {
@@ -34,46 +30,7 @@ fn logits_and_greedy_steps_match_reference() {
         return;
     }
     for (path, refdir) in VARIANTS {
-        let m = model(path);
-        let llama = &m.model;
-        let vocab = llama.config.vocab_size;
-        for case in reference(refdir) {
-            let n = case.prompt_ids.len() + case.generated_ids.len();
-            let mut kv = KvCache::new(
-                llama.kv_dtype(KvCacheDtype::Auto),
-                llama.config.num_layers,
-                n.div_ceil(16),
-                16,
-                llama.config.num_kv_heads,
-                llama.config.head_dim,
-            );
-            let mut alloc = BlockAllocator::new(kv.num_blocks(), false);
-            let mut table = BlockTable::default();
-            table.reserve(&mut alloc, n, 16).unwrap();
-            let mut ws = Workspace::default();
-            let mut ctx = 0;
-            let mut feed = case.prompt_ids.clone();
-            for (step, &want) in case.generated_ids.iter().enumerate() {
-                let seq = [SeqStep::sampled(ctx, feed.len(), table.blocks())];
-                let logits = llama.forward(&StepInput { tokens: &feed, seqs: &seq }, &mut kv, &mut ws).to_vec();
-                assert_eq!(logits.len(), vocab);
-                if step == 0 {
-                    for &(id, want_logit) in &case.top5 {
-                        let got = logits[id as usize];
-                        assert!(
-                            (got - want_logit).abs() < 1e-3,
-                            "{path} {}: logit[{id}] {got} vs {want_logit}",
-                            case.id
-                        );
-                    }
-                }
-                if case.margins[step] > MARGIN {
-                    assert_eq!(argmax(&logits), want, "{path} {} step {step}", case.id);
-                }
-                ctx += feed.len();
-                feed = vec![want];
-            }
-        }
+        assert_matches_reference(&model(path), path, refdir);
     }
 }
 

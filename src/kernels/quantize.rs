@@ -27,6 +27,21 @@ pub fn parse_target(s: &str) -> Result<GgmlType, String> {
     }
 }
 
+/// Whether [`quantize`] writes `t`: a block format of [`TARGETS`], or plain f16 / f32.
+pub fn writable(t: GgmlType) -> bool {
+    TARGETS.contains(&t) || matches!(t, GgmlType::F16 | GgmlType::F32)
+}
+
+/// A file's matrix type for `weft quantize` (see [`writable`]).
+pub fn parse_file_type(s: &str) -> Result<GgmlType, String> {
+    match s.parse::<GgmlType>()? {
+        t if writable(t) => Ok(t),
+        t => Err(format!(
+            "cannot write matrices as {t:?} (supported: f32, f16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k)"
+        )),
+    }
+}
+
 /// The format a matrix gets when its rows are not whole blocks of `target`: for the
 /// K-quants, a 32-value format of about the same size, as llama.cpp's quantizer picks.
 pub fn fitting(target: GgmlType, k: usize) -> Option<GgmlType> {
@@ -39,8 +54,14 @@ pub fn fitting(target: GgmlType, k: usize) -> Option<GgmlType> {
     [target, fallback].into_iter().find(|t| k.is_multiple_of(t.block().0))
 }
 
-/// Quantizes `x` (whole blocks of `dtype`) into its raw bytes.
+/// Quantizes `x` (whole blocks of `dtype`) into its raw bytes; f16 and f32 are plain
+/// little-endian values.
 pub fn quantize(dtype: GgmlType, x: &[f32]) -> Vec<u8> {
+    match dtype {
+        GgmlType::F32 => return x.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        GgmlType::F16 => return x.iter().flat_map(|&v| f16::from_f32(v).to_le_bytes()).collect(),
+        _ => {}
+    }
     let (per, bytes) = dtype.block();
     assert!(x.len().is_multiple_of(per), "{} values are not whole {dtype:?} blocks", x.len());
     let mut out = vec![0u8; x.len() / per * bytes];

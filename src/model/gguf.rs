@@ -106,7 +106,6 @@ pub struct GgufFile {
 /// Where things are in the file, beyond what reading the model needs.
 #[derive(Debug, Clone)]
 pub struct Layout {
-    pub version: u32,
     /// Each metadata entry's key and its bytes (key, type and value, as stored).
     pub entries: Vec<(String, std::ops::Range<usize>)>,
     /// Tensor names in file order.
@@ -176,7 +175,7 @@ impl GgufFile {
             };
             tensors.insert(name, TensorInfo { shape, dtype, offset, len_bytes });
         }
-        let layout = Layout { version, entries, order, alignment: align };
+        let layout = Layout { entries, order, alignment: align };
         Ok(GgufFile { path: path.to_path_buf(), metadata, tensors, layout, mmap })
     }
 

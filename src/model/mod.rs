@@ -2,8 +2,10 @@
 //! decoder forward pass over a ragged batch (Llama, Qwen2/3, Mistral, Phi-3, Gemma 2).
 
 pub mod config;
+pub mod convert;
 pub mod decoder;
 pub mod gguf;
+pub mod gguf_write;
 pub mod loader;
 pub mod requantize;
 mod tensor;

@@ -5,17 +5,19 @@
 //! memory stays at one tensor whatever the file's size.
 
 use super::gguf::{GgufFile, TensorInfo};
+use super::gguf_write::{put_entry, write_file, Meta, OutTensor};
 use crate::kernels::quant::{dequantize, GgmlType};
-use crate::kernels::quantize::{fitting, quantize, TARGETS};
-use anyhow::{ensure, Context, Result};
+use crate::kernels::quantize::{fitting, quantize, writable};
+use anyhow::{ensure, Result};
 use rayon::prelude::*;
 use std::borrow::Cow;
-use std::io::Write;
 use std::path::Path;
 
 /// llama.cpp's `general.file_type` for a file mostly of `dtype`.
-fn file_type(dtype: GgmlType) -> u32 {
+pub fn file_type(dtype: GgmlType) -> u32 {
     match dtype {
+        GgmlType::F32 => 0,
+        GgmlType::F16 => 1,
         GgmlType::Q4_0 => 2,
         GgmlType::Q4_1 => 3,
         GgmlType::Q8_0 => 7,
@@ -36,15 +38,25 @@ fn output_type(name: &str, info: &TensorInfo, target: GgmlType) -> GgmlType {
     fit.unwrap_or(info.dtype)
 }
 
+/// `raw` (the rows of `info`) in `dtype`, through exact f32.
+fn requantize_rows(raw: &[u8], info: &TensorInfo, dtype: GgmlType) -> Vec<u8> {
+    let k = info.shape[1];
+    let (in_row, out_row) = (raw.len() / info.shape[0], k / dtype.block().0 * dtype.block().1);
+    let mut data = vec![0u8; info.shape[0] * out_row];
+    data.par_chunks_mut(out_row * 64).zip(raw.par_chunks(in_row * 64)).for_each(|(o, r)| {
+        o.copy_from_slice(&quantize(dtype, &dequantize(info.dtype, r)));
+    });
+    data
+}
+
 /// Writes `out`: `input` with its matrices in `target`. Returns (tensors requantized, bytes).
 pub fn requantize(input: &Path, out: &Path, target: GgmlType) -> Result<(usize, u64)> {
-    ensure!(TARGETS.contains(&target), "cannot quantize to {target:?} (supported: {TARGETS:?})");
+    ensure!(writable(target), "cannot write matrices as {target:?}");
     // Writing over the input would truncate the map being read.
     let same = |a: &Path, b: &Path| a.canonicalize().ok().zip(b.canonicalize().ok()).is_some_and(|(a, b)| a == b);
     ensure!(!same(input, out), "{}: the output must not be the input file", out.display());
     let file = GgufFile::open(input)?;
     let layout = &file.layout;
-    let align = layout.alignment;
     let tensors: Vec<(&str, &TensorInfo, GgmlType)> = layout
         .order
         .iter()
@@ -54,61 +66,29 @@ pub fn requantize(input: &Path, out: &Path, target: GgmlType) -> Result<(usize, 
         })
         .collect();
 
-    let put_str = |out: &mut Vec<u8>, s: &str| {
-        out.extend((s.len() as u64).to_le_bytes());
-        out.extend(s.as_bytes());
-    };
-    let mut head = b"GGUF".to_vec();
-    head.extend(layout.version.to_le_bytes());
-    head.extend((tensors.len() as u64).to_le_bytes());
+    let mut entries = Vec::new();
     let kept: Vec<_> = layout.entries.iter().filter(|(k, _)| k != "general.file_type").collect();
-    head.extend((kept.len() as u64 + 1).to_le_bytes());
     for (_, range) in &kept {
-        head.extend(file.bytes(range.clone()));
+        entries.extend(file.bytes(range.clone()));
     }
-    put_str(&mut head, "general.file_type");
-    head.extend(4u32.to_le_bytes());
-    head.extend(file_type(target).to_le_bytes());
-    let mut offset = 0u64;
-    for (name, info, dtype) in &tensors {
-        put_str(&mut head, name);
-        head.extend((info.shape.len() as u32).to_le_bytes());
-        for d in info.shape.iter().rev() {
-            head.extend((*d as u64).to_le_bytes());
-        }
-        head.extend(dtype.id().to_le_bytes());
-        head.extend(offset.to_le_bytes());
-        let elems: usize = info.shape.iter().product();
-        offset = (offset + (elems / dtype.block().0 * dtype.block().1) as u64).next_multiple_of(align as u64);
-    }
-    head.resize(head.len().next_multiple_of(align), 0);
-
-    let mut w =
-        std::io::BufWriter::new(std::fs::File::create(out).with_context(|| format!("creating {}", out.display()))?);
-    w.write_all(&head)?;
-    let mut written = head.len() as u64;
+    put_entry(&mut entries, "general.file_type", &Meta::U32(file_type(target)));
+    let out_tensors: Vec<OutTensor> = tensors
+        .iter()
+        .map(|(name, info, dtype)| OutTensor { name: name.to_string(), shape: info.shape.clone(), dtype: *dtype })
+        .collect();
     let mut changed = 0;
-    for (name, info, dtype) in &tensors {
+    let written = write_file(out, &entries, kept.len() + 1, layout.alignment, &out_tensors, |i| {
+        let (_, info, dtype) = tensors[i];
         let raw = file.raw(info);
-        let data = if *dtype == info.dtype {
+        let data = if dtype == info.dtype {
             Cow::Borrowed(raw)
         } else {
             changed += 1;
-            let k = info.shape[1];
-            let (in_row, out_row) = (raw.len() / info.shape[0], k / dtype.block().0 * dtype.block().1);
-            let mut data = vec![0u8; info.shape[0] * out_row];
-            data.par_chunks_mut(out_row * 64).zip(raw.par_chunks(in_row * 64)).for_each(|(o, r)| {
-                o.copy_from_slice(&quantize(*dtype, &dequantize(info.dtype, r)));
-            });
-            Cow::Owned(data)
+            Cow::Owned(requantize_rows(raw, info, dtype))
         };
-        w.write_all(&data).with_context(|| format!("writing tensor {name}"))?;
         file.release(info);
-        let padded = (data.len() as u64).next_multiple_of(align as u64);
-        w.write_all(&vec![0u8; (padded - data.len() as u64) as usize])?;
-        written += padded;
-    }
-    w.flush()?;
+        Ok(data)
+    })?;
     Ok((changed, written))
 }
 

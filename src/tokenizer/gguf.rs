@@ -9,6 +9,7 @@ use std::collections::HashMap;
 const CONTROL: i64 = 3;
 const USER_DEFINED: i64 = 4;
 const UNKNOWN: i64 = 2;
+const UNUSED: i64 = 5;
 
 fn strings(g: &GgufFile, key: &str) -> Result<Vec<String>> {
     let arr = g.get(key).and_then(Value::as_array).with_context(|| format!("GGUF has no {key}"))?;
@@ -34,7 +35,15 @@ pub fn tokenizer_json(g: &GgufFile) -> Result<Json> {
         .get("tokenizer.ggml.add_bos_token")
         .and_then(Value::as_bool)
         .unwrap_or(model == "llama" || LLAMA3_PRE.contains(&pre));
-    let vocab: Map<String, Json> = tokens.iter().enumerate().map(|(i, t)| (t.clone(), json!(i))).collect();
+    // Unused ids (`[PAD<id>]` rows past the real vocabulary) have no token: they decode to
+    // nothing, as in llama.cpp and in the original tokenizer.json.
+    let vocab: Map<String, Json> = tokens
+        .iter()
+        .zip(&types)
+        .enumerate()
+        .filter(|&(_, (_, &ty))| ty != UNUSED)
+        .map(|(i, (t, _))| (t.clone(), json!(i)))
+        .collect();
 
     let added = |special: &dyn Fn(i64) -> Option<bool>| -> Vec<Json> {
         tokens
@@ -144,10 +153,13 @@ fn is_phi3(g: &GgufFile) -> bool {
         || name.contains("phi3")
 }
 
+/// The `tokenizer.ggml.pre` names [`gpt2_pre_tokenizer`] knows, one per distinct split.
+pub(super) const GPT2_PRE_NAMES: &[&str] = &["gpt-2", "smollm", "llama-bpe", "qwen2"];
+
 /// Byte-level BPE splitting for a GGUF `tokenizer.ggml.pre` name, as the original models'
 /// tokenizer.json files define it: (normalizer, pre-tokenizer, whether whole words in the
 /// vocabulary skip the merges).
-fn gpt2_pre_tokenizer(pre: &str) -> Result<(Json, Json, bool)> {
+pub(super) fn gpt2_pre_tokenizer(pre: &str) -> Result<(Json, Json, bool)> {
     let byte_level = |use_regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex});
     let split = |regex: &str| {
         json!({"type": "Sequence", "pretokenizers": [

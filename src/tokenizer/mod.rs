@@ -4,9 +4,12 @@
 mod chat_template;
 mod detokenizer;
 mod gguf;
+mod spm;
+mod to_gguf;
 
 pub use chat_template::{ChatContext, ChatTemplate};
 pub use detokenizer::Detokenizer;
+pub use to_gguf::gguf_metadata;
 
 use crate::model::gguf::{GgufFile, Value};
 use anyhow::{anyhow, Context, Result};

@@ -7,8 +7,10 @@ use serde_json::Value;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
+use weft::kv::{BlockAllocator, BlockTable, KvCache, KvCacheDtype};
 use weft::loaded::LoadedModel;
-use weft::model::WeightDtype;
+use weft::model::{SeqStep, StepInput, WeightDtype, Workspace};
+use weft::sampling::argmax;
 
 /// `$WEFT_SHARED_MODELS`, else `shared/models` beside the repository; `None` (and a note on
 /// stderr) when absent, so the suite still runs on a machine without them — except in CI
@@ -82,6 +84,57 @@ pub fn reference(rel: &str) -> Vec<Case> {
 }
 
 /// Each model is loaded once per test binary and shared by its tests, on the exact f32 path.
+/// Steps whose top-1/top-2 reference margin is below this may legitimately differ.
+pub const MARGIN: f32 = 1e-3;
+
+/// Logits at every step of `prompt` followed by `generated`, one token at a time after
+/// the prompt.
+pub fn teacher_forced(m: &LoadedModel, prompt: &[u32], generated: &[u32]) -> Vec<Vec<f32>> {
+    let llama = &m.model;
+    let c = &llama.config;
+    let n = prompt.len() + generated.len();
+    let mut kv =
+        KvCache::new(llama.kv_dtype(KvCacheDtype::Auto), c.num_layers, n.div_ceil(16), 16, c.num_kv_heads, c.head_dim);
+    let mut alloc = BlockAllocator::new(kv.num_blocks(), false);
+    let mut table = BlockTable::default();
+    table.reserve(&mut alloc, n, 16).unwrap();
+    let mut ws = Workspace::default();
+    let (mut ctx, mut feed, mut out) = (0, prompt.to_vec(), Vec::new());
+    for &next in generated {
+        let seq = [SeqStep::sampled(ctx, feed.len(), table.blocks())];
+        out.push(llama.forward(&StepInput { tokens: &feed, seqs: &seq }, &mut kv, &mut ws).to_vec());
+        ctx += feed.len();
+        feed = vec![next];
+    }
+    out
+}
+
+pub fn log_softmax(x: &[f32]) -> Vec<f64> {
+    let max = x.iter().fold(f32::MIN, |a, &b| a.max(b)) as f64;
+    let lse = x.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln() + max;
+    x.iter().map(|&v| v as f64 - lse).collect()
+}
+
+/// Teacher-forced over every case of `refdir`: the top-5 logits after the prompt within
+/// 1e-3, and every step's argmax where the reference margin is above [`MARGIN`].
+pub fn assert_matches_reference(m: &LoadedModel, label: &str, refdir: &str) {
+    for case in reference(refdir) {
+        let steps = teacher_forced(m, &case.prompt_ids, &case.generated_ids);
+        for (step, (logits, &want)) in steps.iter().zip(&case.generated_ids).enumerate() {
+            assert_eq!(logits.len(), m.model.config.vocab_size);
+            if step == 0 {
+                for &(id, want_logit) in &case.top5 {
+                    let got = logits[id as usize];
+                    assert!((got - want_logit).abs() < 1e-3, "{label} {}: logit[{id}] {got} vs {want_logit}", case.id);
+                }
+            }
+            if case.margins[step] > MARGIN {
+                assert_eq!(argmax(logits), want, "{label} {} step {step}", case.id);
+            }
+        }
+    }
+}
+
 pub fn model(rel: &str) -> Arc<LoadedModel> {
     model_as(rel, WeightDtype::F32)
 }

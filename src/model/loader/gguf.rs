@@ -23,7 +23,7 @@ impl<'a> GgufWeights<'a> {
 }
 
 /// The GGUF name of a Hugging Face tensor name in architecture `arch`.
-fn gguf_name(arch: Arch, hf: &str) -> Option<String> {
+pub fn gguf_name(arch: Arch, hf: &str) -> Option<String> {
     let fixed = match hf {
         "model.embed_tokens.weight" => Some("token_embd.weight"),
         "model.norm.weight" => Some("output_norm.weight"),
@@ -64,13 +64,23 @@ fn gguf_name(arch: Arch, hf: &str) -> Option<String> {
 /// Row `h*hd + half*(hd/2) + i` of the HF layout is row `h*hd + 2i + half` in llama.cpp's.
 /// Rows are `cols` elements (floats, or the bytes of a row of quantized blocks).
 fn unpermute_rows<T: Copy + Default>(data: &[T], heads: usize, cols: usize) -> Vec<T> {
+    move_rows(data, heads, cols, false)
+}
+
+/// The inverse of [`unpermute_rows`]: HF q/k rows in llama.cpp's order for interleaved RoPE.
+pub fn permute_rows<T: Copy + Default>(data: &[T], heads: usize, cols: usize) -> Vec<T> {
+    move_rows(data, heads, cols, true)
+}
+
+fn move_rows<T: Copy + Default>(data: &[T], heads: usize, cols: usize, to_gguf: bool) -> Vec<T> {
     let hd = data.len() / cols / heads;
     let mut out = vec![T::default(); data.len()];
     for h in 0..heads {
         for half in 0..2 {
             for i in 0..hd / 2 {
-                let dst = (h * hd + half * (hd / 2) + i) * cols;
-                let src = (h * hd + 2 * i + half) * cols;
+                let hf = (h * hd + half * (hd / 2) + i) * cols;
+                let gguf = (h * hd + 2 * i + half) * cols;
+                let (dst, src) = if to_gguf { (gguf, hf) } else { (hf, gguf) };
                 out[dst..dst + cols].copy_from_slice(&data[src..src + cols]);
             }
         }
@@ -167,5 +177,8 @@ mod tests {
         // One head, hd = 4, 1 column: llama.cpp order is [x0, x2, x1, x3] for HF [x0, x1, x2, x3].
         let gguf = [0.0, 2.0, 1.0, 3.0, 10.0, 12.0, 11.0, 13.0];
         assert_eq!(unpermute_rows(&gguf, 2, 1), vec![0.0, 1.0, 2.0, 3.0, 10.0, 11.0, 12.0, 13.0]);
+        let rows: Vec<u32> = (0..48).collect();
+        assert_eq!(unpermute_rows(&permute_rows(&rows, 3, 2), 3, 2), rows);
+        assert_eq!(permute_rows(&[0.0, 1.0, 2.0, 3.0], 1, 1), [0.0, 2.0, 1.0, 3.0]);
     }
 }

@@ -63,6 +63,13 @@ impl SafetensorsWeights {
 }
 
 impl SafetensorsWeights {
+    /// Every tensor's name and shape, in name order.
+    pub fn shapes(&self) -> Vec<(&str, &[usize])> {
+        let mut all: Vec<_> = self.entries.iter().map(|(n, e)| (n.as_str(), e.shape.as_slice())).collect();
+        all.sort_unstable();
+        all
+    }
+
     /// The entry `name` and its file (path and map), checked to have `shape`.
     fn entry(&self, name: &str, shape: &[usize]) -> Result<(&Entry, &Path, &Arc<Mmap>)> {
         let Some(e) = self.entries.get(name) else {

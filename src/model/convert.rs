@@ -1,0 +1,199 @@
+//! `weft quantize` for a Hugging Face directory: the safetensors weights and config written
+//! as a GGUF file in llama.cpp's layout (its tensor names, q/k row order for interleaved
+//! RoPE, Gemma's `1 + w` norms, Llama 3's `rope_freqs` and Phi-3's longrope factors as
+//! tensors), matrices in the chosen type. The file is read back before returning, and must
+//! describe the same model as the directory.
+
+use super::config::{Arch, ModelConfig, RopeScaling};
+use super::gguf::{GgmlType, GgufFile};
+use super::gguf_write::{put_entry, write_file, Meta, OutTensor, ALIGNMENT};
+use super::loader::{gguf_name, permute_rows, SafetensorsWeights, WeightSource};
+use super::requantize::file_type;
+use crate::kernels::quantize::{fitting, quantize, writable};
+use anyhow::{bail, ensure, Context, Result};
+use rayon::prelude::*;
+use std::borrow::Cow;
+use std::path::Path;
+
+/// A tensor of the output: where its values come from.
+enum Source {
+    /// A safetensors tensor, by its Hugging Face name.
+    Hf(String),
+    /// Values computed from the config (RoPE factors).
+    Values(Vec<f32>),
+}
+
+/// Writes `out` from the model in `dir` with its matrices in `target`; `tokenizer` gives the
+/// `tokenizer.*` entries for the model's vocabulary size. Returns (matrices written in
+/// `target`, bytes).
+pub fn hf_to_gguf(
+    dir: &Path,
+    out: &Path,
+    target: GgmlType,
+    tokenizer: impl FnOnce(usize) -> Result<Vec<(String, Meta)>>,
+) -> Result<(usize, u64)> {
+    ensure!(writable(target), "cannot write matrices as {target:?}");
+    let config = ModelConfig::from_hf_json(&dir.join("config.json"))?;
+    let tokenizer = tokenizer(config.vocab_size)?;
+    let src = SafetensorsWeights::open_dir(dir)?;
+    let c = &config;
+    let arch = arch_name(c.arch);
+    let name = dir.canonicalize()?.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+
+    let mut meta = vec![
+        ("general.architecture".to_string(), Meta::Str(arch.into())),
+        ("general.name".to_string(), Meta::Str(name)),
+        ("general.file_type".to_string(), Meta::U32(file_type(target))),
+        ("general.quantization_version".to_string(), Meta::U32(2)),
+    ];
+    let mut put = |k: &str, v: Meta| meta.push((format!("{arch}.{k}"), v));
+    let int = |v: usize| u32::try_from(v).map(Meta::U32).context("a size does not fit in 32 bits");
+    put("context_length", int(c.max_position_embeddings)?);
+    put("embedding_length", int(c.hidden_size)?);
+    put("block_count", int(c.num_layers)?);
+    put("feed_forward_length", int(c.intermediate_size)?);
+    put("attention.head_count", int(c.num_heads)?);
+    put("attention.head_count_kv", int(c.num_kv_heads)?);
+    put("attention.key_length", int(c.head_dim)?);
+    put("attention.value_length", int(c.head_dim)?);
+    put("rope.dimension_count", int(c.head_dim)?);
+    put("attention.layer_norm_rms_epsilon", Meta::F32(c.rms_norm_eps));
+    put("rope.freq_base", Meta::F32(c.rope_theta));
+    put("vocab_size", int(c.vocab_size)?);
+    match c.sliding_window {
+        Some(w) => put("attention.sliding_window", int(w)?),
+        // llama.cpp reads Phi-3's window unconditionally; 0 means none.
+        None if c.arch == Arch::Phi3 => put("attention.sliding_window", Meta::U32(0)),
+        None => {}
+    }
+    if let Some(cap) = c.attn_softcap {
+        put("attn_logit_softcapping", Meta::F32(cap));
+    }
+    if let Some(cap) = c.final_softcap {
+        put("final_logit_softcapping", Meta::F32(cap));
+    }
+
+    let mut tensors: Vec<(OutTensor, Source)> = Vec::new();
+    let vector = |name: &str, v: Vec<f32>| {
+        (OutTensor { name: name.into(), shape: vec![v.len()], dtype: GgmlType::F32 }, Source::Values(v))
+    };
+    match &c.rope_scaling {
+        RopeScaling::None => {}
+        RopeScaling::Linear(factor) => {
+            put("rope.scaling.type", Meta::Str("linear".into()));
+            put("rope.scaling.factor", Meta::F32(*factor));
+        }
+        RopeScaling::Llama3 { .. } => tensors.push(vector("rope_freqs.weight", llama3_divisors(c))),
+        RopeScaling::LongRope { short, long, original_max_position_embeddings, attention_factor } => {
+            put("rope.scaling.attn_factor", Meta::F32(*attention_factor));
+            put("rope.scaling.original_context_length", int(*original_max_position_embeddings)?);
+            tensors.push(vector("rope_factors_long.weight", long.clone()));
+            tensors.push(vector("rope_factors_short.weight", short.clone()));
+        }
+    }
+
+    let mut hf: Vec<(&str, &[usize])> = src.shapes();
+    // Embedding first, then layer by layer, then the final norm and head, as converters do.
+    hf.sort_by_key(|(n, _)| {
+        let layer = n.strip_prefix("model.layers.").and_then(|r| r.split('.').next()?.parse::<usize>().ok());
+        (layer.map_or(if n.starts_with("model.embed") { 0 } else { 2 }, |_| 1), layer, n.to_string())
+    });
+    for (hf_name, shape) in hf {
+        if hf_name.ends_with("rotary_emb.inv_freq") || (hf_name == "lm_head.weight" && c.tie_word_embeddings) {
+            continue;
+        }
+        let gname = gguf_name(c.arch, hf_name).with_context(|| format!("tensor {hf_name} has no GGUF name"))?;
+        let matrix = shape.len() == 2 && hf_name.ends_with(".weight");
+        let dtype = if matrix { fitting(target, shape[1]).unwrap_or(GgmlType::F32) } else { GgmlType::F32 };
+        let out = OutTensor { name: gname, shape: shape.to_vec(), dtype };
+        tensors.push((out, Source::Hf(hf_name.to_string())));
+    }
+    let matrices = tensors.iter().filter(|(t, _)| t.dtype == target && t.shape.len() == 2).count();
+
+    let mut entries = Vec::new();
+    let n_entries = meta.len() + tokenizer.len();
+    for (k, v) in meta.iter().chain(&tokenizer) {
+        put_entry(&mut entries, k, v);
+    }
+    let (outs, sources): (Vec<OutTensor>, Vec<Source>) = tensors.into_iter().unzip();
+    let written = write_file(out, &entries, n_entries, ALIGNMENT, &outs, |i| {
+        let values = match &sources[i] {
+            Source::Values(v) => Cow::Borrowed(v.as_slice()),
+            Source::Hf(name) => Cow::Owned(gguf_values(c, &src, name, &outs[i].shape)?),
+        };
+        let t = &outs[i];
+        let k = *t.shape.last().unwrap_or(&1);
+        let row_bytes = k / t.dtype.block().0 * t.dtype.block().1;
+        let rows = values.len() / k.max(1);
+        let mut data = vec![0u8; rows * row_bytes];
+        data.par_chunks_mut(row_bytes * 64).zip(values.par_chunks(k * 64)).for_each(|(o, x)| {
+            o.copy_from_slice(&quantize(t.dtype, x));
+        });
+        Ok(Cow::Owned(data))
+    })?;
+
+    let back = GgufFile::open(out)?;
+    let read = ModelConfig::from_gguf(&back)?;
+    let mut want = config.clone();
+    if matches!(want.rope_scaling, RopeScaling::Llama3 { .. }) {
+        want.rope_scaling = RopeScaling::None; // carried by rope_freqs, applied at load
+    }
+    if read != want {
+        bail!("{}: the written file would be read as {read:?}, not as {want:?}", out.display());
+    }
+    Ok((matrices, written))
+}
+
+/// llama.cpp's `general.architecture` for a family.
+fn arch_name(arch: Arch) -> &'static str {
+    match arch {
+        Arch::Llama => "llama",
+        Arch::Qwen2 => "qwen2",
+        Arch::Qwen3 => "qwen3",
+        Arch::Phi3 => "phi3",
+        Arch::Gemma2 => "gemma2",
+    }
+}
+
+/// Tensor `name`'s values as the GGUF file holds them: Gemma's norms with their 1 added,
+/// and Llama's q/k rows (weights and biases) in the interleaved-RoPE order.
+fn gguf_values(c: &ModelConfig, src: &SafetensorsWeights, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+    let t = src.load(name, shape)?;
+    let mut v = t.data().to_vec();
+    if c.arch == Arch::Gemma2 && (name.ends_with("layernorm.weight") || name == "model.norm.weight") {
+        v.iter_mut().for_each(|w| *w += 1.0);
+    }
+    if c.arch == Arch::Llama {
+        let cols = shape[1..].iter().product();
+        if name.contains(".q_proj.") {
+            v = permute_rows(&v, c.num_heads, cols);
+        } else if name.contains(".k_proj.") {
+            v = permute_rows(&v, c.num_kv_heads, cols);
+        }
+    }
+    Ok(v)
+}
+
+/// Llama 3's frequency divisors, as llama.cpp's converter computes them (in f32).
+fn llama3_divisors(c: &ModelConfig) -> Vec<f32> {
+    let RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings: old } =
+        c.rope_scaling
+    else {
+        return Vec::new();
+    };
+    let (low_wavelen, high_wavelen) = (old / low_freq_factor, old / high_freq_factor);
+    (0..c.head_dim / 2)
+        .map(|i| {
+            let freq = 1.0 / c.rope_theta.powf((2 * i) as f32 / c.head_dim as f32);
+            let wavelen = 2.0 * std::f32::consts::PI / freq;
+            if wavelen < high_wavelen {
+                1.0
+            } else if wavelen > low_wavelen {
+                factor
+            } else {
+                let smooth = (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                1.0 / ((1.0 - smooth) / factor + smooth)
+            }
+        })
+        .collect()
+}
