@@ -7,10 +7,11 @@ mod common;
 
 use common::{assert_matches_reference, reference, shared_models, teacher_forced};
 use std::path::{Path, PathBuf};
-use weft::kernels::quant::GgmlType;
 use weft::loaded::LoadedModel;
 use weft::model::convert::hf_to_gguf;
+use weft::model::file_type::parse_file_type_name;
 use weft::model::gguf::{GgufFile, Value};
+use weft::model::requantize::requantize;
 use weft::model::WeightDtype;
 use weft::tokenizer::{gguf_metadata, Detokenizer};
 
@@ -18,12 +19,13 @@ use weft::tokenizer::{gguf_metadata, Detokenizer};
 const FAMILIES: &[&str] =
     &["stories260k", "tiny-llama3", "tiny-qwen2", "tiny-qwen3", "tiny-mistral-swa", "tiny-phi3", "tiny-gemma2"];
 
-fn convert(dir: &Path, target: GgmlType) -> PathBuf {
+fn convert(dir: &Path, target: &str) -> PathBuf {
     let out = std::env::temp_dir().join(format!("weft-convert-{}", std::process::id()));
     std::fs::create_dir_all(&out).unwrap();
     let name = dir.file_name().unwrap().to_string_lossy();
     let path = out.join(format!("{name}.{target}.gguf"));
-    hf_to_gguf(dir, &path, target, |vocab| gguf_metadata(dir, vocab)).unwrap();
+    let ft = parse_file_type_name(target).unwrap().pure();
+    hf_to_gguf(dir, &path, ft, |vocab| gguf_metadata(dir, vocab)).unwrap();
     path
 }
 
@@ -78,7 +80,7 @@ fn converted_directories_match_llama_cpp_and_the_references() {
     let Some(models) = shared_models() else { return };
     for family in FAMILIES {
         let dir = models.join(family);
-        let path = convert(&dir, GgmlType::F32);
+        let path = convert(&dir, "f32");
         let theirs = GgufFile::open(&dir.join(format!("{family}.gguf"))).unwrap();
         assert_same_file(family, &GgufFile::open(&path).unwrap(), &theirs);
 
@@ -106,12 +108,33 @@ fn converted_blocks_equal_quantizing_at_load() {
     let Some(models) = shared_models() else { return };
     for family in ["stories260k", "tiny-qwen2", "tiny-gemma2"] {
         let dir = models.join(family);
-        let file = LoadedModel::open(&convert(&dir, GgmlType::Q8_0), WeightDtype::Auto).unwrap();
-        let at_load = LoadedModel::open(&dir, WeightDtype::Quantize(GgmlType::Q8_0)).unwrap();
+        let file = LoadedModel::open(&convert(&dir, "q8_0"), WeightDtype::Auto).unwrap();
+        let at_load = LoadedModel::open(&dir, WeightDtype::Quantize(weft::kernels::quant::GgmlType::Q8_0)).unwrap();
         assert_eq!(file.model.weight_bytes(), at_load.model.weight_bytes(), "{family}");
         let case = &reference(family)[0];
         let a = teacher_forced(&file, &case.prompt_ids, &case.generated_ids);
         let b = teacher_forced(&at_load, &case.prompt_ids, &case.generated_ids);
         assert!(a == b, "{family}: logits differ");
+    }
+}
+
+/// `weft quantize --type T` chooses each tensor's type as llama-quantize did for the
+/// fixture files of `tiny-llama3-q` (output matrix in Q6_K, the `_M` mixes' layers).
+#[test]
+fn file_types_mix_as_llama_quantize() {
+    let Some(models) = shared_models() else { return };
+    let dir = models.join("tiny-llama3-q");
+    let out = std::env::temp_dir().join(format!("weft-mix-{}", std::process::id()));
+    std::fs::create_dir_all(&out).unwrap();
+    for name in ["Q4_0", "Q4_1", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0"] {
+        let theirs = GgufFile::open(&dir.join(format!("tiny-llama3-q.{name}.gguf"))).unwrap();
+        let path = out.join(format!("{name}.gguf"));
+        let ft = parse_file_type_name(name).unwrap();
+        requantize(&dir.join("tiny-llama3-q.Q8_0.gguf"), &path, ft).unwrap();
+        let ours = GgufFile::open(&path).unwrap();
+        for (tensor, info) in &theirs.tensors {
+            assert_eq!(ours.tensors[tensor].dtype, info.dtype, "{name}: {tensor}");
+        }
+        assert_eq!(ours.get("general.file_type"), theirs.get("general.file_type"), "{name}");
     }
 }

@@ -134,32 +134,49 @@ fn legacy(x: &[f32], b: &mut [u8], bits: u32, offset: bool) {
     }
 }
 
-/// The scale and offset of `x` on `levels` steps (`x ≈ s·q − m`, `q` in `0..levels`) with the
-/// least squared error among a few candidates around the min-max fit; `m ≥ 0`.
-fn fit_min_max(x: &[f32], levels: f32) -> (f32, f32) {
+/// The scale and offset of `x` on `levels` steps (`x ≈ s·q − m`, `q` in `0..levels`, `m ≥ 0`)
+/// with the least error weighted by `w`. Candidates: the min–max fit, and for each of 21
+/// rounding grids around it, the weighted least-squares `(s, m)` of that grid's levels
+/// (the search llama.cpp's K-quant reference makes).
+fn fit_min_max(x: &[f32], w: &[f32], levels: f32) -> (f32, f32) {
+    let nmax = levels - 1.0;
     let lo = x.iter().fold(0f32, |a, &v| a.min(v));
     let hi = x.iter().fold(f32::MIN, |a, &v| a.max(v));
     if hi <= lo {
         return (0.0, -lo);
     }
     let err = |s: f32, m: f32| -> f32 {
+        let inv = 1.0 / s;
         x.iter()
-            .map(|&v| {
-                let q = ((v + m) / s).round().clamp(0.0, levels - 1.0);
-                (s * q - m - v).powi(2)
+            .zip(w)
+            .map(|(&v, &w)| {
+                let q = ((v + m) * inv).round().clamp(0.0, nmax);
+                w * (s * q - m - v).powi(2)
             })
             .sum()
     };
-    let mut best = ((hi - lo) / (levels - 1.0), -lo);
+    let mut best = ((hi - lo) / nmax, -lo);
     let mut best_err = err(best.0, best.1);
-    for step in 1..=8 {
-        // Shrinking the range clips the extremes but steps the rest more finely.
-        let s = (hi - lo) / (levels - 1.0) * (1.0 - 0.025 * step as f32);
-        for m in [-lo, -lo - 0.5 * step as f32 * 0.025 * (hi - lo)] {
-            let m = m.max(0.0);
-            let e = err(s, m);
+    for step in 0..=20 {
+        let iscale = (nmax - 1.0 + 0.1 * step as f32) / (hi - lo);
+        let (mut sw, mut sl, mut sl2, mut sxl, mut sx) = (0f32, 0f32, 0f32, 0f32, 0f32);
+        for (&v, &w) in x.iter().zip(w) {
+            let l = (iscale * (v - lo)).round().clamp(0.0, nmax);
+            (sw, sl, sl2, sxl, sx) = (sw + w, sl + w * l, sl2 + w * l * l, sxl + w * v * l, sx + w * v);
+        }
+        let det = sw * sl2 - sl * sl;
+        if det <= 0.0 {
+            continue;
+        }
+        // x ≈ s·l + b with b ≤ 0 (the offset is stored as m = −b ≥ 0).
+        let (mut scale, mut b) = ((sw * sxl - sx * sl) / det, (sl2 * sx - sl * sxl) / det);
+        if b > 0.0 {
+            (scale, b) = (sxl / sl2, 0.0);
+        }
+        if scale > 0.0 && scale.is_finite() {
+            let e = err(scale, -b);
             if e < best_err {
-                (best, best_err) = ((s, m), e);
+                (best, best_err) = ((scale, -b), e);
             }
         }
     }
@@ -169,7 +186,11 @@ fn fit_min_max(x: &[f32], levels: f32) -> (f32, f32) {
 /// Q4_K / Q5_K: eight 32-value sub-blocks, each `d·sc · q − dmin·m` with 6-bit `sc` and `m`.
 fn k_quant(x: &[f32], b: &mut [u8], five: bool) {
     let levels = if five { 32.0 } else { 16.0 };
-    let fits: Vec<(f32, f32)> = x.chunks_exact(32).map(|s| fit_min_max(s, levels)).collect();
+    // Errors weigh more on larger values, relative to the super-block's RMS.
+    let rms = (x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32).sqrt();
+    let w: Vec<f32> = x.iter().map(|v| rms + v.abs()).collect();
+    let fits: Vec<(f32, f32)> =
+        x.chunks_exact(32).zip(w.chunks_exact(32)).map(|(s, w)| fit_min_max(s, w, levels)).collect();
     let max_s = fits.iter().fold(0f32, |a, f| a.max(f.0));
     let max_m = fits.iter().fold(0f32, |a, f| a.max(f.1));
     let d = f16_round(max_s / 63.0);

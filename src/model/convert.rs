@@ -5,12 +5,12 @@
 //! describe the same model as the directory.
 
 use super::config::{Arch, ModelConfig, RopeScaling};
+use super::file_type::FileType;
 use super::gguf::{GgmlType, GgufFile};
 use super::gguf_write::{put_entry, write_file, Meta, OutTensor, ALIGNMENT};
 use super::loader::{gguf_name, permute_rows, SafetensorsWeights, WeightSource};
-use super::requantize::file_type;
-use crate::kernels::quantize::{fitting, quantize, writable};
-use anyhow::{bail, ensure, Context, Result};
+use crate::kernels::quantize::quantize;
+use anyhow::{bail, Context, Result};
 use rayon::prelude::*;
 use std::borrow::Cow;
 use std::path::Path;
@@ -23,16 +23,15 @@ enum Source {
     Values(Vec<f32>),
 }
 
-/// Writes `out` from the model in `dir` with its matrices in `target`; `tokenizer` gives the
-/// `tokenizer.*` entries for the model's vocabulary size. Returns (matrices written in
-/// `target`, bytes).
+/// Writes `out` from the model in `dir` with its matrices in the types of `ft`; `tokenizer`
+/// gives the `tokenizer.*` entries for the model's vocabulary size. Returns (matrices
+/// written, bytes).
 pub fn hf_to_gguf(
     dir: &Path,
     out: &Path,
-    target: GgmlType,
+    ft: FileType,
     tokenizer: impl FnOnce(usize) -> Result<Vec<(String, Meta)>>,
 ) -> Result<(usize, u64)> {
-    ensure!(writable(target), "cannot write matrices as {target:?}");
     let config = ModelConfig::from_hf_json(&dir.join("config.json"))?;
     let tokenizer = tokenizer(config.vocab_size)?;
     let src = SafetensorsWeights::open_dir(dir)?;
@@ -43,7 +42,7 @@ pub fn hf_to_gguf(
     let mut meta = vec![
         ("general.architecture".to_string(), Meta::Str(arch.into())),
         ("general.name".to_string(), Meta::Str(name)),
-        ("general.file_type".to_string(), Meta::U32(file_type(target))),
+        ("general.file_type".to_string(), Meta::U32(ft.id())),
         ("general.quantization_version".to_string(), Meta::U32(2)),
     ];
     let mut put = |k: &str, v: Meta| meta.push((format!("{arch}.{k}"), v));
@@ -98,17 +97,19 @@ pub fn hf_to_gguf(
         let layer = n.strip_prefix("model.layers.").and_then(|r| r.split('.').next()?.parse::<usize>().ok());
         (layer.map_or(if n.starts_with("model.embed") { 0 } else { 2 }, |_| 1), layer, n.to_string())
     });
+    let mut matrices = 0;
     for (hf_name, shape) in hf {
         if hf_name.ends_with("rotary_emb.inv_freq") || (hf_name == "lm_head.weight" && c.tie_word_embeddings) {
             continue;
         }
         let gname = gguf_name(c.arch, hf_name).with_context(|| format!("tensor {hf_name} has no GGUF name"))?;
         let matrix = shape.len() == 2 && hf_name.ends_with(".weight");
-        let dtype = if matrix { fitting(target, shape[1]).unwrap_or(GgmlType::F32) } else { GgmlType::F32 };
+        let fit = |k| ft.matrix_type(&gname, k, c.num_layers, c.tie_word_embeddings);
+        let dtype = if matrix { fit(shape[1]).unwrap_or(GgmlType::F32) } else { GgmlType::F32 };
+        matrices += matrix as usize;
         let out = OutTensor { name: gname, shape: shape.to_vec(), dtype };
         tensors.push((out, Source::Hf(hf_name.to_string())));
     }
-    let matrices = tensors.iter().filter(|(t, _)| t.dtype == target && t.shape.len() == 2).count();
 
     let mut entries = Vec::new();
     let n_entries = meta.len() + tokenizer.len();

@@ -4,38 +4,28 @@
 //! Each matrix is dequantized exactly to f32 and quantized again, one tensor at a time, so
 //! memory stays at one tensor whatever the file's size.
 
+use super::file_type::FileType;
 use super::gguf::{GgufFile, TensorInfo};
 use super::gguf_write::{put_entry, write_file, Meta, OutTensor};
 use crate::kernels::quant::{dequantize, GgmlType};
-use crate::kernels::quantize::{fitting, quantize, writable};
+use crate::kernels::quantize::quantize;
 use anyhow::{ensure, Result};
 use rayon::prelude::*;
 use std::borrow::Cow;
 use std::path::Path;
 
-/// llama.cpp's `general.file_type` for a file mostly of `dtype`.
-pub fn file_type(dtype: GgmlType) -> u32 {
-    match dtype {
-        GgmlType::F32 => 0,
-        GgmlType::F16 => 1,
-        GgmlType::Q4_0 => 2,
-        GgmlType::Q4_1 => 3,
-        GgmlType::Q8_0 => 7,
-        GgmlType::Q5_0 => 8,
-        GgmlType::Q5_1 => 9,
-        GgmlType::Q4K => 14,
-        GgmlType::Q5K => 16,
-        GgmlType::Q6K => 18,
-        other => unreachable!("{other:?} is not a quantization target"),
-    }
+/// The type tensor `name` is written in: for matrices, the one `ft` gives them (kept as
+/// stored when no format fits the rows); norms, biases and empty tensors as stored.
+fn output_type(name: &str, info: &TensorInfo, ft: FileType, layers: usize, tied: bool) -> GgmlType {
+    let matrix = info.shape.len() == 2 && info.shape.iter().all(|&d| d > 0) && name.ends_with(".weight");
+    let fit = if matrix { ft.matrix_type(name, info.shape[1], layers, tied) } else { None };
+    fit.unwrap_or(info.dtype)
 }
 
-/// The type tensor `info` is written in: `target` for matrices (or its fallback when the
-/// rows are not whole blocks of it), else as stored (norms, biases, empty tensors).
-fn output_type(name: &str, info: &TensorInfo, target: GgmlType) -> GgmlType {
-    let matrix = info.shape.len() == 2 && info.shape.iter().all(|&d| d > 0) && name.ends_with(".weight");
-    let fit = if matrix { fitting(target, info.shape[1]) } else { None };
-    fit.unwrap_or(info.dtype)
+/// The number of layers: one past the highest `blk.N.` of the tensor names.
+pub fn block_count<'a>(names: impl Iterator<Item = &'a str>) -> usize {
+    let layer = |n: &str| n.strip_prefix("blk.")?.split('.').next()?.parse::<usize>().ok();
+    names.filter_map(layer).max().map_or(0, |l| l + 1)
 }
 
 /// `raw` (the rows of `info`) in `dtype`, through exact f32.
@@ -49,20 +39,22 @@ fn requantize_rows(raw: &[u8], info: &TensorInfo, dtype: GgmlType) -> Vec<u8> {
     data
 }
 
-/// Writes `out`: `input` with its matrices in `target`. Returns (tensors requantized, bytes).
-pub fn requantize(input: &Path, out: &Path, target: GgmlType) -> Result<(usize, u64)> {
-    ensure!(writable(target), "cannot write matrices as {target:?}");
+/// Writes `out`: `input` with its matrices in the types of `ft`. Returns (tensors
+/// requantized, bytes).
+pub fn requantize(input: &Path, out: &Path, ft: FileType) -> Result<(usize, u64)> {
     // Writing over the input would truncate the map being read.
     let same = |a: &Path, b: &Path| a.canonicalize().ok().zip(b.canonicalize().ok()).is_some_and(|(a, b)| a == b);
     ensure!(!same(input, out), "{}: the output must not be the input file", out.display());
     let file = GgufFile::open(input)?;
     let layout = &file.layout;
+    let layers = block_count(layout.order.iter().map(String::as_str));
+    let tied = !file.tensors.contains_key("output.weight");
     let tensors: Vec<(&str, &TensorInfo, GgmlType)> = layout
         .order
         .iter()
         .map(|n| {
             let info = &file.tensors[n];
-            (n.as_str(), info, output_type(n, info, target))
+            (n.as_str(), info, output_type(n, info, ft, layers, tied))
         })
         .collect();
 
@@ -71,7 +63,7 @@ pub fn requantize(input: &Path, out: &Path, target: GgmlType) -> Result<(usize, 
     for (_, range) in &kept {
         entries.extend(file.bytes(range.clone()));
     }
-    put_entry(&mut entries, "general.file_type", &Meta::U32(file_type(target)));
+    put_entry(&mut entries, "general.file_type", &Meta::U32(ft.id()));
     let out_tensors: Vec<OutTensor> = tensors
         .iter()
         .map(|(name, info, dtype)| OutTensor { name: name.to_string(), shape: info.shape.clone(), dtype: *dtype })
@@ -95,6 +87,7 @@ pub fn requantize(input: &Path, out: &Path, target: GgmlType) -> Result<(usize, 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::file_type::parse_file_type_name;
     use crate::model::gguf::tests::write_gguf;
     use crate::model::gguf::Value;
 
@@ -116,7 +109,7 @@ mod tests {
                 ("blk.0.attn_norm.weight", vec![3], 0, bytes(&[1.0, 2.0, 3.0])),
             ],
         );
-        let (changed, _) = requantize(&src, &dst, GgmlType::Q8_0).unwrap();
+        let (changed, _) = requantize(&src, &dst, parse_file_type_name("q8_0").unwrap()).unwrap();
         assert_eq!(changed, 1);
         let f = GgufFile::open(&dst).unwrap();
         assert_eq!(f.get("general.architecture"), Some(&Value::Str("llama".into())));
@@ -128,7 +121,7 @@ mod tests {
         let back = f.dequantize(up);
         assert!(back.iter().zip(&w).all(|(a, b)| (a - b).abs() < 0.01), "Q8_0 values drifted");
         assert_eq!(f.dequantize(&f.tensors["blk.0.attn_norm.weight"]), [1.0, 2.0, 3.0]);
-        assert!(requantize(&dst, &dst, GgmlType::Q4_0).is_err(), "overwrote its own input");
+        assert!(requantize(&dst, &dst, parse_file_type_name("q4_0").unwrap()).is_err(), "overwrote its own input");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
