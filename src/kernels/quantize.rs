@@ -134,6 +134,18 @@ fn legacy(x: &[f32], b: &mut [u8], bits: u32, offset: bool) {
     }
 }
 
+/// `x.round().clamp(0.0, max)` for an integer `max`, exactly, without `f32::round`, which is
+/// a libm call without SSE4.1 (and this search rounds every value 22 times).
+fn round_in(x: f32, max: f32) -> f32 {
+    let x = x.clamp(0.0, max);
+    let t = x as u32 as f32;
+    if x - t >= 0.5 {
+        t + 1.0
+    } else {
+        t
+    }
+}
+
 /// The scale and offset of `x` on `levels` steps (`x ≈ s·q − m`, `q` in `0..levels`, `m ≥ 0`)
 /// with the least error weighted by `w`. Candidates: the min–max fit, and for each of 21
 /// rounding grids around it, the weighted least-squares `(s, m)` of that grid's levels
@@ -150,7 +162,7 @@ fn fit_min_max(x: &[f32], w: &[f32], levels: f32) -> (f32, f32) {
         x.iter()
             .zip(w)
             .map(|(&v, &w)| {
-                let q = ((v + m) * inv).round().clamp(0.0, nmax);
+                let q = round_in((v + m) * inv, nmax);
                 w * (s * q - m - v).powi(2)
             })
             .sum()
@@ -161,7 +173,7 @@ fn fit_min_max(x: &[f32], w: &[f32], levels: f32) -> (f32, f32) {
         let iscale = (nmax - 1.0 + 0.1 * step as f32) / (hi - lo);
         let (mut sw, mut sl, mut sl2, mut sxl, mut sx) = (0f32, 0f32, 0f32, 0f32, 0f32);
         for (&v, &w) in x.iter().zip(w) {
-            let l = (iscale * (v - lo)).round().clamp(0.0, nmax);
+            let l = round_in(iscale * (v - lo), nmax);
             (sw, sl, sl2, sxl, sx) = (sw + w, sl + w * l, sl2 + w * l * l, sxl + w * v * l, sx + w * v);
         }
         let det = sw * sl2 - sl * sl;
@@ -273,6 +285,15 @@ mod tests {
     use super::*;
     use crate::kernels::quant::{dequantize, QK_K};
     use crate::kernels::testing::random_vec;
+
+    #[test]
+    fn round_in_is_round_then_clamp() {
+        let edges = [-0.6f32, -0.5, -0.49999997, 0.0, 0.49999997, 0.5, 1.5, 2.4999998, 2.5, 14.5, 15.0, 15.5, 40.0];
+        let steps = (0..20_000).map(|i| i as f32 * 0.00137 - 3.0);
+        for x in edges.into_iter().chain(steps) {
+            assert_eq!(round_in(x, 15.0), x.round().clamp(0.0, 15.0), "{x}");
+        }
+    }
 
     /// Relative RMS error of a round trip through each format, on values with outliers.
     #[test]
