@@ -18,6 +18,7 @@
 
 use super::{Part, QActs, SharedOut, QB};
 use crate::kernels::quant::{scale_min_k4, GgmlType};
+use rayon::prelude::*;
 
 /// Rows interleaved into one group.
 pub const GROUP: usize = 8;
@@ -94,31 +95,38 @@ pub fn interleave(dtype: GgmlType, data: &[u8], k: usize) -> Vec<u8> {
     let (rec_bytes, head) = record(dtype);
     let s = shape(dtype);
     let mut out = vec![0u8; groups * blocks * rec_bytes];
-    for (i, rec) in out.chunks_exact_mut(rec_bytes).enumerate() {
-        let (g, b) = (i / blocks, i % blocks);
-        for r in 0..GROUP {
-            let at = (g * GROUP + r) * row_bytes + b * block_bytes;
-            let blk = &data[at..at + block_bytes];
-            for (f, &h) in s.halves.iter().enumerate() {
-                rec[f * 16 + r * 2..f * 16 + r * 2 + 2].copy_from_slice(&blk[h..h + 2]);
-            }
-            let base = s.bytes_at();
-            if s.k_scales {
-                for sub in 0..8 {
-                    let (sc, m) = scale_min_k4(sub, &blk[4..16]);
-                    rec[base + sub * GROUP + r] = sc;
-                    rec[base + 64 + sub * GROUP + r] = m;
-                }
-            }
-            for j in 0..s.bytes.1 {
-                rec[base + j * GROUP + r] = blk[s.bytes.0 + j];
-            }
-            for (ch, from) in s.chunks().enumerate() {
-                rec[head + ch * 32 + r * 4..head + ch * 32 + r * 4 + 4].copy_from_slice(&blk[from..from + 4]);
+    // Groups in parallel: loading is mostly this copy and the page faults of its output.
+    out.par_chunks_mut(blocks * rec_bytes).enumerate().for_each(|(g, group)| {
+        let rows = &data[g * GROUP * row_bytes..(g + 1) * GROUP * row_bytes];
+        for (b, rec) in group.chunks_exact_mut(rec_bytes).enumerate() {
+            fill_record(&s, head, rec, |r| &rows[r * row_bytes + b * block_bytes..][..block_bytes]);
+        }
+    });
+    out
+}
+
+/// One record from the same block of the group's eight rows (`block(r)`, file layout).
+fn fill_record<'a>(s: &Shape, head: usize, rec: &mut [u8], block: impl Fn(usize) -> &'a [u8]) {
+    for r in 0..GROUP {
+        let blk = block(r);
+        for (f, &h) in s.halves.iter().enumerate() {
+            rec[f * 16 + r * 2..f * 16 + r * 2 + 2].copy_from_slice(&blk[h..h + 2]);
+        }
+        let base = s.bytes_at();
+        if s.k_scales {
+            for sub in 0..8 {
+                let (sc, m) = scale_min_k4(sub, &blk[4..16]);
+                rec[base + sub * GROUP + r] = sc;
+                rec[base + 64 + sub * GROUP + r] = m;
             }
         }
+        for j in 0..s.bytes.1 {
+            rec[base + j * GROUP + r] = blk[s.bytes.0 + j];
+        }
+        for (ch, from) in s.chunks().enumerate() {
+            rec[head + ch * 32 + r * 4..head + ch * 32 + r * 4 + 4].copy_from_slice(&blk[from..from + 4]);
+        }
     }
-    out
 }
 
 /// Row `r` of interleaved `data` back in the file's layout.

@@ -88,6 +88,15 @@ fn move_rows<T: Copy + Default>(data: &[T], heads: usize, cols: usize, to_gguf: 
     out
 }
 
+/// `src` copied in parallel: a large tensor's copy out of the map is mostly page faults
+/// (reading the file's pages, zeroing the new ones), which both cores can take.
+fn par_copy(src: &[u8]) -> Vec<u8> {
+    use rayon::prelude::*;
+    let mut out = vec![0u8; src.len()];
+    out.par_chunks_mut(1 << 20).zip(src.par_chunks(1 << 20)).for_each(|(o, s)| o.copy_from_slice(s));
+    out
+}
+
 impl GgufWeights<'_> {
     fn info(&self, name: &str, shape: &[usize]) -> Result<&TensorInfo> {
         let gname = gguf_name(self.arch, name).with_context(|| format!("no GGUF name for tensor {name}"))?;
@@ -147,7 +156,7 @@ impl WeightSource for GgufWeights<'_> {
         if !QMatrix::supports(info.dtype) || shape.len() != 2 {
             return Ok(None);
         }
-        let raw = self.file.raw(info).to_vec();
+        let raw = par_copy(self.file.raw(info));
         self.file.release(info);
         let row_bytes = raw.len() / shape[0];
         Ok(Some((info.dtype, self.hf_rows(name, raw, row_bytes))))
