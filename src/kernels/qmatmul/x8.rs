@@ -525,10 +525,10 @@ mod avx2 {
                     }
                 }
                 for (t, (acc, dot)) in acc[..R].iter_mut().zip(&dots).enumerate() {
-                    for h in 0..2 {
+                    for (h, &dot) in dot.iter().enumerate() {
                         let xb = ((first + t) * blocks + b) * 8 + 2 * pair + h;
                         let d = _mm256_mul_ps(dw, _mm256_set1_ps(*xq.d.get_unchecked(xb)));
-                        *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot[h]), *acc);
+                        *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot), *acc);
                     }
                 }
             }
