@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{assert_matches_reference, reference, shared_models, teacher_forced};
+use common::{assert_matches_reference, reference, shared_models, streamed_text, teacher_forced};
 use std::path::{Path, PathBuf};
 use weft::loaded::LoadedModel;
 use weft::model::convert::hf_to_gguf;
@@ -13,7 +13,7 @@ use weft::model::file_type::parse_file_type_name;
 use weft::model::gguf::{GgufFile, Value};
 use weft::model::requantize::requantize;
 use weft::model::WeightDtype;
-use weft::tokenizer::{gguf_metadata, Detokenizer};
+use weft::tokenizer::gguf_metadata;
 
 /// The Hugging Face directories that have a llama.cpp-converted GGUF beside them.
 const FAMILIES: &[&str] =
@@ -88,12 +88,7 @@ fn converted_directories_match_llama_cpp_and_the_references() {
         for case in reference(family) {
             let ids = m.tokenizer.encode_with(&case.prompt, case.add_special_tokens).unwrap();
             assert_eq!(ids, case.prompt_ids, "{family} {}: prompt ids", case.id);
-            let mut d = Detokenizer::new(&case.prompt_ids, false);
-            let mut text = String::new();
-            for &id in &case.generated_ids {
-                text += &d.push(&m.tokenizer, id).unwrap();
-            }
-            text += &d.flush(&m.tokenizer).unwrap();
+            let text = streamed_text(&m.tokenizer, &case.prompt_ids, &case.generated_ids);
             assert_eq!(text, case.generated_text_delta, "{family} {}: decoded text", case.id);
         }
         assert_matches_reference(&m, family, family);

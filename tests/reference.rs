@@ -2,11 +2,13 @@
 
 mod common;
 
-use common::{assert_matches_reference, collect, engine, greedy, model, reference, shared_models, MARGIN, VARIANTS};
+use common::{
+    assert_matches_reference, collect, engine, greedy, model, reference, shared_models, streamed_text, MARGIN, VARIANTS,
+};
 use weft::engine::EngineConfig;
 use weft::kv::{BlockAllocator, BlockTable, KvCache, KvCacheDtype};
 use weft::model::{SeqStep, StepInput, Workspace};
-use weft::tokenizer::{Detokenizer, Tokenizer};
+use weft::tokenizer::Tokenizer;
 
 #[test]
 fn prompt_token_ids_match_reference() {
@@ -109,12 +111,7 @@ fn streamed_text_matches_reference() {
     for (path, refdir) in VARIANTS {
         let m = model(path);
         for case in reference(refdir) {
-            let mut d = Detokenizer::new(&case.prompt_ids, false);
-            let mut text = String::new();
-            for &id in &case.generated_ids {
-                text += &d.push(&m.tokenizer, id).unwrap();
-            }
-            text += &d.flush(&m.tokenizer).unwrap();
+            let text = streamed_text(&m.tokenizer, &case.prompt_ids, &case.generated_ids);
             assert_eq!(text, case.generated_text_delta, "{path} {}", case.id);
         }
     }

@@ -303,6 +303,7 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::model::gguf_write::{put_entry, Meta};
 
     /// Writes a minimal GGUF v3 file: metadata, then tensors given as (name, dims fastest-first, type id, data).
     pub fn write_gguf(path: &Path, meta: &[(&str, Value)], tensors: &[(&str, Vec<u64>, u32, Vec<u8>)]) {
@@ -310,41 +311,21 @@ pub(crate) mod tests {
             out.extend((v.len() as u64).to_le_bytes());
             out.extend(v.as_bytes());
         }
-        fn val(out: &mut Vec<u8>, v: &Value) {
-            match v {
-                Value::Int(i) => {
-                    out.extend(4u32.to_le_bytes());
-                    out.extend((*i as u32).to_le_bytes());
-                }
-                Value::Float(f) => {
-                    out.extend(6u32.to_le_bytes());
-                    out.extend((*f as f32).to_le_bytes());
-                }
-                Value::Bool(b) => {
-                    out.extend(7u32.to_le_bytes());
-                    out.push(*b as u8);
-                }
-                Value::Str(x) => {
-                    out.extend(8u32.to_le_bytes());
-                    s(out, x);
-                }
-                Value::Array(a) => {
-                    out.extend(9u32.to_le_bytes());
-                    out.extend(8u32.to_le_bytes());
-                    out.extend((a.len() as u64).to_le_bytes());
-                    for x in a {
-                        s(out, x.as_str().expect("string arrays only"));
-                    }
-                }
-            }
-        }
         let mut out = b"GGUF".to_vec();
         out.extend(3u32.to_le_bytes());
         out.extend((tensors.len() as u64).to_le_bytes());
         out.extend((meta.len() as u64).to_le_bytes());
         for (k, v) in meta {
-            s(&mut out, k);
-            val(&mut out, v);
+            let v = match v {
+                Value::Int(i) => Meta::U32(*i as u32),
+                Value::Float(f) => Meta::F32(*f as f32),
+                Value::Bool(b) => Meta::Bool(*b),
+                Value::Str(x) => Meta::Str(x.clone()),
+                Value::Array(a) => {
+                    Meta::Strs(a.iter().map(|x| x.as_str().expect("string arrays only").into()).collect())
+                }
+            };
+            put_entry(&mut out, k, &v);
         }
         let mut rel = 0u64;
         for (name, dims, ty, data) in tensors {

@@ -11,6 +11,7 @@ use weft::kv::{BlockAllocator, BlockTable, KvCache, KvCacheDtype};
 use weft::loaded::LoadedModel;
 use weft::model::{SeqStep, StepInput, WeightDtype, Workspace};
 use weft::sampling::argmax;
+use weft::tokenizer::{Detokenizer, Tokenizer};
 
 /// `$WEFT_SHARED_MODELS`, else `shared/models` beside the repository; `None` (and a note on
 /// stderr) when absent, so the suite still runs on a machine without them — except in CI
@@ -113,6 +114,17 @@ pub fn log_softmax(x: &[f32]) -> Vec<f64> {
     let max = x.iter().fold(f32::MIN, |a, &b| a.max(b)) as f64;
     let lse = x.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln() + max;
     x.iter().map(|&v| v as f64 - lse).collect()
+}
+
+/// The text `generated` adds after `prompt`, streamed through the detokenizer as the
+/// engine streams it.
+pub fn streamed_text(tok: &Tokenizer, prompt: &[u32], generated: &[u32]) -> String {
+    let mut d = Detokenizer::new(prompt, false);
+    let mut text = String::new();
+    for &id in generated {
+        text += &d.push(tok, id).unwrap();
+    }
+    text + &d.flush(tok).unwrap()
 }
 
 /// Teacher-forced over every case of `refdir`: the top-5 logits after the prompt within
