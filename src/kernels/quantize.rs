@@ -27,9 +27,9 @@ pub fn parse_target(s: &str) -> Result<GgmlType, String> {
     }
 }
 
-/// Whether [`quantize`] writes `t`: a block format of [`TARGETS`], or plain f16 / f32.
+/// Whether [`quantize`] writes `t`: a block format of [`TARGETS`], or plain f32 / f16 / bf16.
 pub fn writable(t: GgmlType) -> bool {
-    TARGETS.contains(&t) || matches!(t, GgmlType::F16 | GgmlType::F32)
+    TARGETS.contains(&t) || matches!(t, GgmlType::F16 | GgmlType::Bf16 | GgmlType::F32)
 }
 
 /// A file's matrix type for `weft quantize` (see [`writable`]).
@@ -37,7 +37,7 @@ pub fn parse_file_type(s: &str) -> Result<GgmlType, String> {
     match s.parse::<GgmlType>()? {
         t if writable(t) => Ok(t),
         t => Err(format!(
-            "cannot write matrices as {t:?} (supported: f32, f16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k)"
+            "cannot write matrices as {t:?} (supported: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k)"
         )),
     }
 }
@@ -54,12 +54,13 @@ pub fn fitting(target: GgmlType, k: usize) -> Option<GgmlType> {
     [target, fallback].into_iter().find(|t| k.is_multiple_of(t.block().0))
 }
 
-/// Quantizes `x` (whole blocks of `dtype`) into its raw bytes; f16 and f32 are plain
+/// Quantizes `x` (whole blocks of `dtype`) into its raw bytes; f32, f16 and bf16 are plain
 /// little-endian values.
 pub fn quantize(dtype: GgmlType, x: &[f32]) -> Vec<u8> {
     match dtype {
         GgmlType::F32 => return x.iter().flat_map(|v| v.to_le_bytes()).collect(),
         GgmlType::F16 => return x.iter().flat_map(|&v| f16::from_f32(v).to_le_bytes()).collect(),
+        GgmlType::Bf16 => return x.iter().flat_map(|&v| half::bf16::from_f32(v).to_le_bytes()).collect(),
         _ => {}
     }
     let (per, bytes) = dtype.block();
@@ -285,6 +286,17 @@ mod tests {
     use super::*;
     use crate::kernels::quant::{dequantize, QK_K};
     use crate::kernels::testing::random_vec;
+
+    /// Plain float types round-trip as their own rounding of each value.
+    #[test]
+    fn float_types_round_trip() {
+        let x = random_vec(64, 3);
+        assert_eq!(dequantize(GgmlType::F32, &quantize(GgmlType::F32, &x)), x);
+        let f16s: Vec<f32> = x.iter().map(|&v| f16::from_f32(v).to_f32()).collect();
+        assert_eq!(dequantize(GgmlType::F16, &quantize(GgmlType::F16, &x)), f16s);
+        let bf16s: Vec<f32> = x.iter().map(|&v| half::bf16::from_f32(v).to_f32()).collect();
+        assert_eq!(dequantize(GgmlType::Bf16, &quantize(GgmlType::Bf16, &x)), bf16s);
+    }
 
     #[test]
     fn round_in_is_round_then_clamp() {

@@ -28,7 +28,7 @@ pub struct FileType {
     pub mix: Mix,
 }
 
-/// A file type from its llama-quantize name: a writable type (`q4_0`, `q6_k`, `f16`, ...) or
+/// A file type from its llama-quantize name: a writable type (`q4_0`, `q6_k`, `bf16`, ...) or
 /// a K-quant mix (`q4_k_s`, `q4_k_m`, `q5_k_s`, `q5_k_m`); `q4_k` and `q5_k` are the `_s`
 /// mixes, as llama-quantize has no plain one.
 pub fn parse_file_type_name(s: &str) -> Result<FileType, String> {
@@ -71,6 +71,7 @@ impl FileType {
         match (self.base, self.mix) {
             (GgmlType::F32, _) => 0,
             (GgmlType::F16, _) => 1,
+            (GgmlType::Bf16, _) => 32,
             (GgmlType::Q4_0, _) => 2,
             (GgmlType::Q4_1, _) => 3,
             (GgmlType::Q8_0, _) => 7,
@@ -98,7 +99,7 @@ impl FileType {
             return self.base;
         }
         if name == "output.weight" || (tied && name == "token_embd.weight") {
-            let keep = matches!(self.base, GgmlType::Q8_0 | Q6K | GgmlType::F16 | GgmlType::F32);
+            let keep = matches!(self.base, GgmlType::Q8_0 | Q6K | GgmlType::F16 | GgmlType::Bf16 | GgmlType::F32);
             return if keep { self.base } else { Q6K };
         }
         let Some((layer, kind)) = name
@@ -164,5 +165,6 @@ mod tests {
         assert_eq!(ft("q4_0").matrix_type("blk.0.ffn_up.weight", 33, 2, true), None);
         assert!(parse_file_type_name("q3_k").is_err());
         assert_eq!((ft("q4_k").id(), ft("q5_k_m").id(), ft("q6_k").id(), ft("f32").id()), (14, 17, 18, 0));
+        assert_eq!(ft("bf16").matrix_type("output.weight", 7, 2, false), Some(GgmlType::Bf16));
     }
 }
