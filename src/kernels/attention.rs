@@ -245,8 +245,17 @@ unsafe fn attend_avx2<E: KvElem>(
     let scale = scoring.scale;
     let group = q.len() / hd / kv.view_heads;
     let head_stride = kv.block_size * hd;
+    let heads = kv.first_head..kv.first_head + kv.view_heads;
+    // Blocks are scattered in the pool: each run's successor is fetched while it is used.
+    let fetch_next = |pool: &[E], next: Option<&(usize, usize)>| {
+        if let Some(&(base, len)) = next {
+            heads.clone().for_each(|kvh| prefetch(&pool[base + kvh * head_stride..][..len * hd]));
+        }
+    };
     let mut p0 = 0;
-    for (base, len) in kv.runs(span.block_table, start, end) {
+    let mut runs = kv.runs(span.block_table, start, end).peekable();
+    while let Some((base, len)) = runs.next() {
+        fetch_next(kp, runs.peek());
         let mut kb = std::ptr::null();
         for (h, qh) in q.chunks_exact(hd).enumerate() {
             if h % group == 0 {
@@ -259,7 +268,9 @@ unsafe fn attend_avx2<E: KvElem>(
     scoring.cap(scores);
     scores.chunks_exact_mut(n).for_each(softmax);
     let mut p0 = 0;
-    for (bi, (base, len)) in kv.runs(span.block_table, start, end).enumerate() {
+    let mut runs = kv.runs(span.block_table, start, end).enumerate().peekable();
+    while let Some((bi, (base, len))) = runs.next() {
+        fetch_next(vp, runs.peek().map(|(_, r)| r));
         let mut vb = std::ptr::null();
         for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
             if h % group == 0 {
@@ -281,6 +292,18 @@ unsafe fn attend_avx2<E: KvElem>(
             }
         }
         p0 += len;
+    }
+}
+
+/// Asks for `data`'s cache lines ahead of their use.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn prefetch<E>(data: &[E]) {
+    use std::arch::x86_64::*;
+    let (p, bytes) = (data.as_ptr().cast::<i8>(), std::mem::size_of_val(data));
+    for at in (0..bytes).step_by(64) {
+        _mm_prefetch::<_MM_HINT_T0>(p.add(at));
     }
 }
 
