@@ -6,6 +6,8 @@
 
 use super::quant::GgmlType;
 use half::f16;
+use std::borrow::Cow;
+use std::ops::Range;
 
 /// The block formats this module writes.
 pub const TARGETS: [GgmlType; 8] = [
@@ -79,6 +81,26 @@ pub fn quantize(dtype: GgmlType, x: &[f32]) -> Vec<u8> {
             other => panic!("quantizing to {other:?} is not supported"),
         }
     }
+    out
+}
+
+/// `rows` rows of `k` values in `dtype`, quantized in parallel 64 rows at a time;
+/// `values(r)` gives the f32 values of the rows in range `r` (borrowed, or widened from
+/// another format just for them, so a large tensor is never widened whole).
+pub fn quantize_matrix<'a>(
+    dtype: GgmlType,
+    k: usize,
+    rows: usize,
+    values: impl Fn(Range<usize>) -> Cow<'a, [f32]> + Sync,
+) -> Vec<u8> {
+    use rayon::prelude::*;
+    const CHUNK: usize = 64;
+    let row_bytes = k / dtype.block().0 * dtype.block().1;
+    let mut out = vec![0u8; rows * row_bytes];
+    out.par_chunks_mut(CHUNK * row_bytes).enumerate().for_each(|(i, o)| {
+        let first = i * CHUNK;
+        o.copy_from_slice(&quantize(dtype, &values(first..first + o.len() / row_bytes)));
+    });
     out
 }
 

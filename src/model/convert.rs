@@ -9,9 +9,8 @@ use super::file_type::FileType;
 use super::gguf::{GgmlType, GgufFile};
 use super::gguf_write::{put_entry, write_file, Meta, OutTensor, ALIGNMENT};
 use super::loader::{gguf_name, permute_rows, SafetensorsWeights, WeightSource};
-use crate::kernels::quantize::quantize;
+use crate::kernels::quantize::quantize_matrix;
 use anyhow::{bail, Context, Result};
-use rayon::prelude::*;
 use std::borrow::Cow;
 use std::path::Path;
 
@@ -124,13 +123,8 @@ pub fn hf_to_gguf(
         };
         let t = &outs[i];
         let k = *t.shape.last().unwrap_or(&1);
-        let row_bytes = k / t.dtype.block().0 * t.dtype.block().1;
         let rows = values.len() / k.max(1);
-        let mut data = vec![0u8; rows * row_bytes];
-        data.par_chunks_mut(row_bytes * 64).zip(values.par_chunks(k * 64)).for_each(|(o, x)| {
-            o.copy_from_slice(&quantize(t.dtype, x));
-        });
-        Ok(Cow::Owned(data))
+        Ok(Cow::Owned(quantize_matrix(t.dtype, k, rows, |r| Cow::Borrowed(&values[r.start * k..r.end * k]))))
     })?;
 
     let back = GgufFile::open(out)?;

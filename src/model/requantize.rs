@@ -8,9 +8,8 @@ use super::file_type::FileType;
 use super::gguf::{GgufFile, TensorInfo};
 use super::gguf_write::{put_entry, write_file, Meta, OutTensor};
 use crate::kernels::quant::{dequantize, GgmlType};
-use crate::kernels::quantize::quantize;
+use crate::kernels::quantize::quantize_matrix;
 use anyhow::{ensure, Result};
-use rayon::prelude::*;
 use std::borrow::Cow;
 use std::path::Path;
 
@@ -30,13 +29,10 @@ pub fn block_count<'a>(names: impl Iterator<Item = &'a str>) -> usize {
 
 /// `raw` (the rows of `info`) in `dtype`, through exact f32.
 fn requantize_rows(raw: &[u8], info: &TensorInfo, dtype: GgmlType) -> Vec<u8> {
-    let k = info.shape[1];
-    let (in_row, out_row) = (raw.len() / info.shape[0], k / dtype.block().0 * dtype.block().1);
-    let mut data = vec![0u8; info.shape[0] * out_row];
-    data.par_chunks_mut(out_row * 64).zip(raw.par_chunks(in_row * 64)).for_each(|(o, r)| {
-        o.copy_from_slice(&quantize(dtype, &dequantize(info.dtype, r)));
-    });
-    data
+    let in_row = raw.len() / info.shape[0];
+    quantize_matrix(dtype, info.shape[1], info.shape[0], |r| {
+        Cow::Owned(dequantize(info.dtype, &raw[r.start * in_row..r.end * in_row]))
+    })
 }
 
 /// Writes `out`: `input` with its matrices in the types of `ft`. Returns (tensors

@@ -5,10 +5,11 @@ use super::loader::WeightSource;
 use crate::kernels::matmul::Half;
 use crate::kernels::qmatmul::{qmatmul, quantize_rows, QActs, QMatrix};
 use crate::kernels::quant::GgmlType;
-use crate::kernels::quantize::{fitting, quantize};
+use crate::kernels::quantize::{fitting, quantize_matrix};
 use crate::kernels::{matmul, PackedMatrix};
 use anyhow::Result;
 use rayon::prelude::*;
+use std::borrow::Cow;
 
 /// Which form weights are computed in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -104,7 +105,13 @@ impl Weight {
         let Some(target) = fitting(target, k) else { return Ok(None) };
         let mut blocks = Vec::with_capacity(parts.len());
         for (name, shape) in parts {
-            blocks.push((target, shape[0], quantize(target, src.load(name, shape)?.data())));
+            let t = src.load(name, shape)?;
+            let data = t.data();
+            blocks.push((
+                target,
+                shape[0],
+                quantize_matrix(target, k, shape[0], |r| Cow::Borrowed(&data[r.start * k..r.end * k])),
+            ));
         }
         Ok(Some(QMatrix::new(k, blocks)?))
     }
@@ -196,6 +203,7 @@ fn top_indices(v: &[f32], top: usize) -> Vec<usize> {
 mod tests {
     use super::*;
     use crate::kernels::quant::dequantize;
+    use crate::kernels::quantize::quantize;
     use crate::kernels::testing::random_vec;
 
     #[test]
