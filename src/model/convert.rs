@@ -92,9 +92,9 @@ pub fn hf_to_gguf(
 
     let mut hf: Vec<(&str, &[usize])> = src.shapes();
     // Embedding first, then layer by layer, then the final norm and head, as converters do.
-    hf.sort_by_key(|(n, _)| {
+    hf.sort_by_key(|&(n, _)| {
         let layer = n.strip_prefix("model.layers.").and_then(|r| r.split('.').next()?.parse::<usize>().ok());
-        (layer.map_or(if n.starts_with("model.embed") { 0 } else { 2 }, |_| 1), layer, n.to_string())
+        (layer.map_or(if n.starts_with("model.embed") { 0 } else { 2 }, |_| 1), layer, n)
     });
     let mut matrices = 0;
     for (hf_name, shape) in hf {
@@ -102,10 +102,10 @@ pub fn hf_to_gguf(
             continue;
         }
         let gname = gguf_name(c.arch, hf_name).with_context(|| format!("tensor {hf_name} has no GGUF name"))?;
-        let matrix = shape.len() == 2 && hf_name.ends_with(".weight");
-        let fit = |k| ft.matrix_type(&gname, k, c.num_layers, c.tie_word_embeddings);
-        let dtype = if matrix { fit(shape[1]).unwrap_or(GgmlType::F32) } else { GgmlType::F32 };
-        matrices += matrix as usize;
+        let dtype = ft.tensor_type(&gname, shape, c.num_layers, c.tie_word_embeddings);
+        matrices += dtype.is_some() as usize;
+        // Norms, biases and matrices no format fits stay f32.
+        let dtype = dtype.unwrap_or(GgmlType::F32);
         let out = OutTensor { name: gname, shape: shape.to_vec(), dtype };
         tensors.push((out, Source::Hf(hf_name.to_string())));
     }

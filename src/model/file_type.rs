@@ -86,11 +86,16 @@ impl FileType {
         }
     }
 
-    /// The type of matrix `name` (a GGUF tensor name) with rows of `k` values, in a model of
-    /// `layers` layers whose output matrix is the embedding when `tied`; `None` when no
-    /// format fits the rows.
-    pub fn matrix_type(self, name: &str, k: usize, layers: usize, tied: bool) -> Option<GgmlType> {
-        fitting(self.wanted(name, layers, tied), k)
+    /// The type of tensor `name` (a GGUF tensor name) of `shape`, in a model of `layers`
+    /// layers whose output matrix is the embedding when `tied`; `None` for what is not a
+    /// matrix (norms, biases, empty tensors: the caller keeps them in full precision) and
+    /// when no format fits the rows.
+    pub fn tensor_type(self, name: &str, shape: &[usize], layers: usize, tied: bool) -> Option<GgmlType> {
+        let matrix = shape.len() == 2 && shape.iter().all(|&d| d > 0) && name.ends_with(".weight");
+        if !matrix {
+            return None;
+        }
+        fitting(self.wanted(name, layers, tied), shape[1])
     }
 
     fn wanted(self, name: &str, layers: usize, tied: bool) -> GgmlType {
@@ -139,32 +144,35 @@ mod tests {
     fn q4_k_m_picks_llama_cpp_layers() {
         let q = ft("q4_k_m");
         let six: Vec<usize> = (0..16)
-            .filter(|i| q.matrix_type(&format!("blk.{i}.ffn_down.weight"), 8192, 16, true) == Some(GgmlType::Q6K))
+            .filter(|i| q.tensor_type(&format!("blk.{i}.ffn_down.weight"), &[1, 8192], 16, true) == Some(GgmlType::Q6K))
             .collect();
         assert_eq!(six, [0, 1, 4, 7, 10, 13, 14, 15]);
-        assert_eq!(q.matrix_type("blk.4.attn_v.weight", 2048, 16, true), Some(GgmlType::Q6K));
-        assert_eq!(q.matrix_type("blk.4.attn_q.weight", 2048, 16, true), Some(GgmlType::Q4K));
-        assert_eq!(q.matrix_type("token_embd.weight", 2048, 16, true), Some(GgmlType::Q6K));
-        assert_eq!(q.matrix_type("token_embd.weight", 2048, 16, false), Some(GgmlType::Q4K));
-        assert_eq!(q.matrix_type("output.weight", 576, 16, false), Some(GgmlType::Q8_0), "Q6_K's fallback");
-        assert_eq!(q.matrix_type("blk.2.ffn_up.weight", 576, 16, true), Some(GgmlType::Q5_0), "Q4_K's fallback");
+        assert_eq!(q.tensor_type("blk.4.attn_v.weight", &[1, 2048], 16, true), Some(GgmlType::Q6K));
+        assert_eq!(q.tensor_type("blk.4.attn_q.weight", &[1, 2048], 16, true), Some(GgmlType::Q4K));
+        assert_eq!(q.tensor_type("token_embd.weight", &[1, 2048], 16, true), Some(GgmlType::Q6K));
+        assert_eq!(q.tensor_type("token_embd.weight", &[1, 2048], 16, false), Some(GgmlType::Q4K));
+        assert_eq!(q.tensor_type("output.weight", &[1, 576], 16, false), Some(GgmlType::Q8_0), "Q6_K's fallback");
+        assert_eq!(q.tensor_type("blk.2.ffn_up.weight", &[1, 576], 16, true), Some(GgmlType::Q5_0), "Q4_K's fallback");
         assert_eq!(q.id(), 15);
     }
 
     #[test]
     fn plain_pure_and_small_types() {
-        assert_eq!(ft("q4_0").matrix_type("output.weight", 64, 2, false), Some(GgmlType::Q8_0));
-        assert_eq!(ft("q4_0").pure().matrix_type("output.weight", 64, 2, false), Some(GgmlType::Q4_0));
-        assert_eq!(ft("q8_0").matrix_type("output.weight", 64, 2, false), Some(GgmlType::Q8_0));
-        assert_eq!(ft("f16").matrix_type("token_embd.weight", 7, 2, true), Some(GgmlType::F16));
+        assert_eq!(ft("q4_0").tensor_type("output.weight", &[1, 64], 2, false), Some(GgmlType::Q8_0));
+        assert_eq!(ft("q4_0").pure().tensor_type("output.weight", &[1, 64], 2, false), Some(GgmlType::Q4_0));
+        assert_eq!(ft("q8_0").tensor_type("output.weight", &[1, 64], 2, false), Some(GgmlType::Q8_0));
+        assert_eq!(ft("f16").tensor_type("token_embd.weight", &[1, 7], 2, true), Some(GgmlType::F16));
         let s = ft("q4_k_s");
-        assert_eq!(s.matrix_type("blk.3.attn_v.weight", 256, 32, true), Some(GgmlType::Q5K));
-        assert_eq!(s.matrix_type("blk.4.attn_v.weight", 256, 32, true), Some(GgmlType::Q4K));
-        assert_eq!(s.matrix_type("blk.3.ffn_down.weight", 256, 32, true), Some(GgmlType::Q5K));
-        assert_eq!(s.matrix_type("blk.4.ffn_down.weight", 256, 32, true), Some(GgmlType::Q4K));
-        assert_eq!(ft("q4_0").matrix_type("blk.0.ffn_up.weight", 33, 2, true), None);
+        assert_eq!(s.tensor_type("blk.3.attn_v.weight", &[1, 256], 32, true), Some(GgmlType::Q5K));
+        assert_eq!(s.tensor_type("blk.4.attn_v.weight", &[1, 256], 32, true), Some(GgmlType::Q4K));
+        assert_eq!(s.tensor_type("blk.3.ffn_down.weight", &[1, 256], 32, true), Some(GgmlType::Q5K));
+        assert_eq!(s.tensor_type("blk.4.ffn_down.weight", &[1, 256], 32, true), Some(GgmlType::Q4K));
+        assert_eq!(ft("q4_0").tensor_type("blk.0.ffn_up.weight", &[1, 33], 2, true), None);
         assert!(parse_file_type_name("q3_k").is_err());
         assert_eq!((ft("q4_k").id(), ft("q5_k_m").id(), ft("q6_k").id(), ft("f32").id()), (14, 17, 18, 0));
-        assert_eq!(ft("bf16").matrix_type("output.weight", 7, 2, false), Some(GgmlType::Bf16));
+        assert_eq!(ft("bf16").tensor_type("output.weight", &[1, 7], 2, false), Some(GgmlType::Bf16));
+        assert_eq!(ft("q8_0").tensor_type("blk.0.attn_norm.weight", &[256], 2, false), None, "a norm");
+        assert_eq!(ft("q8_0").tensor_type("blk.0.attn_q.bias", &[1, 256], 2, false), None, "not a weight");
+        assert_eq!(ft("q8_0").tensor_type("blk.0.attn_q.weight", &[0, 256], 2, false), None, "empty");
     }
 }

@@ -13,16 +13,8 @@ use anyhow::{ensure, Result};
 use std::borrow::Cow;
 use std::path::Path;
 
-/// The type tensor `name` is written in: for matrices, the one `ft` gives them (kept as
-/// stored when no format fits the rows); norms, biases and empty tensors as stored.
-fn output_type(name: &str, info: &TensorInfo, ft: FileType, layers: usize, tied: bool) -> GgmlType {
-    let matrix = info.shape.len() == 2 && info.shape.iter().all(|&d| d > 0) && name.ends_with(".weight");
-    let fit = if matrix { ft.matrix_type(name, info.shape[1], layers, tied) } else { None };
-    fit.unwrap_or(info.dtype)
-}
-
 /// The number of layers: one past the highest `blk.N.` of the tensor names.
-pub fn block_count<'a>(names: impl Iterator<Item = &'a str>) -> usize {
+fn block_count<'a>(names: impl Iterator<Item = &'a str>) -> usize {
     let layer = |n: &str| n.strip_prefix("blk.")?.split('.').next()?.parse::<usize>().ok();
     names.filter_map(layer).max().map_or(0, |l| l + 1)
 }
@@ -50,7 +42,8 @@ pub fn requantize(input: &Path, out: &Path, ft: FileType) -> Result<(usize, u64)
         .iter()
         .map(|n| {
             let info = &file.tensors[n];
-            (n.as_str(), info, output_type(n, info, ft, layers, tied))
+            // Norms, biases and matrices no format fits are kept as stored.
+            (n.as_str(), info, ft.tensor_type(n, &info.shape, layers, tied).unwrap_or(info.dtype))
         })
         .collect();
 
