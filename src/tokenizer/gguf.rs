@@ -6,10 +6,16 @@ use anyhow::{bail, Context, Result};
 use serde_json::{json, Map, Value as Json};
 use std::collections::HashMap;
 
-const CONTROL: i64 = 3;
-const USER_DEFINED: i64 = 4;
-const UNKNOWN: i64 = 2;
-const UNUSED: i64 = 5;
+/// GGUF's `tokenizer.ggml.token_type` values (SentencePiece's piece types), for reading
+/// and for writing ([`super::to_gguf`]).
+pub(super) mod token_type {
+    pub const NORMAL: i32 = 1;
+    pub const UNKNOWN: i32 = 2;
+    pub const CONTROL: i32 = 3;
+    pub const USER_DEFINED: i32 = 4;
+    pub const UNUSED: i32 = 5;
+}
+use token_type::{CONTROL, NORMAL, UNKNOWN, UNUSED, USER_DEFINED};
 
 fn strings(g: &GgufFile, key: &str) -> Result<Vec<String>> {
     let arr = g.get(key).and_then(Value::as_array).with_context(|| format!("GGUF has no {key}"))?;
@@ -24,9 +30,11 @@ fn id(g: &GgufFile, key: &str) -> Option<u32> {
 pub fn tokenizer_json(g: &GgufFile) -> Result<Json> {
     let model = g.get("tokenizer.ggml.model").and_then(Value::as_str).context("GGUF has no tokenizer.ggml.model")?;
     let tokens = strings(g, "tokenizer.ggml.tokens")?;
-    let types: Vec<i64> = match g.get("tokenizer.ggml.token_type").and_then(Value::as_array) {
-        Some(a) => a.iter().map(|v| if let Value::Int(i) = v { *i } else { 1 }).collect(),
-        None => vec![1; tokens.len()],
+    let types: Vec<i32> = match g.get("tokenizer.ggml.token_type").and_then(Value::as_array) {
+        Some(a) => {
+            a.iter().map(|v| if let Value::Int(i) = v { i32::try_from(*i).unwrap_or(NORMAL) } else { NORMAL }).collect()
+        }
+        None => vec![NORMAL; tokens.len()],
     };
     let bos = id(g, "tokenizer.ggml.bos_token_id");
     let pre = g.get("tokenizer.ggml.pre").and_then(Value::as_str).unwrap_or("default");
@@ -45,7 +53,7 @@ pub fn tokenizer_json(g: &GgufFile) -> Result<Json> {
         .map(|(i, (t, _))| (t.clone(), json!(i)))
         .collect();
 
-    let added = |special: &dyn Fn(i64) -> Option<bool>| -> Vec<Json> {
+    let added = |special: &dyn Fn(i32) -> Option<bool>| -> Vec<Json> {
         tokens
             .iter()
             .zip(&types)

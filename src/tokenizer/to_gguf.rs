@@ -2,6 +2,7 @@
 //! llama.cpp's converter writes it, so that a converted file tokenizes like the original in
 //! weft ([`super::gguf`] reads it back) and in llama.cpp.
 
+use super::gguf::token_type::{CONTROL, NORMAL, UNKNOWN, UNUSED, USER_DEFINED};
 use super::gguf::{gpt2_pre_tokenizer, GPT2_PRE_NAMES};
 use super::read_json;
 use super::spm::SpmModel;
@@ -11,10 +12,6 @@ use serde_json::Value as Json;
 use std::collections::HashMap;
 use std::path::Path;
 
-const NORMAL: i32 = 1;
-const CONTROL: i32 = 3;
-const USER_DEFINED: i32 = 4;
-const UNUSED: i32 = 5;
 /// The score llama.cpp gives pieces that are not the SentencePiece model's own.
 const ADDED_SCORE: f32 = -1000.0;
 
@@ -183,7 +180,6 @@ fn bpe_vocab(model: &Json, added: &[(usize, String, bool)], vocab_size: usize) -
 /// (the unknown piece stays unknown).
 type SpmVocab = (Vec<String>, Vec<f32>, Vec<i32>);
 fn spm_vocab(pieces: Vec<(String, f32, i32)>, added: &[(usize, String, bool)], vocab_size: usize) -> Result<SpmVocab> {
-    const UNKNOWN: i32 = 2;
     let own = pieces.len();
     let n = vocab_size.max(own);
     let mut tokens = Vec::with_capacity(n);
