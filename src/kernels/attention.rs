@@ -249,7 +249,10 @@ unsafe fn attend_avx2<E: KvElem>(
     // Blocks are scattered in the pool: each run's successor is fetched while it is used.
     let fetch_next = |pool: &[E], next: Option<&(usize, usize)>| {
         if let Some(&(base, len)) = next {
-            heads.clone().for_each(|kvh| prefetch(&pool[base + kvh * head_stride..][..len * hd]));
+            for kvh in heads.clone() {
+                let run = &pool[base + kvh * head_stride..][..len * hd];
+                crate::kernels::prefetch_lines(run.as_ptr().cast(), std::mem::size_of_val(run));
+            }
         }
     };
     let mut p0 = 0;
@@ -292,18 +295,6 @@ unsafe fn attend_avx2<E: KvElem>(
             }
         }
         p0 += len;
-    }
-}
-
-/// Asks for `data`'s cache lines ahead of their use.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn prefetch<E>(data: &[E]) {
-    use std::arch::x86_64::*;
-    let (p, bytes) = (data.as_ptr().cast::<i8>(), std::mem::size_of_val(data));
-    for at in (0..bytes).step_by(64) {
-        _mm_prefetch::<_MM_HINT_T0>(p.add(at));
     }
 }
 

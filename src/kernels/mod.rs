@@ -15,6 +15,19 @@ pub mod rope;
 pub use matmul::{matmul, PackedMatrix};
 pub use norm::{rmsnorm, silu_mul};
 
+/// Asks for the cache lines of the `bytes` bytes at `p` ahead of their use. A prefetch is a
+/// hint that reads nothing and never faults, so `p` may point anywhere, past a buffer's end
+/// included.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) fn prefetch_lines(p: *const u8, bytes: usize) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    for line in (0..bytes).step_by(64) {
+        // SAFETY: `prefetcht0` (SSE, in every x86_64 CPU) dereferences nothing.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line).cast()) };
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod testing {
     /// Deterministic values in [-1, 1) from a seed (xorshift), for kernel tests.

@@ -306,11 +306,8 @@ mod avx2 {
 
     /// Asks for the cache lines of the record `PREFETCH_AHEAD` bytes after `rec`.
     #[inline(always)]
-    unsafe fn prefetch(rec: *const u8, rec_bytes: usize) {
-        let ahead = rec.wrapping_add(PREFETCH_AHEAD);
-        for line in (0..rec_bytes).step_by(64) {
-            _mm_prefetch(ahead.wrapping_add(line).cast(), _MM_HINT_T0);
-        }
+    fn prefetch(rec: *const u8, rec_bytes: usize) {
+        crate::kernels::prefetch_lines(rec.wrapping_add(PREFETCH_AHEAD), rec_bytes);
     }
 
     /// Q4_0 (`OFFSET = 0`: values are nibbles − 8) and Q4_1 (`OFFSET = 1`: `d·q + m`).
