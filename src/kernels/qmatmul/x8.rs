@@ -715,29 +715,39 @@ mod tests {
         (data, xq)
     }
 
-    /// The portable fallback and the AVX2 kernels agree on every format and tile height.
+    /// When the CPU has AVX2: for every interleaved format, one group of rows of
+    /// `k = width · max(block, 64)` values with [`TILE`] activation rows ([`one_group`]),
+    /// handed to `check(dtype, k, blocks per row, data, activations)`.
     #[cfg(target_arch = "x86_64")]
-    #[test]
-    fn portable_matches_avx2() {
+    fn each_format_on_avx2(width: usize, seed: u64, check: impl Fn(GgmlType, usize, usize, &[u8], &QActs)) {
         if !crate::kernels::matmul::avx2::available() {
             return;
         }
         for dtype in FORMATS {
             let per = dtype.block().0;
-            let k = 2 * per.max(64);
-            let (data, xq) = one_group(dtype, k, TILE, 31);
+            let k = width * per.max(64);
+            let (data, xq) = one_group(dtype, k, TILE, seed);
+            check(dtype, k, k / per, &data, &xq);
+        }
+    }
+
+    /// The portable fallback and the AVX2 kernels agree on every format and tile height.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn portable_matches_avx2() {
+        each_format_on_avx2(2, 31, |dtype, k, blocks, data, xq| {
             for tile in 1..=TILE {
                 let (mut a, mut b) = ([[0f32; GROUP]; TILE], [[0f32; GROUP]; TILE]);
-                portable_group(dtype, &data, &xq, 0, tile, k, &mut a);
-                // SAFETY: AVX2 was detected above; `data` is one group's records.
-                unsafe { avx2::group(dtype, &data, &xq, 0, tile, k / per, &mut b) };
+                portable_group(dtype, data, xq, 0, tile, k, &mut a);
+                // SAFETY: AVX2 is present (checked by the helper); `data` is one group's records.
+                unsafe { avx2::group(dtype, data, xq, 0, tile, blocks, &mut b) };
                 for (ra, rb) in a.iter().zip(&b).take(tile) {
                     for (va, vb) in ra.iter().zip(rb) {
                         assert!((va - vb).abs() <= 1e-4 * (1.0 + va.abs()), "{dtype:?} tile {tile}: {va} vs {vb}");
                     }
                 }
             }
-        }
+        });
     }
 
     /// A row's result does not depend on its tile: every format's kernel gives each row of
@@ -745,23 +755,17 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn rows_are_tile_invariant() {
-        if !crate::kernels::matmul::avx2::available() {
-            return;
-        }
-        for dtype in FORMATS {
-            let per = dtype.block().0;
-            let k = 3 * per.max(64);
-            let (data, xq) = one_group(dtype, k, TILE, 51);
+        each_format_on_avx2(3, 51, |dtype, _, blocks, data, xq| {
             let mut tiled = [[0f32; GROUP]; TILE];
-            // SAFETY: AVX2 was detected above; `data` is one group's records.
-            unsafe { avx2::group(dtype, &data, &xq, 0, TILE, k / per, &mut tiled) };
+            // SAFETY: AVX2 is present (checked by the helper); `data` is one group's records.
+            unsafe { avx2::group(dtype, data, xq, 0, TILE, blocks, &mut tiled) };
             for (t, want) in tiled.iter().enumerate() {
                 let mut alone = [[0f32; GROUP]; TILE];
                 // SAFETY: as above.
-                unsafe { avx2::group(dtype, &data, &xq, t, 1, k / per, &mut alone) };
+                unsafe { avx2::group(dtype, data, xq, t, 1, blocks, &mut alone) };
                 assert_eq!(alone[0], *want, "{dtype:?} row {t}");
             }
-        }
+        });
     }
 
     /// The tiled Q4_K and Q5_K kernels give the per-row one's results bit for bit.
