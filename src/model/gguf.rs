@@ -303,18 +303,11 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::model::gguf_write::{put_entry, Meta};
+    use crate::model::gguf_write::{put_entry, write_file, Meta, OutTensor, ALIGNMENT};
 
     /// Writes a minimal GGUF v3 file: metadata, then tensors given as (name, dims fastest-first, type id, data).
     pub fn write_gguf(path: &Path, meta: &[(&str, Value)], tensors: &[(&str, Vec<u64>, u32, Vec<u8>)]) {
-        fn s(out: &mut Vec<u8>, v: &str) {
-            out.extend((v.len() as u64).to_le_bytes());
-            out.extend(v.as_bytes());
-        }
-        let mut out = b"GGUF".to_vec();
-        out.extend(3u32.to_le_bytes());
-        out.extend((tensors.len() as u64).to_le_bytes());
-        out.extend((meta.len() as u64).to_le_bytes());
+        let mut entries = Vec::new();
         for (k, v) in meta {
             let v = match v {
                 Value::Int(i) => Meta::U32(*i as u32),
@@ -325,25 +318,18 @@ pub(crate) mod tests {
                     Meta::Strs(a.iter().map(|x| x.as_str().expect("string arrays only").into()).collect())
                 }
             };
-            put_entry(&mut out, k, &v);
+            put_entry(&mut entries, k, &v);
         }
-        let mut rel = 0u64;
-        for (name, dims, ty, data) in tensors {
-            s(&mut out, name);
-            out.extend((dims.len() as u32).to_le_bytes());
-            for d in dims {
-                out.extend(d.to_le_bytes());
-            }
-            out.extend(ty.to_le_bytes());
-            out.extend(rel.to_le_bytes());
-            rel = (rel + data.len() as u64).next_multiple_of(32);
-        }
-        out.resize(out.len().next_multiple_of(32), 0);
-        for (_, _, _, data) in tensors {
-            out.extend(data);
-            out.resize(out.len().next_multiple_of(32), 0);
-        }
-        std::fs::write(path, out).unwrap();
+        let outs: Vec<OutTensor> = tensors
+            .iter()
+            .map(|(name, dims, ty, _)| OutTensor {
+                name: name.to_string(),
+                shape: dims.iter().rev().map(|&d| d as usize).collect(),
+                dtype: GgmlType::from_id(*ty).unwrap(),
+            })
+            .collect();
+        write_file(path, &entries, meta.len(), ALIGNMENT, &outs, |i| Ok(std::borrow::Cow::Borrowed(&tensors[i].3[..])))
+            .unwrap();
     }
 
     #[test]
