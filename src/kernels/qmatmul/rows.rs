@@ -157,13 +157,13 @@ fn decode(dtype: GgmlType, blk: &[u8], sub: usize) -> Block {
 }
 
 /// The offsets' share of a block's dot product: one offset for all 32 values uses the
-/// precomputed `d · Σq`; two use the half sums.
+/// precomputed `Σ d · Σq`; two use each half's scale and sum.
 #[inline]
 fn offset_term(xq: &QActs, xb: usize, offset: [f32; 2]) -> f32 {
     if offset[0] == offset[1] {
         offset[0] * xq.dsum[xb]
     } else {
-        xq.d[xb] * (offset[0] * xq.sums[2 * xb] as f32 + offset[1] * xq.sums[2 * xb + 1] as f32)
+        offset[0] * xq.d[2 * xb] * xq.sums[2 * xb] as f32 + offset[1] * xq.d[2 * xb + 1] * xq.sums[2 * xb + 1] as f32
     }
 }
 
@@ -187,7 +187,7 @@ mod portable {
                 let xb = (first + t) * blocks + b;
                 let x = &xq.q[xb * QB..(xb + 1) * QB];
                 let half = |h: usize| -> i32 { (h * 16..h * 16 + 16).map(|i| w.q[i] as i32 * x[i] as i32).sum() };
-                *acc += xq.d[xb] * (w.scale[0] * half(0) as f32 + w.scale[1] * half(1) as f32);
+                *acc += xq.d[2 * xb] * w.scale[0] * half(0) as f32 + xq.d[2 * xb + 1] * w.scale[1] * half(1) as f32;
                 *acc += offset_term(xq, xb, w.offset);
             }
         }
@@ -375,7 +375,11 @@ mod avx2 {
                 let x = _mm256_loadu_si256(xq.q.as_ptr().add(xb * QB).cast());
                 // |w| · (x with w's sign): products as pairs of i16, then sums of 4 as i32.
                 let prod = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w)), ones);
-                let d = _mm256_set1_ps(*xq.d.get_unchecked(xb));
+                // Lanes 0..4 hold the first 16 values' sums, 4..8 the second's.
+                let d = _mm256_set_m128(
+                    _mm_set1_ps(*xq.d.get_unchecked(2 * xb + 1)),
+                    _mm_set1_ps(*xq.d.get_unchecked(2 * xb)),
+                );
                 *acc = _mm256_fmadd_ps(_mm256_mul_ps(d, scales), _mm256_cvtepi32_ps(prod), *acc);
             }
             if offset != [0.0; 2] {

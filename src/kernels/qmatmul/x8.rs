@@ -292,6 +292,12 @@ mod avx2 {
         _mm256_set1_epi32(x.cast::<i32>().read_unaligned())
     }
 
+    /// The eight rows' weight scales `dw` times the activation scale of 16 values `hb`.
+    #[inline(always)]
+    unsafe fn scaled(dw: __m256, xq: &QActs, hb: usize) -> __m256 {
+        _mm256_mul_ps(dw, _mm256_set1_ps(*xq.d.get_unchecked(hb)))
+    }
+
     #[inline(always)]
     unsafe fn store(acc: &[__m256; TILE], out: &mut [[f32; GROUP]; TILE], rows: usize) {
         for t in 0..rows {
@@ -337,18 +343,19 @@ mod avx2 {
             for (t, acc) in acc[..R].iter_mut().enumerate() {
                 let xb = (first + t) * blocks + b;
                 let x = xq.q.as_ptr().add(xb * QB);
-                // Eight products of at most 2·15·127 each fit in i16.
-                let mut s16 = _mm256_maddubs_epi16(w[0], bcast(x));
-                for (j, w) in w.iter().enumerate().skip(1) {
-                    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(*w, bcast(x.add(4 * j))));
+                // Each half block (the low nibbles, then the high ones) under its own
+                // activation scale; its eight products of at most 2·15·127 fit in i16.
+                for h in 0..2 {
+                    let mut s16 = _mm256_maddubs_epi16(w[4 * h], bcast(x.add(16 * h)));
+                    for (j, w) in w.iter().enumerate().skip(4 * h + 1).take(3) {
+                        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(*w, bcast(x.add(4 * j))));
+                    }
+                    let mut s = _mm256_madd_epi16(s16, ones);
+                    if OFFSET == 0 {
+                        s = _mm256_sub_epi32(s, _mm256_set1_epi32(8 * xq.sums.get_unchecked(2 * xb + h)));
+                    }
+                    *acc = _mm256_fmadd_ps(scaled(dw, xq, 2 * xb + h), _mm256_cvtepi32_ps(s), *acc);
                 }
-                let mut s = _mm256_madd_epi16(s16, ones);
-                if OFFSET == 0 {
-                    let sum = xq.sums.get_unchecked(2 * xb) + xq.sums.get_unchecked(2 * xb + 1);
-                    s = _mm256_sub_epi32(s, _mm256_set1_epi32(8 * sum));
-                }
-                let d = _mm256_mul_ps(dw, _mm256_set1_ps(*xq.d.get_unchecked(xb)));
-                *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), *acc);
             }
         }
         // Q4_1's offsets, `m · d_x · Σx` per block, in a pass of their own: the group's
@@ -387,14 +394,15 @@ mod avx2 {
             for (t, acc) in acc[..R].iter_mut().enumerate() {
                 let xb = (first + t) * blocks + b;
                 let x = xq.q.as_ptr().add(xb * QB);
-                let mut s = _mm256_setzero_si256();
-                for (c, aw) in aw.iter().enumerate() {
-                    let w = _mm256_loadu_si256(vals.add(32 * c).cast());
-                    let prod = _mm256_maddubs_epi16(*aw, _mm256_sign_epi8(bcast(x.add(4 * c)), w));
-                    s = _mm256_add_epi32(s, _mm256_madd_epi16(prod, ones));
+                for h in 0..2 {
+                    let mut s = _mm256_setzero_si256();
+                    for (c, aw) in aw.iter().enumerate().skip(4 * h).take(4) {
+                        let w = _mm256_loadu_si256(vals.add(32 * c).cast());
+                        let prod = _mm256_maddubs_epi16(*aw, _mm256_sign_epi8(bcast(x.add(4 * c)), w));
+                        s = _mm256_add_epi32(s, _mm256_madd_epi16(prod, ones));
+                    }
+                    *acc = _mm256_fmadd_ps(scaled(dw, xq, 2 * xb + h), _mm256_cvtepi32_ps(s), *acc);
                 }
-                let d = _mm256_mul_ps(dw, _mm256_set1_ps(*xq.d.get_unchecked(xb)));
-                *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), *acc);
             }
         }
         store(&acc, out, R);
@@ -410,9 +418,9 @@ mod avx2 {
     }
 
     /// The per-row form of Q4_K and Q5_K that [`q4_k`] and [`q5_k`] are tested against:
-    /// per 32-value sub-block, `d·sc` times the integer sum (the 6-bit scale applied in
-    /// `madd`), minus `dmin·m` times the activations' sum. Q5_K's fifth bits come from the
-    /// `qh` chunks before the nibbles.
+    /// per half sub-block (16 values), `d·sc·d_x` times the integer sum (the 6-bit scale
+    /// applied in `madd`), minus `dmin·m` times the activations' sum. Q5_K's fifth bits
+    /// come from the `qh` chunks before the nibbles.
     #[cfg(test)]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn k_quant<const FIVE: bool, const R: usize>(
@@ -436,11 +444,11 @@ mod avx2 {
                 for pair in 0..4 {
                     let sc =
                         [scale_pairs::<false>(rec.add(32 + 16 * pair)), scale_pairs::<false>(rec.add(40 + 16 * pair))];
-                    let mut dots = [_mm256_setzero_si256(); 2];
-                    // Four products of at most 2·31·127 each fit in i16, then `madd`.
-                    for quarter in 0..2 {
+                    // Each half of the two sub-blocks under its activation scale; four
+                    // products of at most 2·31·127 each fit in i16, then `madd`.
+                    for half in 0..2 {
                         let mut s16 = [_mm256_setzero_si256(); 2];
-                        for c in 4 * quarter..4 * quarter + 4 {
+                        for c in 4 * half..4 * half + 4 {
                             let v = _mm256_loadu_si256(rec.add(nibbles + pair * 256 + 32 * c).cast());
                             let mut w = [_mm256_and_si256(v, low4), _mm256_and_si256(_mm256_srli_epi16(v, 4), low4)];
                             if FIVE {
@@ -457,14 +465,10 @@ mod avx2 {
                             }
                         }
                         for h in 0..2 {
-                            dots[h] = _mm256_add_epi32(dots[h], _mm256_madd_epi16(s16[h], sc[h]));
+                            let dot = _mm256_madd_epi16(s16[h], sc[h]);
+                            let hb = 2 * (xb0 + 2 * pair + h) + half;
+                            *acc = _mm256_fmadd_ps(scaled(dw, xq, hb), _mm256_cvtepi32_ps(dot), *acc);
                         }
-                    }
-                    for (h, dot) in dots.into_iter().enumerate() {
-                        let sub = 2 * pair + h;
-                        let xb = xb0 + sub;
-                        let d = _mm256_mul_ps(dw, _mm256_set1_ps(*xq.d.get_unchecked(xb)));
-                        *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot), *acc);
                     }
                 }
             }
@@ -474,8 +478,8 @@ mod avx2 {
     }
 
     /// Q5_K with each decoded chunk (nibbles and fifth bits) shared by the tile's rows.
-    /// Five-bit values allow four products per i16 sum, so each quarter of a sub-block
-    /// pair goes through `madd` into i32 sums; the integer sums and the order of the f32
+    /// Each half of a sub-block pair (16 values of each, under their activation scale)
+    /// goes through `madd` with the 6-bit scales; the integer sums and the order of the f32
     /// updates are [`k_quant`]'s, so results are the same.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn q5_k<const R: usize>(
@@ -496,10 +500,9 @@ mod avx2 {
             for pair in 0..4 {
                 let sc = [scale_pairs::<false>(rec.add(32 + 16 * pair)), scale_pairs::<false>(rec.add(40 + 16 * pair))];
                 let bits = [_mm256_set1_epi8(1 << (2 * pair)), _mm256_set1_epi8(1 << (2 * pair + 1))];
-                let mut dots = [[_mm256_setzero_si256(); 2]; TILE];
-                for quarter in 0..2 {
+                for half in 0..2 {
                     let mut s16 = [[_mm256_setzero_si256(); 2]; TILE];
-                    for c in 4 * quarter..4 * quarter + 4 {
+                    for c in 4 * half..4 * half + 4 {
                         let v = _mm256_loadu_si256(rec.add(nibbles + pair * 256 + 32 * c).cast());
                         let qh = _mm256_loadu_si256(rec.add(head + 32 * c).cast());
                         let mut w = [_mm256_and_si256(v, low4), _mm256_and_si256(_mm256_srli_epi16(v, 4), low4)];
@@ -515,17 +518,12 @@ mod avx2 {
                             }
                         }
                     }
-                    for (d, s) in dots[..R].iter_mut().zip(&s16) {
+                    for (t, (acc, s)) in acc[..R].iter_mut().zip(&s16).enumerate() {
                         for h in 0..2 {
-                            d[h] = _mm256_add_epi32(d[h], _mm256_madd_epi16(s[h], sc[h]));
+                            let dot = _mm256_madd_epi16(s[h], sc[h]);
+                            let hb = 2 * (((first + t) * blocks + b) * 8 + 2 * pair + h) + half;
+                            *acc = _mm256_fmadd_ps(scaled(dw, xq, hb), _mm256_cvtepi32_ps(dot), *acc);
                         }
-                    }
-                }
-                for (t, (acc, dot)) in acc[..R].iter_mut().zip(&dots).enumerate() {
-                    for (h, &dot) in dot.iter().enumerate() {
-                        let xb = ((first + t) * blocks + b) * 8 + 2 * pair + h;
-                        let d = _mm256_mul_ps(dw, _mm256_set1_ps(*xq.d.get_unchecked(xb)));
-                        *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot), *acc);
                     }
                 }
             }
@@ -535,9 +533,10 @@ mod avx2 {
     }
 
     /// Q4_K with each decoded chunk shared by the tile's rows (as [`legacy_q4`] does):
-    /// values are at most 15, so eight products of at most 2·15·127 fit in i16 and a
-    /// sub-block's whole integer sum gathers before `madd` applies its scale. The integer
-    /// sums and the order of the f32 updates are [`k_quant`]'s, so results are the same.
+    /// values are at most 15, so the eight products of 2·15·127 at most that make up each
+    /// half sub-block (16 values, one activation scale) fit in i16 before `madd` applies
+    /// the 6-bit scale. The integer sums and the order of the f32 updates are
+    /// [`k_quant`]'s, so results are the same.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn q4_k<const R: usize>(
         p: *const u8,
@@ -554,24 +553,26 @@ mod avx2 {
             prefetch(rec, rec_bytes);
             let dw = _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()));
             for pair in 0..4 {
-                let mut s16 = [[_mm256_setzero_si256(); 2]; TILE];
-                for c in 0..8 {
-                    let v = _mm256_loadu_si256(rec.add(head + pair * 256 + 32 * c).cast());
-                    let w = [_mm256_and_si256(v, low4), _mm256_and_si256(_mm256_srli_epi16(v, 4), low4)];
-                    for (t, s) in s16[..R].iter_mut().enumerate() {
-                        let x = xq.q.as_ptr().add(((first + t) * blocks + b) * 8 * QB);
-                        for h in 0..2 {
-                            let xs = bcast(x.add((2 * pair + h) * QB + 4 * c));
-                            s[h] = _mm256_add_epi16(s[h], _mm256_maddubs_epi16(w[h], xs));
+                let sc = [scale_pairs::<false>(rec.add(32 + 16 * pair)), scale_pairs::<false>(rec.add(40 + 16 * pair))];
+                for half in 0..2 {
+                    let mut s16 = [[_mm256_setzero_si256(); 2]; TILE];
+                    for c in 4 * half..4 * half + 4 {
+                        let v = _mm256_loadu_si256(rec.add(head + pair * 256 + 32 * c).cast());
+                        let w = [_mm256_and_si256(v, low4), _mm256_and_si256(_mm256_srli_epi16(v, 4), low4)];
+                        for (t, s) in s16[..R].iter_mut().enumerate() {
+                            let x = xq.q.as_ptr().add(((first + t) * blocks + b) * 8 * QB);
+                            for h in 0..2 {
+                                let xs = bcast(x.add((2 * pair + h) * QB + 4 * c));
+                                s[h] = _mm256_add_epi16(s[h], _mm256_maddubs_epi16(w[h], xs));
+                            }
                         }
                     }
-                }
-                let sc = [scale_pairs::<false>(rec.add(32 + 16 * pair)), scale_pairs::<false>(rec.add(40 + 16 * pair))];
-                for (t, (acc, s)) in acc[..R].iter_mut().zip(&s16).enumerate() {
-                    for h in 0..2 {
-                        let xb = ((first + t) * blocks + b) * 8 + 2 * pair + h;
-                        let d = _mm256_mul_ps(dw, _mm256_set1_ps(*xq.d.get_unchecked(xb)));
-                        *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_madd_epi16(s[h], sc[h])), *acc);
+                    for (t, (acc, s)) in acc[..R].iter_mut().zip(&s16).enumerate() {
+                        for h in 0..2 {
+                            let hb = 2 * (((first + t) * blocks + b) * 8 + 2 * pair + h) + half;
+                            let dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(s[h], sc[h]));
+                            *acc = _mm256_fmadd_ps(scaled(dw, xq, hb), dot, *acc);
+                        }
                     }
                 }
             }
@@ -629,10 +630,11 @@ mod avx2 {
             let dw = _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()));
             let scales = rec.add(16);
             for n in 0..2 {
-                let mut dots = [[_mm256_setzero_si256(); 4]; TILE];
-                // Chunks 0..4 use each sub-block's first scale, 4..8 its second; two
-                // products of at most 2·63·127 fit in i16 before `madd` applies it.
+                // Chunks 0..4 hold the first 16 values of each 32, under the sub-block's
+                // first scale and the activations' first; 4..8 the second 16. Two products
+                // of at most 2·63·127 fit in i16 before `madd` applies the scale.
                 for half in 0..2 {
+                    let mut dots = [[_mm256_setzero_si256(); 4]; TILE];
                     let sc: [__m256i; 4] =
                         std::array::from_fn(|i| scale_pairs::<true>(scales.add(8 * (8 * n + 2 * i + half))));
                     for pair in 0..2 {
@@ -672,22 +674,15 @@ mod avx2 {
                             }
                         }
                     }
-                }
-                for (t, (acc, dots)) in acc[..R].iter_mut().zip(&dots).enumerate() {
-                    let xb0 = ((first + t) * blocks + b) * 8;
-                    for (i, &dot) in dots.iter().enumerate() {
-                        let xb = xb0 + 4 * n + i;
-                        // 32 · (sc_lo · Σx_lo + sc_hi · Σx_hi), the pairs multiplied in one `madd`.
-                        let (lo, hi) = (scales.add(8 * (8 * n + 2 * i)), scales.add(8 * (8 * n + 2 * i + 1)));
-                        let lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64(lo.cast()));
-                        let hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64(hi.cast()));
-                        let sc =
-                            _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(hi, 16));
-                        let (s_lo, s_hi) = (*xq.sums.get_unchecked(2 * xb), *xq.sums.get_unchecked(2 * xb + 1));
-                        let sums = _mm256_set1_epi32((s_lo & 0xFFFF) | (s_hi << 16));
-                        let dot = _mm256_sub_epi32(dot, _mm256_slli_epi32(_mm256_madd_epi16(sc, sums), 5));
-                        let d = _mm256_mul_ps(dw, _mm256_set1_ps(*xq.d.get_unchecked(xb)));
-                        *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot), *acc);
+                    for (t, (acc, dots)) in acc[..R].iter_mut().zip(&dots).enumerate() {
+                        let xb0 = ((first + t) * blocks + b) * 8;
+                        for (i, (&dot, &sc)) in dots.iter().zip(&sc).enumerate() {
+                            let hb = 2 * (xb0 + 4 * n + i) + half;
+                            // The −32: 32 · sc · Σx, in `madd` against (Σx, 0).
+                            let sum = _mm256_set1_epi32(*xq.sums.get_unchecked(hb) & 0xFFFF);
+                            let dot = _mm256_sub_epi32(dot, _mm256_slli_epi32(_mm256_madd_epi16(sc, sum), 5));
+                            *acc = _mm256_fmadd_ps(scaled(dw, xq, hb), _mm256_cvtepi32_ps(dot), *acc);
+                        }
                     }
                 }
             }
