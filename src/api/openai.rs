@@ -323,6 +323,12 @@ impl ChatRequest {
     }
 
     pub fn engine_request(&self, engine: &EngineHandle) -> Result<Request, ApiError> {
+        self.engine_request_and_tools(engine).map(|(req, _)| req)
+    }
+
+    /// The engine request, and the tool-call format its generated text is read with (when
+    /// the request has tools and `tool_choice` is not `none`).
+    fn engine_request_and_tools(&self, engine: &EngineHandle) -> Result<(Request, Option<ToolFormat>), ApiError> {
         check_model(engine, &self.gen)?;
         let max = engine.config().limits.max_logprobs;
         if let Some(k) = self.top_logprobs.filter(|&k| k > max) {
@@ -358,13 +364,14 @@ impl ChatRequest {
             }
             req.constraint = Some(compile(engine, &grammar, "tools")?);
         }
-        Ok(req)
+        Ok((req, tools.parses()))
     }
 
-    /// [`ChatRequest::engine_request`] (template rendering and tokenizing) off the async runtime.
-    pub async fn prepare(&self, engine: &EngineHandle) -> Result<Request, ApiError> {
+    /// [`ChatRequest::engine_request`] (template rendering and tokenizing) off the async
+    /// runtime, with the tool-call format to read the answer with.
+    pub async fn prepare(&self, engine: &EngineHandle) -> Result<(Request, Option<ToolFormat>), ApiError> {
         let (req, engine) = (self.clone(), engine.clone());
-        off_runtime(move || req.engine_request(&engine)).await
+        off_runtime(move || req.engine_request_and_tools(&engine)).await
     }
 }
 
@@ -772,9 +779,8 @@ fn read_calls(tok: &Tokenizer, format: ToolFormat, c: &Choice) -> Option<(String
 
 /// A non-streaming `/v1/chat/completions` response.
 pub async fn chat_completions(engine: &EngineHandle, req: &ChatRequest, id: &str) -> Result<Value, ApiError> {
-    let r = req.prepare(engine).await?;
+    let (r, format) = req.prepare(engine).await?;
     let tok = &engine.model().tokenizer;
-    let format = req.tools(engine)?.parses();
     let stream = engine.submit(r.clone())?;
     let g = gather(stream, r.n).await?;
     let choices: Vec<Value> = g

@@ -253,7 +253,7 @@ impl Echo {
 
 /// `/v1/chat/completions` with `stream: true`: a role chunk per choice, then content deltas.
 pub async fn chat(engine: &EngineHandle, req: ChatRequest, id: String, ctx: Ctx) -> Result<Response, ApiError> {
-    let r = req.prepare(engine).await?;
+    let (r, format) = req.prepare(engine).await?;
     let streams = submit_all(engine, std::slice::from_ref(&r))?;
     let (tx, rx) = mpsc::channel(64);
     let (model, created) = (engine.model().name.clone(), unix_time());
@@ -261,7 +261,6 @@ pub async fn chat(engine: &EngineHandle, req: ChatRequest, id: String, ctx: Ctx)
         let (id, model) = (id.clone(), model.clone());
         move |choice: Value| json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [choice]})
     };
-    let format = req.tools(engine)?.parses();
     let tok: Arc<crate::loaded::LoadedModel> = engine.model_arc();
     let marker = format.and_then(|f| tok.tokenizer.token_id(f.marker()).map(|id| (id, f.marker())));
     let mut events = ChatEvents {
