@@ -277,8 +277,8 @@ mod avx2 {
             GgmlType::Q4_0 => by_tile!(legacy_q4, 0),
             GgmlType::Q4_1 => by_tile!(legacy_q4, 1),
             GgmlType::Q8_0 => by_tile!(q8_0),
-            GgmlType::Q4K => by_tile!(q4_k),
-            GgmlType::Q5K => by_tile!(q5_k),
+            GgmlType::Q4K => by_tile!(k_tiled, false),
+            GgmlType::Q5K => by_tile!(k_tiled, true),
             GgmlType::Q6K => by_tile!(q6_k),
             other => unreachable!("{other:?} is not interleaved"),
         };
@@ -417,13 +417,12 @@ mod avx2 {
         _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16))
     }
 
-    /// The per-row form of Q4_K and Q5_K that [`q4_k`] and [`q5_k`] are tested against:
-    /// per half sub-block (16 values), `d·sc·d_x` times the integer sum (the 6-bit scale
-    /// applied in `madd`), minus `dmin·m` times the activations' sum. Q5_K's fifth bits
-    /// come from the `qh` chunks before the nibbles.
-    #[cfg(test)]
+    /// Q4_K and Q5_K (`FIVE`) with each decoded chunk (nibbles, and Q5_K's fifth bits)
+    /// shared by the tile's rows, as [`legacy_q4`] does. Each half of a sub-block pair (16
+    /// values of each, one activation scale) gathers four products of at most 2·31·127 per
+    /// i16 before `madd` applies the 6-bit scales; the mins follow in [`k_mins`].
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn k_quant<const FIVE: bool, const R: usize>(
+    pub(super) unsafe fn k_tiled<const FIVE: bool, const R: usize>(
         p: *const u8,
         xq: &QActs,
         first: usize,
@@ -438,65 +437,6 @@ mod avx2 {
             let rec = p.add(b * rec_bytes);
             prefetch(rec, rec_bytes);
             let dw = _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()));
-            for (t, acc) in acc[..R].iter_mut().enumerate() {
-                let xb0 = ((first + t) * blocks + b) * 8;
-                let x = xq.q.as_ptr().add(xb0 * QB);
-                for pair in 0..4 {
-                    let sc =
-                        [scale_pairs::<false>(rec.add(32 + 16 * pair)), scale_pairs::<false>(rec.add(40 + 16 * pair))];
-                    // Each half of the two sub-blocks under its activation scale; four
-                    // products of at most 2·31·127 each fit in i16, then `madd`.
-                    for half in 0..2 {
-                        let mut s16 = [_mm256_setzero_si256(); 2];
-                        for c in 4 * half..4 * half + 4 {
-                            let v = _mm256_loadu_si256(rec.add(nibbles + pair * 256 + 32 * c).cast());
-                            let mut w = [_mm256_and_si256(v, low4), _mm256_and_si256(_mm256_srli_epi16(v, 4), low4)];
-                            if FIVE {
-                                let qh = _mm256_loadu_si256(rec.add(head + 32 * c).cast());
-                                for (h, w) in w.iter_mut().enumerate() {
-                                    let bit = _mm256_set1_epi8(1 << (2 * pair + h));
-                                    let set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
-                                    *w = _mm256_or_si256(*w, _mm256_and_si256(set, fifth));
-                                }
-                            }
-                            for h in 0..2 {
-                                let xs = bcast(x.add((2 * pair + h) * QB + 4 * c));
-                                s16[h] = _mm256_add_epi16(s16[h], _mm256_maddubs_epi16(w[h], xs));
-                            }
-                        }
-                        for h in 0..2 {
-                            let dot = _mm256_madd_epi16(s16[h], sc[h]);
-                            let hb = 2 * (xb0 + 2 * pair + h) + half;
-                            *acc = _mm256_fmadd_ps(scaled(dw, xq, hb), _mm256_cvtepi32_ps(dot), *acc);
-                        }
-                    }
-                }
-            }
-        }
-        k_mins::<R>(p, rec_bytes, xq, first, blocks, &mut acc);
-        store(&acc, out, R);
-    }
-
-    /// Q5_K with each decoded chunk (nibbles and fifth bits) shared by the tile's rows.
-    /// Each half of a sub-block pair (16 values of each, under their activation scale)
-    /// goes through `madd` with the 6-bit scales; the integer sums and the order of the f32
-    /// updates are [`k_quant`]'s, so results are the same.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn q5_k<const R: usize>(
-        p: *const u8,
-        xq: &QActs,
-        first: usize,
-        blocks: usize,
-        out: &mut [[f32; GROUP]; TILE],
-    ) {
-        let (rec_bytes, head) = record(GgmlType::Q5K);
-        let nibbles = head + 256;
-        let (low4, fifth) = (_mm256_set1_epi8(0xF), _mm256_set1_epi8(0x10));
-        let mut acc = [_mm256_setzero_ps(); TILE];
-        for b in 0..blocks {
-            let rec = p.add(b * rec_bytes);
-            prefetch(rec, rec_bytes);
-            let dw = _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()));
             for pair in 0..4 {
                 let sc = [scale_pairs::<false>(rec.add(32 + 16 * pair)), scale_pairs::<false>(rec.add(40 + 16 * pair))];
                 let bits = [_mm256_set1_epi8(1 << (2 * pair)), _mm256_set1_epi8(1 << (2 * pair + 1))];
@@ -504,61 +444,14 @@ mod avx2 {
                     let mut s16 = [[_mm256_setzero_si256(); 2]; TILE];
                     for c in 4 * half..4 * half + 4 {
                         let v = _mm256_loadu_si256(rec.add(nibbles + pair * 256 + 32 * c).cast());
-                        let qh = _mm256_loadu_si256(rec.add(head + 32 * c).cast());
                         let mut w = [_mm256_and_si256(v, low4), _mm256_and_si256(_mm256_srli_epi16(v, 4), low4)];
-                        for (w, bit) in w.iter_mut().zip(bits) {
-                            let set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
-                            *w = _mm256_or_si256(*w, _mm256_and_si256(set, fifth));
-                        }
-                        for (t, s) in s16[..R].iter_mut().enumerate() {
-                            let x = xq.q.as_ptr().add(((first + t) * blocks + b) * 8 * QB);
-                            for h in 0..2 {
-                                let xs = bcast(x.add((2 * pair + h) * QB + 4 * c));
-                                s[h] = _mm256_add_epi16(s[h], _mm256_maddubs_epi16(w[h], xs));
+                        if FIVE {
+                            let qh = _mm256_loadu_si256(rec.add(head + 32 * c).cast());
+                            for (w, bit) in w.iter_mut().zip(bits) {
+                                let set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
+                                *w = _mm256_or_si256(*w, _mm256_and_si256(set, fifth));
                             }
                         }
-                    }
-                    for (t, (acc, s)) in acc[..R].iter_mut().zip(&s16).enumerate() {
-                        for h in 0..2 {
-                            let dot = _mm256_madd_epi16(s[h], sc[h]);
-                            let hb = 2 * (((first + t) * blocks + b) * 8 + 2 * pair + h) + half;
-                            *acc = _mm256_fmadd_ps(scaled(dw, xq, hb), _mm256_cvtepi32_ps(dot), *acc);
-                        }
-                    }
-                }
-            }
-        }
-        k_mins::<R>(p, rec_bytes, xq, first, blocks, &mut acc);
-        store(&acc, out, R);
-    }
-
-    /// Q4_K with each decoded chunk shared by the tile's rows (as [`legacy_q4`] does):
-    /// values are at most 15, so the eight products of 2·15·127 at most that make up each
-    /// half sub-block (16 values, one activation scale) fit in i16 before `madd` applies
-    /// the 6-bit scale. The integer sums and the order of the f32 updates are
-    /// [`k_quant`]'s, so results are the same.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn q4_k<const R: usize>(
-        p: *const u8,
-        xq: &QActs,
-        first: usize,
-        blocks: usize,
-        out: &mut [[f32; GROUP]; TILE],
-    ) {
-        let (rec_bytes, head) = record(GgmlType::Q4K);
-        let low4 = _mm256_set1_epi8(0xF);
-        let mut acc = [_mm256_setzero_ps(); TILE];
-        for b in 0..blocks {
-            let rec = p.add(b * rec_bytes);
-            prefetch(rec, rec_bytes);
-            let dw = _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()));
-            for pair in 0..4 {
-                let sc = [scale_pairs::<false>(rec.add(32 + 16 * pair)), scale_pairs::<false>(rec.add(40 + 16 * pair))];
-                for half in 0..2 {
-                    let mut s16 = [[_mm256_setzero_si256(); 2]; TILE];
-                    for c in 4 * half..4 * half + 4 {
-                        let v = _mm256_loadu_si256(rec.add(head + pair * 256 + 32 * c).cast());
-                        let w = [_mm256_and_si256(v, low4), _mm256_and_si256(_mm256_srli_epi16(v, 4), low4)];
                         for (t, s) in s16[..R].iter_mut().enumerate() {
                             let x = xq.q.as_ptr().add(((first + t) * blocks + b) * 8 * QB);
                             for h in 0..2 {
@@ -761,31 +654,6 @@ mod tests {
                 assert_eq!(alone[0], *want, "{dtype:?} row {t}");
             }
         });
-    }
-
-    /// The tiled Q4_K and Q5_K kernels give the per-row one's results bit for bit.
-    #[cfg(target_arch = "x86_64")]
-    #[test]
-    fn tiled_k_quants_are_the_per_row_kernel() {
-        if !crate::kernels::matmul::avx2::available() {
-            return;
-        }
-        let k = 3 * 256;
-        for dtype in [GgmlType::Q4K, GgmlType::Q5K] {
-            let (data, xq) = one_group(dtype, k, 2 * TILE, 41);
-            let (mut a, mut b) = ([[0f32; GROUP]; TILE], [[0f32; GROUP]; TILE]);
-            // SAFETY: AVX2 was detected above; `data` is one group's records of `k / 256` blocks.
-            unsafe {
-                if dtype == GgmlType::Q4K {
-                    avx2::q4_k::<TILE>(data.as_ptr(), &xq, TILE, k / 256, &mut a);
-                    avx2::k_quant::<false, TILE>(data.as_ptr(), &xq, TILE, k / 256, &mut b);
-                } else {
-                    avx2::q5_k::<TILE>(data.as_ptr(), &xq, TILE, k / 256, &mut a);
-                    avx2::k_quant::<true, TILE>(data.as_ptr(), &xq, TILE, k / 256, &mut b);
-                }
-            }
-            assert_eq!(a, b, "{dtype:?}");
-        }
     }
 
     /// Repacking and reading a row back give the file's bytes, for every interleaved format.
