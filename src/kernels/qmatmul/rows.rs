@@ -1,7 +1,7 @@
 //! The row-by-row path: each weight row in its file's layout, decoded one 32-value block at
 //! a time. Every block format runs here; rows that [`super::x8`] interleaves do not.
 
-use super::{write, Part, QActs, SharedOut, QB, TILE};
+use super::{write, Part, QActs, SharedOut, QB, QH, TILE};
 use crate::kernels::quant::{f16_at, scale_min_k4, GgmlType, BLOCK_FORMATS};
 
 pub(super) use portable::dot_rows as portable_dot_rows;
@@ -186,7 +186,7 @@ mod portable {
             for (t, acc) in acc[..tile].iter_mut().enumerate() {
                 let xb = (first + t) * blocks + b;
                 let x = &xq.q[xb * QB..(xb + 1) * QB];
-                let half = |h: usize| -> i32 { (h * 16..h * 16 + 16).map(|i| w.q[i] as i32 * x[i] as i32).sum() };
+                let half = |h: usize| -> i32 { (h * QH..(h + 1) * QH).map(|i| w.q[i] as i32 * x[i] as i32).sum() };
                 *acc += xq.d[2 * xb] * w.scale[0] * half(0) as f32 + xq.d[2 * xb + 1] * w.scale[1] * half(1) as f32;
                 *acc += offset_term(xq, xb, w.offset);
             }

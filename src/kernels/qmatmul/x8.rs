@@ -16,7 +16,7 @@
 //! Each row of `X` is one chain of operations whatever the tile it is in, so results stay
 //! batch-invariant.
 
-use super::{Part, QActs, SharedOut, QB};
+use super::{Part, QActs, SharedOut, QB, QH};
 use crate::kernels::quant::{scale_min_k4, GgmlType};
 use rayon::prelude::*;
 
@@ -346,7 +346,7 @@ mod avx2 {
                 // Each half block (the low nibbles, then the high ones) under its own
                 // activation scale; its eight products of at most 2·15·127 fit in i16.
                 for h in 0..2 {
-                    let mut s16 = _mm256_maddubs_epi16(w[4 * h], bcast(x.add(16 * h)));
+                    let mut s16 = _mm256_maddubs_epi16(w[4 * h], bcast(x.add(QH * h)));
                     for (j, w) in w.iter().enumerate().skip(4 * h + 1).take(3) {
                         s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(*w, bcast(x.add(4 * j))));
                     }
