@@ -1,12 +1,15 @@
 //! Quick measurements of this machine's limits, taken in the benchmark's own run so its
 //! numbers can be read against them (the VM's speed drifts from day to day).
 
+use crate::kernels::buffer::F32Buf;
 use rayon::prelude::*;
 use std::time::Instant;
 
-/// Streaming-read bandwidth over 256 MiB, all pool threads, GB/s (best of 3).
+/// Streaming-read bandwidth over 256 MiB, all pool threads, GB/s (best of 3), from the
+/// huge-page memory the weights live in.
 pub fn read_bandwidth() -> f64 {
-    let buf = vec![1f32; 64 << 20];
+    let mut buf = F32Buf::zeroed(64 << 20);
+    buf.fill(1.0);
     let mut best = 0f64;
     for _ in 0..3 {
         let t0 = Instant::now();

@@ -11,9 +11,11 @@ use std::ops::{Deref, DerefMut};
 /// # Safety
 /// Implementors must be plain data with no padding, valid for every bit pattern.
 pub unsafe trait Zeroable: Copy + Default {}
-// SAFETY: f32 and u16 (f16 bits) are plain data, valid for every bit pattern.
+// SAFETY: f32, u16 (f16 bits) and u8 (GGML blocks) are plain data, valid for every bit
+// pattern.
 unsafe impl Zeroable for f32 {}
 unsafe impl Zeroable for u16 {}
+unsafe impl Zeroable for u8 {}
 
 pub struct Buf<T: Zeroable> {
     map: Option<MmapMut>,
@@ -33,6 +35,13 @@ impl<T: Zeroable> Buf<T> {
         #[cfg(target_os = "linux")]
         let _ = map.advise(memmap2::Advice::HugePage);
         Buf { map: Some(map), len, kind: PhantomData }
+    }
+
+    /// A copy of `src`.
+    pub fn copied(src: &[T]) -> Self {
+        let mut buf = Self::zeroed(src.len());
+        buf.copy_from_slice(src);
+        buf
     }
 
     /// `len` zeros with every page already mapped, so the first writes into it (a KV pool's,
@@ -84,5 +93,6 @@ mod tests {
         assert!(F32Buf::zeroed(0).is_empty());
         let r = F32Buf::zeroed_resident(5000);
         assert!(r.len() == 5000 && r.iter().all(|x| *x == 0.0));
+        assert_eq!(&*super::Buf::copied(&[1u8, 2, 3]), &[1, 2, 3]);
     }
 }

@@ -16,7 +16,7 @@
 //! parts of the weights. Call it from inside the engine's rayon pool: dispatch from outside
 //! a pool costs ~10 µs per call (`shared/research/cpu-kernels.md`).
 
-use super::buffer::F32Buf;
+use super::buffer::{Buf, F32Buf};
 use rayon::prelude::*;
 
 /// Output columns per panel (two AVX2 registers).
@@ -55,7 +55,7 @@ impl Half {
 /// Panel storage: f32, or 16-bit bit patterns of one [`Half`] format.
 enum Panels {
     F32(F32Buf),
-    Half(Half, Vec<u16>),
+    Half(Half, Buf<u16>),
 }
 
 /// Element kinds as the kernels see them (const generic parameters).
@@ -89,7 +89,7 @@ impl PackedMatrix {
     pub fn pack_half(w: &[u16], format: Half, n: usize, k: usize) -> Self {
         assert_eq!(w.len(), n * k, "pack: {} elements for a [{n}, {k}] matrix", w.len());
         let panels = n.div_ceil(NP);
-        let mut data = vec![0u16; panels * NP * k];
+        let mut data = Buf::zeroed(panels * NP * k);
         for (row, src) in w.chunks_exact(k).enumerate() {
             for (col, &v) in src.iter().enumerate() {
                 data[Self::offset(panels, k, row, col)] = v;

@@ -14,6 +14,7 @@
 //! (a Q4 model reads about a seventh of its f32 bytes per token), which is what bounds
 //! decode at one sequence.
 
+use super::buffer::Buf;
 use super::quant::{dequantize, GgmlType};
 use rayon::prelude::*;
 
@@ -41,7 +42,7 @@ struct Part {
     dtype: GgmlType,
     rows: usize,
     layout: Layout,
-    data: Vec<u8>,
+    data: Buf<u8>,
 }
 
 impl Part {
@@ -83,7 +84,7 @@ impl QMatrix {
                 out.push(Part { dtype, rows: grouped, layout: Layout::X8, data });
             }
             if grouped < rows {
-                let data = data[grouped * row_bytes..].to_vec();
+                let data = Buf::copied(&data[grouped * row_bytes..]);
                 out.push(Part { dtype, rows: rows - grouped, layout: Layout::Rows { row_bytes }, data });
             }
         }

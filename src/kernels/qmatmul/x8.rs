@@ -16,7 +16,7 @@
 //! Each row of `X` is one chain of operations whatever the tile it is in, so results stay
 //! batch-invariant.
 
-use super::{Part, QActs, SharedOut, QB, QH};
+use super::{Buf, Part, QActs, SharedOut, QB, QH};
 use crate::kernels::quant::{scale_min_k4, GgmlType};
 use rayon::prelude::*;
 
@@ -87,14 +87,14 @@ fn record(dtype: GgmlType) -> (usize, usize) {
 }
 
 /// Repacks whole groups of rows of `k` values (file layout) into records.
-pub fn interleave(dtype: GgmlType, data: &[u8], k: usize) -> Vec<u8> {
+pub fn interleave(dtype: GgmlType, data: &[u8], k: usize) -> Buf<u8> {
     let (per, block_bytes) = dtype.block();
     let blocks = k / per;
     let row_bytes = blocks * block_bytes;
     let groups = data.len() / row_bytes / GROUP;
     let (rec_bytes, head) = record(dtype);
     let s = shape(dtype);
-    let mut out = vec![0u8; groups * blocks * rec_bytes];
+    let mut out = Buf::zeroed(groups * blocks * rec_bytes);
     // Groups in parallel: loading is mostly this copy and the page faults of its output.
     out.par_chunks_mut(blocks * rec_bytes).enumerate().for_each(|(g, group)| {
         let rows = &data[g * GROUP * row_bytes..(g + 1) * GROUP * row_bytes];
@@ -596,7 +596,7 @@ mod tests {
 
     /// One interleaved group of random `dtype` rows of `k` values (seed `seed`), and `rows`
     /// random activation rows quantized for it (seed `seed + 1`).
-    fn one_group(dtype: GgmlType, k: usize, rows: usize, seed: u64) -> (Vec<u8>, QActs) {
+    fn one_group(dtype: GgmlType, k: usize, rows: usize, seed: u64) -> (Buf<u8>, QActs) {
         let data = interleave(dtype, &random_blocks(dtype, GROUP * k / dtype.block().0, seed), k);
         let mut xq = QActs::default();
         quantize_rows(&random_vec(rows * k, seed + 1), rows, k, &mut xq);
