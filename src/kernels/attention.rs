@@ -146,9 +146,11 @@ pub fn softcap(xs: &mut [f32], cap: f32) {
 #[derive(Default)]
 pub struct Scratch {
     scores: Vec<f32>,
-    /// K or V rows widened to f32: one row on the portable path, one kv head's run of a
-    /// block on the AVX2 path (widened once for all the query heads that read it).
+    /// K or V rows widened to f32: one row on the portable path, one kv head's run of K
+    /// on the AVX2 path (widened once for all the query heads that score against it).
     row: Vec<f32>,
+    /// The span's runs of positions (the AVX2 path, which fetches them ahead).
+    runs: Vec<(usize, usize)>,
 }
 
 /// For each query head `h` (`q` and `out` are `[heads, head_dim]`, heads a multiple of the
@@ -179,13 +181,13 @@ fn attend_in<E: KvElem>(
     let (start, end) = (span.first_pos, span.last_pos + 1);
     let n = end - start;
     let scale = scoring.scale;
-    let Scratch { scores, row } = scratch;
+    let Scratch { scores, row, runs } = scratch;
     scores.clear();
     scores.resize(q.len() / hd * n, 0.0);
     #[cfg(target_arch = "x86_64")]
     if hd.is_multiple_of(8) && crate::kernels::matmul::avx2::available() {
         // SAFETY: the CPU supports AVX2, FMA and F16C, and the head dim is a multiple of 8.
-        return unsafe { attend_avx2(q, kp, vp, kv, span, scoring, scores, row, out) };
+        return unsafe { attend_avx2(q, kp, vp, kv, span, scoring, scores, row, runs, out) };
     }
     row.resize(hd, 0.0);
     let widen = |row: &mut [f32], src: &[E]| row.iter_mut().zip(src).for_each(|(r, s)| *r = s.to_f32());
@@ -222,9 +224,10 @@ fn attend_in<E: KvElem>(
     }
 }
 
-/// AVX2 version: each kv head's run of a block is widened to f32 once and read from L1 by
-/// every query head of its group (F16C conversion would otherwise bound the FMAs); scores
-/// eight positions at a time, and the weighted sum of V in registers, 64 floats at a time.
+/// AVX2 version. Scores: each kv head's run of K is widened to f32 once and read from L1
+/// by every query head of its group, eight positions at a time (eight dot products end in
+/// one horizontal-sum tree). The weighted sum of V: each V vector is widened as it is
+/// loaded and shared by up to [`MAX_HEADS`] query heads, the sums in registers.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
@@ -237,65 +240,94 @@ unsafe fn attend_avx2<E: KvElem>(
     scoring: Scoring,
     scores: &mut [f32],
     widened: &mut Vec<f32>,
+    runs: &mut Vec<(usize, usize)>,
     out: &mut [f32],
 ) {
     let hd = kv.head_dim;
     let (start, end) = (span.first_pos, span.last_pos + 1);
     let n = end - start;
-    let scale = scoring.scale;
     let group = q.len() / hd / kv.view_heads;
     let head_stride = kv.block_size * hd;
-    let heads = kv.first_head..kv.first_head + kv.view_heads;
-    // Blocks are scattered in the pool: each run's successor is fetched while it is used.
-    let fetch_next = |pool: &[E], next: Option<&(usize, usize)>| {
-        if let Some(&(base, len)) = next {
-            for kvh in heads.clone() {
+    let kv_heads = kv.first_head..kv.first_head + kv.view_heads;
+    runs.clear();
+    runs.extend(kv.runs(span.block_table, start, end));
+    // Blocks are scattered in the pool, where the hardware prefetcher cannot follow: the
+    // runs are fetched `AHEAD` ahead in the order they are read, K's and then V's.
+    let fetch = |i: usize| {
+        let (pool, i) = if i < runs.len() { (kp, i) } else { (vp, i - runs.len()) };
+        if let Some(&(base, len)) = runs.get(i) {
+            for kvh in kv_heads.clone() {
                 let run = &pool[base + kvh * head_stride..][..len * hd];
                 crate::kernels::prefetch_lines(run.as_ptr().cast(), std::mem::size_of_val(run));
             }
         }
     };
+    (0..AHEAD).for_each(fetch);
     let mut p0 = 0;
-    let mut runs = kv.runs(span.block_table, start, end).peekable();
-    while let Some((base, len)) = runs.next() {
-        fetch_next(kp, runs.peek());
+    for (i, &(base, len)) in runs.iter().enumerate() {
+        fetch(i + AHEAD);
         let mut kb = std::ptr::null();
         for (h, qh) in q.chunks_exact(hd).enumerate() {
             if h % group == 0 {
                 kb = widen_run(&kp[base + (kv.first_head + h / group) * head_stride..][..len * hd], widened);
             }
-            score_run(qh, kb, len, hd, scale, &mut scores[h * n + p0..h * n + p0 + len]);
+            score_run(qh, kb, len, hd, scoring.scale, &mut scores[h * n + p0..h * n + p0 + len]);
         }
         p0 += len;
     }
     scoring.cap(scores);
     scores.chunks_exact_mut(n).for_each(softmax);
     let mut p0 = 0;
-    let mut runs = kv.runs(span.block_table, start, end).enumerate().peekable();
-    while let Some((bi, (base, len))) = runs.next() {
-        fetch_next(vp, runs.peek().map(|(_, r)| r));
-        let mut vb = std::ptr::null();
-        for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
-            if h % group == 0 {
-                vb = widen_run(&vp[base + (kv.first_head + h / group) * head_stride..][..len * hd], widened);
+    for (i, &(base, len)) in runs.iter().enumerate() {
+        fetch(runs.len() + i + AHEAD);
+        for (g, (h0, heads)) in head_chunks(kv.view_heads, group) {
+            let vb = vp.as_ptr().add(base + (kv.first_head + g) * head_stride);
+            let (w, o) = (scores.as_ptr().add(h0 * n + p0), out.as_mut_ptr().add(h0 * hd));
+            // Each chunk of heads sums as many vectors of V at a time as keep its
+            // accumulators, broadcast weights and one V vector within the 16 registers.
+            macro_rules! sum_v {
+                ($h:literal: $($d:literal)+) => {{
+                    let widest = [$($d),+].len();
+                    for c0 in (0..hd).step_by(8 * widest) {
+                        let args = (w, n, vb.add(c0), hd, len, o.add(c0), i > 0);
+                        match ((hd - c0) / 8).min(widest) {
+                            $($d => weighted_sum::<E, $h, $d>(args),)+
+                            _ => unreachable!("a multiple of 8 dims"),
+                        }
+                    }
+                }};
             }
-            let w = &scores[h * n + p0..h * n + p0 + len];
-            for c0 in (0..hd).step_by(64) {
-                let (o, v) = (oh.as_mut_ptr().add(c0), vb.add(c0));
-                match (hd - c0) / 8 {
-                    1 => weighted_sum::<1>(w, v, hd, o, bi > 0),
-                    2 => weighted_sum::<2>(w, v, hd, o, bi > 0),
-                    3 => weighted_sum::<3>(w, v, hd, o, bi > 0),
-                    4 => weighted_sum::<4>(w, v, hd, o, bi > 0),
-                    5 => weighted_sum::<5>(w, v, hd, o, bi > 0),
-                    6 => weighted_sum::<6>(w, v, hd, o, bi > 0),
-                    7 => weighted_sum::<7>(w, v, hd, o, bi > 0),
-                    _ => weighted_sum::<8>(w, v, hd, o, bi > 0),
-                }
+            match heads {
+                1 => sum_v!(1: 1 2 3 4 5 6 7 8),
+                2 => sum_v!(2: 1 2 3 4),
+                _ => sum_v!(3: 1 2 3),
             }
         }
         p0 += len;
     }
+}
+
+/// Runs of K and V fetched ahead of the one being read.
+#[cfg(target_arch = "x86_64")]
+const AHEAD: usize = 2;
+/// Query heads that share each V load: three heads' sums of three V vectors, their
+/// broadcast weights and the loaded vectors fit the sixteen AVX2 registers (sums of four
+/// vectors for three heads spilled, and ran slower than widening V once per kv head).
+#[cfg(target_arch = "x86_64")]
+const MAX_HEADS: usize = 3;
+
+/// The query heads in view cut into chunks that share V loads: `(kv head, (first
+/// query head, heads))`, each kv head's `group` heads in about even chunks of at most
+/// [`MAX_HEADS`].
+#[cfg(target_arch = "x86_64")]
+fn head_chunks(kv_heads: usize, group: usize) -> impl Iterator<Item = (usize, (usize, usize))> {
+    let chunks = group.div_ceil(MAX_HEADS);
+    (0..kv_heads).flat_map(move |g| {
+        (0..chunks).map(move |c| {
+            let (lo, hi) = (c * group / chunks, (c + 1) * group / chunks);
+            (g, (g * group + lo, hi - lo))
+        })
+    })
 }
 
 /// `run` (one kv head's rows of a block) as f32: the pool itself when it is f32, else
@@ -345,27 +377,38 @@ unsafe fn score_run(qh: &[f32], kb: *const f32, len: usize, hd: usize, scale: f3
     }
 }
 
-/// `out[..8L] (+)= Σ_j w[j] · v[j * stride..][..8L]`, summed over `j` in order, with the
-/// `L` accumulators in registers (a fixed count, so they are not spilled to the stack).
+/// `out_h[..8·D] (+)= Σ_j w[h·n + j] · v[j·hd..][..8·D]` for `H` heads (`out` rows `hd`
+/// apart), summed over the `len` positions in order with the accumulators in registers;
+/// each V vector is loaded once for the `H` heads.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn weighted_sum<const L: usize>(w: &[f32], v: *const f32, stride: usize, out: *mut f32, accumulate: bool) {
+unsafe fn weighted_sum<E: KvElem, const H: usize, const D: usize>(
+    (w, n, v, hd, len, out, accumulate): (*const f32, usize, *const E, usize, usize, *mut f32, bool),
+) {
     use std::arch::x86_64::*;
-    let mut acc = [_mm256_setzero_ps(); L];
+    let mut acc = [[_mm256_setzero_ps(); D]; H];
     if accumulate {
-        for (i, a) in acc.iter_mut().enumerate() {
-            *a = _mm256_loadu_ps(out.add(8 * i));
+        for (h, acc) in acc.iter_mut().enumerate() {
+            for (d, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_loadu_ps(out.add(h * hd + 8 * d));
+            }
         }
     }
-    for (j, &wj) in w.iter().enumerate() {
-        let (wv, row) = (_mm256_set1_ps(wj), v.add(j * stride));
-        for (i, a) in acc.iter_mut().enumerate() {
-            *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(row.add(8 * i)), *a);
+    for j in 0..len {
+        let wj: [__m256; H] = std::array::from_fn(|h| _mm256_set1_ps(*w.add(h * n + j)));
+        let row = v.add(j * hd);
+        let xs: [__m256; D] = std::array::from_fn(|d| E::load8(row.add(8 * d)));
+        for (acc, w) in acc.iter_mut().zip(&wj) {
+            for (a, x) in acc.iter_mut().zip(&xs) {
+                *a = _mm256_fmadd_ps(*w, *x, *a);
+            }
         }
     }
-    for (i, a) in acc.iter().enumerate() {
-        _mm256_storeu_ps(out.add(8 * i), *a);
+    for (h, acc) in acc.iter().enumerate() {
+        for (d, a) in acc.iter().enumerate() {
+            _mm256_storeu_ps(out.add(h * hd + 8 * d), *a);
+        }
     }
 }
 
@@ -442,13 +485,18 @@ mod tests {
     /// portable one. Both must match the naive computation.
     #[test]
     fn matches_naive_over_scattered_blocks() {
-        check_against_naive(6);
-        check_against_naive(16);
-        check_against_naive(72);
+        check_against_naive(6, 3);
+        // The AVX2 path's head chunks (1; 3; 2 + 2; 2 + 2 + 3) and its passes over V's
+        // vectors (2; 5 as 5, 4 + 1 or 3 + 2; 9 as 8 + 1, 4 + 4 + 1 or 3 + 3 + 3).
+        for group in [1, 3, 4, 7] {
+            for hd in [16, 40, 72] {
+                check_against_naive(hd, group);
+            }
+        }
     }
 
-    fn check_against_naive(hd: usize) {
-        let (bs, kvh, blocks, group) = (4, 2, 8, 3);
+    fn check_against_naive(hd: usize, group: usize) {
+        let (bs, kvh, blocks) = (4, 2, 8);
         let k = random_vec(blocks * bs * kvh * hd, 1);
         let v = random_vec(blocks * bs * kvh * hd, 2);
         let kv = PagedKv::new(Pools::F32 { k: &k, v: &v }, bs, kvh, hd);
