@@ -1,10 +1,12 @@
 //! Attention of the query heads that share one KV head over a sequence's paged K/V.
 //!
-//! A layer's cache pool is `[num_blocks, kv_heads, block_size, head_dim]` for K and for V; a
-//! sequence's position `p` lives in block `block_table[p / block_size]`, slot
-//! `p % block_size`, so one head's positions in a block are contiguous. The query heads of a
-//! GQA group are processed together, block by block, so each block of K and V is fetched
-//! from memory once for all of them. Scores are formed per position and summed over
+//! A layer's cache pools hold, per block and kv head, a *slab* of `block_size` positions: V
+//! position-major (`[block_size, head_dim]`, a row per position, read as rows weighted by
+//! the scores) and K dim-major (`[head_dim, block_size]`, so eight positions' values of one
+//! dim are one vector and eight scores come from one chain of multiply-adds, with no
+//! horizontal sums). A sequence's position `p` lives in block `block_table[p / block_size]`,
+//! slot `p % block_size`. The query heads of a GQA group are processed together, block by
+//! block, so each block of K and V is fetched from memory once for all of them. Scores are formed per position and summed over
 //! positions in order, so a query's result does not depend on how its prompt was chunked or
 //! what else ran in the step. Pools hold f32 or f16: at many sequences decode is bound by
 //! reading the cache, and f16 halves those bytes (and the memory a sequence takes).
@@ -15,8 +17,6 @@ use super::exp::exp;
 
 /// An element of the K/V pools, widened to f32 as it is read.
 pub trait KvElem: Zeroable + Send + Sync + 'static {
-    /// Whether the element is f32 already (its rows need no widening).
-    const IS_F32: bool;
     fn from_f32(x: f32) -> Self;
     fn to_f32(self) -> f32;
     /// Eight consecutive elements as f32 (inlined into AVX2+F16C code only).
@@ -28,7 +28,6 @@ pub trait KvElem: Zeroable + Send + Sync + 'static {
 }
 
 impl KvElem for f32 {
-    const IS_F32: bool = true;
     fn from_f32(x: f32) -> Self {
         x
     }
@@ -44,7 +43,6 @@ impl KvElem for f32 {
 
 /// f16, as its bits.
 impl KvElem for u16 {
-    const IS_F32: bool = false;
     fn from_f32(x: f32) -> Self {
         half::f16::from_f32(x).to_bits()
     }
@@ -92,21 +90,28 @@ impl<'a> PagedKv<'a> {
         PagedKv { first_head: h, view_heads: 1, ..self }
     }
 
-    /// Offset of (position, kv head) in the pools.
+    /// Where (position, kv head) lives: the offset of its slab in the pools and its slot.
+    /// Its V row starts at `slab + slot · head_dim`, its K value of dim `d` is at
+    /// `slab + d · block_size + slot`.
     #[inline]
-    pub fn offset(&self, block_table: &[u32], pos: usize, kv_head: usize) -> usize {
+    pub fn slab(&self, block_table: &[u32], pos: usize, kv_head: usize) -> (usize, usize) {
         let block = block_table[pos / self.block_size] as usize;
-        ((block * self.kv_heads + kv_head) * self.block_size + pos % self.block_size) * self.head_dim
+        ((block * self.kv_heads + kv_head) * self.block_size * self.head_dim, pos % self.block_size)
     }
 
-    /// Positions `start..end` as runs of consecutive positions, one per block: (offset of
-    /// the run's first position for kv head 0, positions in it). Kv head `h` of the run
-    /// starts `h * block_size * head_dim` further in.
-    fn runs<'t>(&self, block_table: &'t [u32], start: usize, end: usize) -> impl Iterator<Item = (usize, usize)> + 't {
-        let (bs, hd, block) = (self.block_size, self.head_dim, self.kv_heads * self.block_size * self.head_dim);
+    /// Positions `start..end` as runs of consecutive positions, one per block: (kv head 0's
+    /// slab, first slot, positions). Kv head `h`'s slab is `h · block_size · head_dim`
+    /// further in.
+    fn runs<'t>(
+        &self,
+        block_table: &'t [u32],
+        start: usize,
+        end: usize,
+    ) -> impl Iterator<Item = (usize, usize, usize)> + 't {
+        let (bs, block) = (self.block_size, self.kv_heads * self.block_size * self.head_dim);
         (start / bs..end.div_ceil(bs)).map(move |i| {
             let first = start.max(i * bs);
-            (block_table[i] as usize * block + (first - i * bs) * hd, end.min((i + 1) * bs) - first)
+            (block_table[i] as usize * block, first - i * bs, end.min((i + 1) * bs) - first)
         })
     }
 }
@@ -146,11 +151,10 @@ pub fn softcap(xs: &mut [f32], cap: f32) {
 #[derive(Default)]
 pub struct Scratch {
     scores: Vec<f32>,
-    /// K or V rows widened to f32: one row on the portable path, one kv head's run of K
-    /// on the AVX2 path (widened once for all the query heads that score against it).
+    /// A K or V row widened to f32 (the portable path).
     row: Vec<f32>,
     /// The span's runs of positions (the AVX2 path, which fetches them ahead).
-    runs: Vec<(usize, usize)>,
+    runs: Vec<(usize, usize, usize)>,
 }
 
 /// For each query head `h` (`q` and `out` are `[heads, head_dim]`, heads a multiple of the
@@ -185,20 +189,21 @@ fn attend_in<E: KvElem>(
     scores.clear();
     scores.resize(q.len() / hd * n, 0.0);
     #[cfg(target_arch = "x86_64")]
-    if hd.is_multiple_of(8) && crate::kernels::matmul::avx2::available() {
-        // SAFETY: the CPU supports AVX2, FMA and F16C, and the head dim is a multiple of 8.
-        return unsafe { attend_avx2(q, kp, vp, kv, span, scoring, scores, row, runs, out) };
+    if hd.is_multiple_of(8) && kv.block_size.is_multiple_of(8) && crate::kernels::matmul::avx2::available() {
+        // SAFETY: the CPU supports AVX2, FMA and F16C; the head dim and block size are
+        // multiples of 8.
+        return unsafe { attend_avx2(q, kp, vp, kv, span, scoring, scores, runs, out) };
     }
     row.resize(hd, 0.0);
     let widen = |row: &mut [f32], src: &[E]| row.iter_mut().zip(src).for_each(|(r, s)| *r = s.to_f32());
     let group_width = q.len() / kv.view_heads;
-    let head_stride = kv.block_size * hd;
+    let (bs, head_stride) = (kv.block_size, kv.block_size * hd);
     let mut p0 = 0;
-    for (base, len) in kv.runs(span.block_table, start, end) {
+    for (base, slot, len) in kv.runs(span.block_table, start, end) {
         for (g, qg) in q.chunks_exact(group_width).enumerate() {
-            let kb = base + (kv.first_head + g) * head_stride;
+            let kb = base + (kv.first_head + g) * head_stride + slot;
             for j in 0..len {
-                widen(row, &kp[kb + j * hd..kb + (j + 1) * hd]);
+                row.iter_mut().enumerate().for_each(|(d, r)| *r = kp[kb + d * bs + j].to_f32());
                 for (hh, qh) in qg.chunks_exact(hd).enumerate() {
                     scores[(g * group_width / hd + hh) * n + p0 + j] = dot_lanes(qh, row) * scale;
                 }
@@ -210,9 +215,9 @@ fn attend_in<E: KvElem>(
     scores.chunks_exact_mut(n).for_each(softmax);
     out.fill(0.0);
     let mut p0 = 0;
-    for (base, len) in kv.runs(span.block_table, start, end) {
+    for (base, slot, len) in kv.runs(span.block_table, start, end) {
         for (g, og) in out.chunks_exact_mut(group_width).enumerate() {
-            let vb = base + (kv.first_head + g) * head_stride;
+            let vb = base + (kv.first_head + g) * head_stride + slot * hd;
             for j in 0..len {
                 widen(row, &vp[vb + j * hd..vb + (j + 1) * hd]);
                 for (hh, oh) in og.chunks_exact_mut(hd).enumerate() {
@@ -224,10 +229,10 @@ fn attend_in<E: KvElem>(
     }
 }
 
-/// AVX2 version. Scores: each kv head's run of K is widened to f32 once and read from L1
-/// by every query head of its group, eight positions at a time (eight dot products end in
-/// one horizontal-sum tree). The weighted sum of V: each V vector is widened as it is
-/// loaded and shared by up to [`MAX_HEADS`] query heads, the sums in registers.
+/// AVX2 version: K and V are widened from the pools as they are loaded, each load shared
+/// by a chunk of up to [`MAX_HEADS`] query heads of its group. Scores come sixteen slots
+/// at a time from K's dim-major slabs, one lane per slot, so no horizontal sums; the
+/// weighted sum of V keeps its sums in registers.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
@@ -239,49 +244,70 @@ unsafe fn attend_avx2<E: KvElem>(
     span: KvSpan<'_>,
     scoring: Scoring,
     scores: &mut [f32],
-    widened: &mut Vec<f32>,
-    runs: &mut Vec<(usize, usize)>,
+    runs: &mut Vec<(usize, usize, usize)>,
     out: &mut [f32],
 ) {
     let hd = kv.head_dim;
     let (start, end) = (span.first_pos, span.last_pos + 1);
     let n = end - start;
     let group = q.len() / hd / kv.view_heads;
-    let head_stride = kv.block_size * hd;
+    let (bs, head_stride) = (kv.block_size, kv.block_size * hd);
     let kv_heads = kv.first_head..kv.first_head + kv.view_heads;
     runs.clear();
     runs.extend(kv.runs(span.block_table, start, end));
     // Blocks are scattered in the pool, where the hardware prefetcher cannot follow: the
-    // runs are fetched `AHEAD` ahead in the order they are read, K's and then V's.
+    // runs are fetched `AHEAD` ahead in the order they are read, K's (whole dim-major
+    // slabs) and then V's (their rows).
     let fetch = |i: usize| {
-        let (pool, i) = if i < runs.len() { (kp, i) } else { (vp, i - runs.len()) };
-        if let Some(&(base, len)) = runs.get(i) {
+        let (pool, i, whole) = if i < runs.len() { (kp, i, true) } else { (vp, i - runs.len(), false) };
+        if let Some(&(base, slot, len)) = runs.get(i) {
             for kvh in kv_heads.clone() {
-                let run = &pool[base + kvh * head_stride..][..len * hd];
+                let slab = &pool[base + kvh * head_stride..][..head_stride];
+                let run = if whole { slab } else { &slab[slot * hd..(slot + len) * hd] };
                 crate::kernels::prefetch_lines(run.as_ptr().cast(), std::mem::size_of_val(run));
             }
         }
     };
     (0..AHEAD).for_each(fetch);
     let mut p0 = 0;
-    for (i, &(base, len)) in runs.iter().enumerate() {
+    for (i, &(base, slot, len)) in runs.iter().enumerate() {
         fetch(i + AHEAD);
-        let mut kb = std::ptr::null();
-        for (h, qh) in q.chunks_exact(hd).enumerate() {
-            if h % group == 0 {
-                kb = widen_run(&kp[base + (kv.first_head + h / group) * head_stride..][..len * hd], widened);
+        for (g, (h0, heads)) in head_chunks(kv.view_heads, group) {
+            let kb = kp.as_ptr().add(base + (kv.first_head + g) * head_stride);
+            // Sixteen slots at a time (eight at a block's end) from the eight holding the
+            // run's first, every slot's score formed alike; those outside the run are not
+            // kept.
+            let mut s0 = slot / 8 * 8;
+            while s0 < slot + len {
+                let mut got = [[0f32; 16]; MAX_HEADS];
+                let args = (q.as_ptr().add(h0 * hd), hd, kb.add(s0), bs, scoring.scale, &mut got);
+                let wide = s0 + 16 <= bs;
+                match (heads, wide) {
+                    (1, true) => score_slots::<E, 1, 4, 2>(args),
+                    (1, false) => score_slots::<E, 1, 4, 1>(args),
+                    (2, true) => score_slots::<E, 2, 2, 2>(args),
+                    (2, false) => score_slots::<E, 2, 2, 1>(args),
+                    (_, true) => score_slots::<E, 3, 2, 2>(args),
+                    (_, false) => score_slots::<E, 3, 2, 1>(args),
+                }
+                let s1 = s0 + if wide { 16 } else { 8 };
+                let keep = s0.max(slot)..s1.min(slot + len);
+                for (h, got) in got.iter().enumerate().take(heads) {
+                    let at = (h0 + h) * n + p0 + keep.start - slot;
+                    scores[at..at + keep.len()].copy_from_slice(&got[keep.start - s0..keep.end - s0]);
+                }
+                s0 = s1;
             }
-            score_run(qh, kb, len, hd, scoring.scale, &mut scores[h * n + p0..h * n + p0 + len]);
         }
         p0 += len;
     }
     scoring.cap(scores);
     scores.chunks_exact_mut(n).for_each(softmax);
     let mut p0 = 0;
-    for (i, &(base, len)) in runs.iter().enumerate() {
+    for (i, &(base, slot, len)) in runs.iter().enumerate() {
         fetch(runs.len() + i + AHEAD);
         for (g, (h0, heads)) in head_chunks(kv.view_heads, group) {
-            let vb = vp.as_ptr().add(base + (kv.first_head + g) * head_stride);
+            let vb = vp.as_ptr().add(base + (kv.first_head + g) * head_stride + slot * hd);
             let (w, o) = (scores.as_ptr().add(h0 * n + p0), out.as_mut_ptr().add(h0 * hd));
             // Each chunk of heads sums as many vectors of V at a time as keep its
             // accumulators, broadcast weights and one V vector within the 16 registers.
@@ -310,13 +336,13 @@ unsafe fn attend_avx2<E: KvElem>(
 /// Runs of K and V fetched ahead of the one being read.
 #[cfg(target_arch = "x86_64")]
 const AHEAD: usize = 2;
-/// Query heads that share each V load: three heads' sums of three V vectors, their
-/// broadcast weights and the loaded vectors fit the sixteen AVX2 registers (sums of four
-/// vectors for three heads spilled, and ran slower than widening V once per kv head).
+/// Query heads that share each K and V load: three heads' sums (twelve chains of scores,
+/// or three V vectors each), their broadcasts and the loaded vectors fit the sixteen AVX2
+/// registers (sums of four V vectors for three heads spilled, and ran slower).
 #[cfg(target_arch = "x86_64")]
 const MAX_HEADS: usize = 3;
 
-/// The query heads in view cut into chunks that share V loads: `(kv head, (first
+/// The query heads in view cut into chunks that share K and V loads: `(kv head, (first
 /// query head, heads))`, each kv head's `group` heads in about even chunks of at most
 /// [`MAX_HEADS`].
 #[cfg(target_arch = "x86_64")]
@@ -330,49 +356,40 @@ fn head_chunks(kv_heads: usize, group: usize) -> impl Iterator<Item = (usize, (u
     })
 }
 
-/// `run` (one kv head's rows of a block) as f32: the pool itself when it is f32, else
-/// widened into `buf`, so the query heads sharing the kv head read it without converting.
+/// `out[h][i] = scale · (q_h · K[slot i])` for `H` heads (`q` `[H, hd]`) and the `8·S`
+/// slots from `k` of a dim-major slab (`bs` apart per dim): `S` vectors of eight slots per
+/// dim, each loaded once for the `H` heads. Dims are taken in `C` interleaved chains (dim
+/// `d` into chain `d mod C`), added in order at the end, so the multiply-adds are not one
+/// dependent chain; a slot's score does not depend on `S` or on the other slots.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn widen_run<E: KvElem>(run: &[E], buf: &mut Vec<f32>) -> *const f32 {
+unsafe fn score_slots<E: KvElem, const H: usize, const C: usize, const S: usize>(
+    (q, hd, k, bs, scale, out): (*const f32, usize, *const E, usize, f32, &mut [[f32; 16]; MAX_HEADS]),
+) {
     use std::arch::x86_64::*;
-    if E::IS_F32 {
-        return run.as_ptr().cast();
-    }
-    buf.resize(run.len(), 0.0);
-    for (i, dst) in buf.chunks_exact_mut(8).enumerate() {
-        _mm256_storeu_ps(dst.as_mut_ptr(), E::load8(run.as_ptr().add(8 * i)));
-    }
-    buf.as_ptr()
-}
-
-/// `row[j] = scale · (qh · K[j])` for the `len` rows of `kb` (`hd` apart), eight rows at a
-/// time: eight independent FMA chains, summed together.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn score_run(qh: &[f32], kb: *const f32, len: usize, hd: usize, scale: f32, row: &mut [f32]) {
-    use std::arch::x86_64::*;
-    for j in (0..len).step_by(8) {
-        // Past the run's end the last row repeats; those scores are not kept.
-        let rows: [*const f32; 8] = std::array::from_fn(|i| kb.add((j + i).min(len - 1) * hd));
-        let mut acc = [_mm256_setzero_ps(); 8];
-        for c in (0..hd).step_by(8) {
-            let qv = _mm256_loadu_ps(qh.as_ptr().add(c));
-            for (a, r) in acc.iter_mut().zip(&rows) {
-                *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(r.add(c)), *a);
+    let mut acc = [[[_mm256_setzero_ps(); S]; H]; C];
+    for d in (0..hd).step_by(C) {
+        for (c, acc) in acc.iter_mut().enumerate() {
+            if d + c < hd {
+                let row = k.add((d + c) * bs);
+                let kv: [__m256; S] = std::array::from_fn(|v| E::load8(row.add(8 * v)));
+                for (h, acc) in acc.iter_mut().enumerate() {
+                    let qv = _mm256_set1_ps(*q.add(h * hd + d + c));
+                    for (a, kv) in acc.iter_mut().zip(&kv) {
+                        *a = _mm256_fmadd_ps(qv, *kv, *a);
+                    }
+                }
             }
         }
-        let sums = _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(scale));
-        if j + 8 <= len {
-            _mm256_storeu_ps(row.as_mut_ptr().add(j), sums);
-        } else {
-            let mut s = [0f32; 8];
-            _mm256_storeu_ps(s.as_mut_ptr(), sums);
-            for (r, v) in row[j..].iter_mut().zip(s) {
-                *r = v;
+    }
+    for (h, out) in out.iter_mut().enumerate().take(H) {
+        for v in 0..S {
+            let mut sum = acc[0][h][v];
+            for chain in &acc[1..] {
+                sum = _mm256_add_ps(sum, chain[h][v]);
             }
+            _mm256_storeu_ps(out.as_mut_ptr().add(8 * v), _mm256_mul_ps(sum, _mm256_set1_ps(scale)));
         }
     }
 }
@@ -410,17 +427,6 @@ unsafe fn weighted_sum<E: KvElem, const H: usize, const D: usize>(
             _mm256_storeu_ps(out.add(h * hd + 8 * d), *a);
         }
     }
-}
-
-/// The sums of eight vectors, each added as ((0+1)+(2+3)) + ((4+5)+(6+7)).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-unsafe fn hsum8(a: [std::arch::x86_64::__m256; 8]) -> std::arch::x86_64::__m256 {
-    use std::arch::x86_64::*;
-    let lo = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-    let hi = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
-    _mm256_add_ps(_mm256_permute2f128_ps::<0x20>(lo, hi), _mm256_permute2f128_ps::<0x31>(lo, hi))
 }
 
 /// A row of scores becomes its softmax.
@@ -485,18 +491,24 @@ mod tests {
     /// portable one. Both must match the naive computation.
     #[test]
     fn matches_naive_over_scattered_blocks() {
-        check_against_naive(6, 3);
-        // The AVX2 path's head chunks (1; 3; 2 + 2; 2 + 2 + 3) and its passes over V's
-        // vectors (2; 5 as 5, 4 + 1 or 3 + 2; 9 as 8 + 1, 4 + 4 + 1 or 3 + 3 + 3).
+        // The portable path: a head dim or block size not a multiple of 8.
+        check_against_naive(6, 8, 3);
+        check_against_naive(16, 4, 3);
+        // The AVX2 path's head chunks (1; 3; 2 + 2; 2 + 2 + 3), its passes over V's
+        // vectors (2; 5 as 5, 4 + 1 or 3 + 2; 9 as 8 + 1, 4 + 4 + 1 or 3 + 3 + 3) and its
+        // slots scored eight (a block of 8) or sixteen and then eight (a block of 24).
         for group in [1, 3, 4, 7] {
             for hd in [16, 40, 72] {
-                check_against_naive(hd, group);
+                for bs in [8, 24] {
+                    check_against_naive(hd, bs, group);
+                }
             }
         }
     }
 
-    fn check_against_naive(hd: usize, group: usize) {
-        let (bs, kvh, blocks) = (4, 2, 8);
+    /// Block size `bs`, four blocks of a table, spans that start and end inside blocks.
+    fn check_against_naive(hd: usize, bs: usize, group: usize) {
+        let (kvh, blocks) = (2, 8);
         let k = random_vec(blocks * bs * kvh * hd, 1);
         let v = random_vec(blocks * bs * kvh * hd, 2);
         let kv = PagedKv::new(Pools::F32 { k: &k, v: &v }, bs, kvh, hd);
@@ -504,7 +516,17 @@ mod tests {
         let heads = kvh * group;
         let q = random_vec(heads * hd, 3);
         let scale = 0.4f32;
-        let spans = [(0, 0), (0, 3), (0, 13), (0, 15), (2, 13), (4, 15), (9, 9), (5, 11)];
+        let end = 4 * bs - 1;
+        let spans = [
+            (0, 0),
+            (0, 3),
+            (0, end - 2),
+            (0, end),
+            (2, end - 2),
+            (bs, end),
+            (2 * bs + 1, 2 * bs + 1),
+            (5, 3 * bs - 1),
+        ];
         for ((first, last), softcap) in spans.into_iter().zip([None, Some(1.5)].into_iter().cycle()) {
             let mut out = vec![0f32; heads * hd];
             let span = KvSpan { block_table: &table, first_pos: first, last_pos: last };
@@ -516,14 +538,20 @@ mod tests {
                 assert_eq!(one, og, "kv head {g} alone");
             }
 
-            let at = |pool: &[f32], p: usize, g: usize| {
-                let o = ((table[p / bs] as usize * kvh + g) * bs + p % bs) * hd;
-                pool[o..o + hd].to_vec()
+            // Slabs of (block, kv head): K dim-major, V position-major.
+            let slab = |p: usize, g: usize| ((table[p / bs] as usize * kvh + g) * bs * hd, p % bs);
+            let k_at = |p: usize, g: usize| {
+                let (o, slot) = slab(p, g);
+                (0..hd).map(|d| k[o + d * bs + slot]).collect::<Vec<f32>>()
+            };
+            let v_at = |p: usize, g: usize| {
+                let (o, slot) = slab(p, g);
+                v[o + slot * hd..o + (slot + 1) * hd].to_vec()
             };
             for h in 0..heads {
                 let (qh, g) = (&q[h * hd..(h + 1) * hd], h / group);
                 let s: Vec<f64> = (first..=last)
-                    .map(|p| at(&k, p, g).iter().zip(qh).map(|(a, b)| (*a * *b) as f64).sum::<f64>() * scale as f64)
+                    .map(|p| k_at(p, g).iter().zip(qh).map(|(a, b)| (*a * *b) as f64).sum::<f64>() * scale as f64)
                     .map(|x| softcap.map_or(x, |c| (x / c as f64).tanh() * c as f64))
                     .collect();
                 let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -531,7 +559,7 @@ mod tests {
                 let z: f64 = e.iter().sum();
                 let mut want = vec![0f64; hd];
                 for (p, ep) in (first..).zip(&e) {
-                    for (w, vv) in want.iter_mut().zip(at(&v, p, g)) {
+                    for (w, vv) in want.iter_mut().zip(v_at(p, g)) {
                         *w += ep / z * vv as f64;
                     }
                 }
@@ -545,8 +573,8 @@ mod tests {
     /// AVX2 path and the portable one.
     #[test]
     fn f16_pools_read_as_their_values() {
-        for hd in [6, 16, 64] {
-            let (bs, kvh, blocks, group) = (4, 2, 8, 3);
+        for (hd, bs) in [(6, 4), (16, 8), (64, 16)] {
+            let (kvh, blocks, group) = (2, 8, 3);
             let round = |x: Vec<f32>| -> (Vec<u16>, Vec<f32>) {
                 let h: Vec<u16> = x.iter().map(|&x| u16::from_f32(x)).collect();
                 let f = h.iter().map(|&b| b.to_f32()).collect();
@@ -556,7 +584,7 @@ mod tests {
             let (v16, v32) = round(random_vec(blocks * bs * kvh * hd, 5));
             let q = random_vec(kvh * group * hd, 6);
             let table = [3u32, 6, 1, 4];
-            for (first, last) in [(0, 0), (0, 15), (3, 12)] {
+            for (first, last) in [(0, 0), (0, 4 * bs - 1), (3, 3 * bs)] {
                 let span = KvSpan { block_table: &table, first_pos: first, last_pos: last };
                 let scoring = Scoring { scale: 0.3, softcap: None };
                 let run = |pools| {
@@ -575,11 +603,11 @@ mod tests {
         let kv = PagedKv::new(Pools::F32 { k: &[], v: &[] }, 2, 3, 4);
         let table = [4u32, 1, 6];
         for (start, end) in [(0, 3), (1, 3), (2, 6), (3, 5), (5, 6)] {
-            let got: Vec<usize> = kv
+            let got: Vec<(usize, usize)> = kv
                 .runs(&table, start, end)
-                .flat_map(|(base, len)| (0..len).map(move |j| base + 2 * 2 * 4 + j * 4))
+                .flat_map(|(base, slot, len)| (slot..slot + len).map(move |s| (base + 2 * 2 * 4, s)))
                 .collect();
-            let want: Vec<usize> = (start..end).map(|p| kv.offset(&table, p, 2)).collect();
+            let want: Vec<(usize, usize)> = (start..end).map(|p| kv.slab(&table, p, 2)).collect();
             assert_eq!(got, want, "{start}..{end}");
         }
     }

@@ -1,6 +1,7 @@
-//! The K/V pools: one `[num_blocks, kv_heads, block_size, head_dim]` array each for K and V
-//! per layer. Head-major blocks keep one head's positions contiguous, the order attention
-//! reads them in. Elements are f32 (the cached path computes exactly what the reference
+//! The K/V pools: one array each for K and V per layer, of `num_blocks · kv_heads` slabs of
+//! `block_size · head_dim` values, V's position-major and K's dim-major (see
+//! [`crate::kernels::attention`]). Head-major blocks keep one head's positions together,
+//! the order attention reads them in. Elements are f32 (the cached path computes exactly what the reference
 //! does) or f16 (half the memory, and half the bytes a decode step reads from the cache).
 
 use crate::kernels::attention::{KvElem, PagedKv, Pools};
@@ -154,17 +155,22 @@ impl KvCache {
     /// Stores all kv heads of one position: `k` and `v` are `[kv_heads * head_dim]`.
     pub fn write(&mut self, layer: usize, block_table: &[u32], pos: usize, k: &[f32], v: &[f32]) {
         let (hd, bs) = (self.head_dim, self.block_size);
-        let first = self.layer(layer).offset(block_table, pos, 0);
-        fn store<E: KvElem>(pools: &mut (Buf<E>, Buf<E>), first: usize, step: usize, hd: usize, k: &[f32], v: &[f32]) {
+        let (first, slot) = self.layer(layer).slab(block_table, pos, 0);
+        fn store<E: KvElem>(pools: &mut (Buf<E>, Buf<E>), at: (usize, usize, usize, usize), k: &[f32], v: &[f32]) {
+            let (first, slot, bs, hd) = at;
             for (h, (k, v)) in k.chunks_exact(hd).zip(v.chunks_exact(hd)).enumerate() {
-                let o = first + h * step;
-                pools.0[o..o + hd].iter_mut().zip(k).for_each(|(d, x)| *d = E::from_f32(*x));
-                pools.1[o..o + hd].iter_mut().zip(v).for_each(|(d, x)| *d = E::from_f32(*x));
+                let slab = first + h * bs * hd;
+                for (d, &x) in k.iter().enumerate() {
+                    pools.0[slab + d * bs + slot] = E::from_f32(x);
+                }
+                let row = slab + slot * hd;
+                pools.1[row..row + hd].iter_mut().zip(v).for_each(|(d, x)| *d = E::from_f32(*x));
             }
         }
+        let at = (first, slot, bs, hd);
         match &mut self.layers {
-            Layers::F32(l) => store(&mut l[layer], first, bs * hd, hd, k, v),
-            Layers::F16(l) => store(&mut l[layer], first, bs * hd, hd, k, v),
+            Layers::F32(l) => store(&mut l[layer], at, k, v),
+            Layers::F16(l) => store(&mut l[layer], at, k, v),
         }
     }
 }
@@ -181,24 +187,24 @@ mod tests {
             let k: Vec<f32> = (0..6).map(|x| x as f32).collect();
             let v: Vec<f32> = (10..16).map(|x| x as f32 + 0.5).collect();
             c.write(1, &[2, 0], 1, &k, &v);
-            let read = |pools: Pools<'_>, o: usize| -> (Vec<f32>, Vec<f32>) {
+            // (K, V) of a slot in a slab of 2 slots of dim 2: K dim-major, V position-major.
+            let read = |pools: Pools<'_>, slab: usize, slot: usize| -> (Vec<f32>, Vec<f32>) {
+                let (ko, vo) = ([slab + slot, slab + 2 + slot], [slab + 2 * slot, slab + 2 * slot + 1]);
                 match pools {
-                    Pools::F32 { k, v } => (k[o..o + 2].to_vec(), v[o..o + 2].to_vec()),
-                    Pools::F16 { k, v } => {
-                        let w = |s: &[u16]| s[o..o + 2].iter().map(|x| x.to_f32()).collect();
-                        (w(k), w(v))
-                    }
+                    Pools::F32 { k, v } => (ko.map(|i| k[i]).to_vec(), vo.map(|i| v[i]).to_vec()),
+                    Pools::F16 { k, v } => (ko.map(|i| k[i].to_f32()).to_vec(), vo.map(|i| v[i].to_f32()).to_vec()),
                 }
             };
             let view = c.layer(1);
             for h in 0..3 {
-                let o = view.offset(&[2, 0], 1, h);
-                assert_eq!(o, ((2 * 3 + h) * 2 + 1) * 2);
+                let (slab, slot) = view.slab(&[2, 0], 1, h);
+                assert_eq!((slab, slot), ((2 * 3 + h) * 2 * 2, 1));
                 // Small integers and halves are exact in f16 too.
-                assert_eq!(read(view.pools, o), (k[2 * h..2 * h + 2].to_vec(), v[2 * h..2 * h + 2].to_vec()));
+                assert_eq!(read(view.pools, slab, slot), (k[2 * h..2 * h + 2].to_vec(), v[2 * h..2 * h + 2].to_vec()));
             }
-            let len = 3 * 2 * 3 * 2;
-            assert!((0..len).step_by(2).all(|o| read(c.layer(0).pools, o) == (vec![0.0; 2], vec![0.0; 2])));
+            let slabs = 3 * 3;
+            let zero = (vec![0.0; 2], vec![0.0; 2]);
+            assert!((0..slabs).all(|b| (0..2).all(|slot| read(c.layer(0).pools, 4 * b, slot) == zero)));
             assert_eq!(KvCache::bytes_per_block(dtype, 2, 2, 3, 2), 2 * 2 * 2 * 3 * 2 * dtype.bytes());
         }
     }
