@@ -188,13 +188,33 @@ fn top_indices(v: &[f32], top: usize) -> Vec<usize> {
     }
     // Kept sorted, largest first; a value enters only when it beats the smallest kept.
     let mut best: Vec<(f32, usize)> = Vec::with_capacity(top + 1);
-    for (i, &x) in v.iter().enumerate() {
+    let consider = |i: usize, x: f32, best: &mut Vec<(f32, usize)>| {
         if x.is_nan() || (best.len() == top && x <= best[top - 1].0) {
-            continue;
+            return;
         }
         let at = best.partition_point(|&(b, _)| b >= x);
         best.insert(at, (x, i));
         best.truncate(top);
+    };
+    // Once `top` are kept, a chunk whose largest value (a lane-wise maximum, which
+    // vectorizes and passes over NaNs) cannot enter is skipped whole: on a vocabulary of
+    // logits nearly all are.
+    const CHUNK: usize = 64;
+    for (c, chunk) in v.chunks(CHUNK).enumerate() {
+        if best.len() == top && chunk.len() == CHUNK {
+            let mut lanes = [f32::NEG_INFINITY; 8];
+            for eight in chunk.chunks_exact(8) {
+                for (m, &x) in lanes.iter_mut().zip(eight) {
+                    *m = if x > *m { x } else { *m };
+                }
+            }
+            if lanes.iter().all(|&m| m <= best[top - 1].0) {
+                continue;
+            }
+        }
+        for (j, &x) in chunk.iter().enumerate() {
+            consider(c * CHUNK + j, x, &mut best);
+        }
     }
     best.into_iter().map(|(_, i)| i).collect()
 }
@@ -213,6 +233,13 @@ mod tests {
         got.sort();
         assert_eq!(got, [2, 4, 5]);
         assert_eq!(top_indices(&v, 10).len(), 6, "NaN is never chosen");
+        // Long enough that whole chunks are passed over once the top are found.
+        let long: Vec<f32> = (0..1000).map(|i| ((i * 7919) % 1000) as f32).collect();
+        let mut got = top_indices(&long, 4);
+        got.sort();
+        let mut want: Vec<usize> = (0..1000).filter(|&i| long[i] >= 996.0).collect();
+        want.sort();
+        assert_eq!(got, want);
     }
 
     /// After `refine_top`, a quantized head's leading logits are the f32 path's (the
