@@ -345,6 +345,8 @@ mod avx2 {
                 let x = xq.q.as_ptr().add(xb * QB);
                 // Each half block (the low nibbles, then the high ones) under its own
                 // activation scale; its eight products of at most 2·15·127 fit in i16.
+                // The halves are scaled and added first, then the weight scales once.
+                let mut blk = _mm256_setzero_ps();
                 for h in 0..2 {
                     let mut s16 = _mm256_maddubs_epi16(w[4 * h], bcast(x.add(QH * h)));
                     for (j, w) in w.iter().enumerate().skip(4 * h + 1).take(3) {
@@ -354,8 +356,10 @@ mod avx2 {
                     if OFFSET == 0 {
                         s = _mm256_sub_epi32(s, _mm256_set1_epi32(8 * xq.sums.get_unchecked(2 * xb + h)));
                     }
-                    *acc = _mm256_fmadd_ps(scaled(dw, xq, 2 * xb + h), _mm256_cvtepi32_ps(s), *acc);
+                    let dx = _mm256_set1_ps(*xq.d.get_unchecked(2 * xb + h));
+                    blk = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), dx, blk);
                 }
+                *acc = _mm256_fmadd_ps(dw, blk, *acc);
             }
         }
         // Q4_1's offsets, `m · d_x · Σx` per block, in a pass of their own: the group's
