@@ -6,10 +6,11 @@
 //! dim are one vector and eight scores come from one chain of multiply-adds, with no
 //! horizontal sums). A sequence's position `p` lives in block `block_table[p / block_size]`,
 //! slot `p % block_size`. The query heads of a GQA group are processed together, block by
-//! block, so each block of K and V is fetched from memory once for all of them. Scores are formed per position and summed over
-//! positions in order, so a query's result does not depend on how its prompt was chunked or
-//! what else ran in the step. Pools hold f32 or f16: at many sequences decode is bound by
-//! reading the cache, and f16 halves those bytes (and the memory a sequence takes).
+//! block, so each block of K and V is fetched from memory once for all of them. Scores are
+//! formed per position and summed over positions in order, so a query's result does not
+//! depend on how its prompt was chunked or what else ran in the step. Pools hold f32 or
+//! f16: at many sequences decode is bound by reading the cache, and f16 halves those bytes
+//! (and the memory a sequence takes).
 
 use super::buffer::Zeroable;
 use super::dot::{axpy_lanes, dot_lanes};

@@ -1,8 +1,9 @@
 //! The K/V pools: one array each for K and V per layer, of `num_blocks · kv_heads` slabs of
 //! `block_size · head_dim` values, V's position-major and K's dim-major (see
 //! [`crate::kernels::attention`]). Head-major blocks keep one head's positions together,
-//! the order attention reads them in. Elements are f32 (the cached path computes exactly what the reference
-//! does) or f16 (half the memory, and half the bytes a decode step reads from the cache).
+//! the order attention reads them in. Elements are f32 (the cached path computes exactly
+//! what the reference does) or f16 (half the memory, and half the bytes a decode step reads
+//! from the cache).
 
 use crate::kernels::attention::{KvElem, PagedKv, Pools};
 use crate::kernels::buffer::Buf;

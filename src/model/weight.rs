@@ -188,14 +188,6 @@ fn top_indices(v: &[f32], top: usize) -> Vec<usize> {
     }
     // Kept sorted, largest first; a value enters only when it beats the smallest kept.
     let mut best: Vec<(f32, usize)> = Vec::with_capacity(top + 1);
-    let consider = |i: usize, x: f32, best: &mut Vec<(f32, usize)>| {
-        if x.is_nan() || (best.len() == top && x <= best[top - 1].0) {
-            return;
-        }
-        let at = best.partition_point(|&(b, _)| b >= x);
-        best.insert(at, (x, i));
-        best.truncate(top);
-    };
     // Once `top` are kept, a chunk whose largest value (a lane-wise maximum, which
     // vectorizes and passes over NaNs) cannot enter is skipped whole: on a vocabulary of
     // logits nearly all are.
@@ -212,8 +204,13 @@ fn top_indices(v: &[f32], top: usize) -> Vec<usize> {
                 continue;
             }
         }
-        for (j, &x) in chunk.iter().enumerate() {
-            consider(c * CHUNK + j, x, &mut best);
+        for (i, &x) in (c * CHUNK..).zip(chunk) {
+            if x.is_nan() || (best.len() == top && x <= best[top - 1].0) {
+                continue;
+            }
+            let at = best.partition_point(|&(b, _)| b >= x);
+            best.insert(at, (x, i));
+            best.truncate(top);
         }
     }
     best.into_iter().map(|(_, i)| i).collect()
@@ -237,8 +234,7 @@ mod tests {
         let long: Vec<f32> = (0..1000).map(|i| ((i * 7919) % 1000) as f32).collect();
         let mut got = top_indices(&long, 4);
         got.sort();
-        let mut want: Vec<usize> = (0..1000).filter(|&i| long[i] >= 996.0).collect();
-        want.sort();
+        let want: Vec<usize> = (0..1000).filter(|&i| long[i] >= 996.0).collect();
         assert_eq!(got, want);
     }
 
