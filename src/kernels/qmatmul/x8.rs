@@ -506,9 +506,13 @@ mod avx2 {
 
     /// Q6_K: 6-bit values from a low-nibble chunk and a 2-bit chunk, kept unsigned for
     /// `maddubs`; the signed 8-bit scale of each 16 values applied in `madd`; the −32 taken
-    /// off the integer sum with the activations' half-block sums. Each pair of decoded
-    /// chunks is shared by the tile's rows; every row's integer sums and f32 updates are
-    /// the same whatever its tile.
+    /// off the integer sum with the activations' half-block sums. One output chunk (a
+    /// quarter of the 128 values that two low-nibble chunks and a 2-bit chunk hold) is
+    /// decoded at a time and shared by the tile's rows, so that the tile's sums and the
+    /// decoded values stay in registers (decoding all four outputs at once spilled them).
+    /// Each row's 16-value sums gather under their activation scales and take the eight
+    /// rows' weight scales once per block; a row's operations are the same whatever its
+    /// tile.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn q6_k<const R: usize>(
         p: *const u8,
@@ -518,70 +522,59 @@ mod avx2 {
         out: &mut [[f32; GROUP]; TILE],
     ) {
         let (rec_bytes, head) = record(GgmlType::Q6K);
-        let (ql_at, qh_at) = (head, head + 1024);
         let (low4, two) = (_mm256_set1_epi8(0xF), _mm256_set1_epi8(0x30));
         let mut acc = [_mm256_setzero_ps(); TILE];
         for b in 0..blocks {
             let rec = p.add(b * rec_bytes);
             prefetch(rec, rec_bytes);
-            let dw = _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()));
-            let scales = rec.add(16);
+            let mut blk = [_mm256_setzero_ps(); TILE];
             for n in 0..2 {
-                // Chunks 0..4 hold the first 16 values of each 32, under the sub-block's
-                // first scale and the activations' first; 4..8 the second 16. Two products
-                // of at most 2·63·127 fit in i16 before `madd` applies the scale.
-                for half in 0..2 {
-                    let mut dots = [[_mm256_setzero_si256(); 4]; TILE];
-                    let sc: [__m256i; 4] =
-                        std::array::from_fn(|i| scale_pairs::<true>(scales.add(8 * (8 * n + 2 * i + half))));
-                    for pair in 0..2 {
-                        let c0 = 4 * half + 2 * pair;
-                        let w: [[__m256i; 4]; 2] = std::array::from_fn(|j| {
-                            let c = c0 + j;
-                            let ql0 = _mm256_loadu_si256(rec.add(ql_at + 32 * (16 * n + c)).cast());
-                            let ql1 = _mm256_loadu_si256(rec.add(ql_at + 32 * (16 * n + 8 + c)).cast());
-                            let qh = _mm256_loadu_si256(rec.add(qh_at + 32 * (8 * n + c)).cast());
-                            [
-                                _mm256_or_si256(
-                                    _mm256_and_si256(ql0, low4),
-                                    _mm256_and_si256(_mm256_slli_epi16(qh, 4), two),
-                                ),
-                                _mm256_or_si256(
-                                    _mm256_and_si256(ql1, low4),
-                                    _mm256_and_si256(_mm256_slli_epi16(qh, 2), two),
-                                ),
-                                _mm256_or_si256(
-                                    _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
-                                    _mm256_and_si256(qh, two),
-                                ),
-                                _mm256_or_si256(
-                                    _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
-                                    _mm256_and_si256(_mm256_srli_epi16(qh, 2), two),
-                                ),
-                            ]
-                        });
-                        for (t, dots) in dots[..R].iter_mut().enumerate() {
-                            let x = xq.q.as_ptr().add(((first + t) * blocks + b) * 8 * QB + n * 128 + 4 * c0);
-                            for (i, dot) in dots.iter_mut().enumerate() {
+                let qh_at = head + 1024 + 32 * 8 * n;
+                // Output `i` holds values 32i.. of the 128: chunks 0..4 the first 16 (the
+                // first scale of the sub-block and the activations' first), 4..8 the rest.
+                for i in 0..4 {
+                    let ql_at = head + 32 * (16 * n + 8 * (i & 1));
+                    for half in 0..2 {
+                        let sc = scale_pairs::<true>(rec.add(16 + 8 * (8 * n + 2 * i + half)));
+                        let mut dots = [_mm256_setzero_si256(); TILE];
+                        for pair in 0..2 {
+                            let c0 = 4 * half + 2 * pair;
+                            let w: [__m256i; 2] = std::array::from_fn(|j| {
+                                let ql = _mm256_loadu_si256(rec.add(ql_at + 32 * (c0 + j)).cast());
+                                let qh = _mm256_loadu_si256(rec.add(qh_at + 32 * (c0 + j)).cast());
+                                let (lo, hi) = match i {
+                                    0 => (ql, _mm256_slli_epi16(qh, 4)),
+                                    1 => (ql, _mm256_slli_epi16(qh, 2)),
+                                    2 => (_mm256_srli_epi16(ql, 4), qh),
+                                    _ => (_mm256_srli_epi16(ql, 4), _mm256_srli_epi16(qh, 2)),
+                                };
+                                _mm256_or_si256(_mm256_and_si256(lo, low4), _mm256_and_si256(hi, two))
+                            });
+                            // Two products of at most 2·63·127 fit in i16 before `madd`.
+                            for (t, dot) in dots[..R].iter_mut().enumerate() {
+                                let x =
+                                    xq.q.as_ptr().add(((first + t) * blocks + b) * 8 * QB + n * 128 + 32 * i + 4 * c0);
                                 let s16 = _mm256_add_epi16(
-                                    _mm256_maddubs_epi16(w[0][i], bcast(x.add(32 * i))),
-                                    _mm256_maddubs_epi16(w[1][i], bcast(x.add(32 * i + 4))),
+                                    _mm256_maddubs_epi16(w[0], bcast(x)),
+                                    _mm256_maddubs_epi16(w[1], bcast(x.add(4))),
                                 );
-                                *dot = _mm256_add_epi32(*dot, _mm256_madd_epi16(s16, sc[i]));
+                                *dot = _mm256_add_epi32(*dot, _mm256_madd_epi16(s16, sc));
                             }
                         }
-                    }
-                    for (t, (acc, dots)) in acc[..R].iter_mut().zip(&dots).enumerate() {
-                        let xb0 = ((first + t) * blocks + b) * 8;
-                        for (i, (&dot, &sc)) in dots.iter().zip(&sc).enumerate() {
-                            let hb = 2 * (xb0 + 4 * n + i) + half;
+                        for (t, (blk, &dot)) in blk[..R].iter_mut().zip(&dots).enumerate() {
+                            let hb = 2 * (((first + t) * blocks + b) * 8 + 4 * n + i) + half;
                             // The −32: 32 · sc · Σx, in `madd` against (Σx, 0).
                             let sum = _mm256_set1_epi32(*xq.sums.get_unchecked(hb) & 0xFFFF);
                             let dot = _mm256_sub_epi32(dot, _mm256_slli_epi32(_mm256_madd_epi16(sc, sum), 5));
-                            *acc = _mm256_fmadd_ps(scaled(dw, xq, hb), _mm256_cvtepi32_ps(dot), *acc);
+                            let dx = _mm256_set1_ps(*xq.d.get_unchecked(hb));
+                            *blk = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), dx, *blk);
                         }
                     }
                 }
+            }
+            let dw = _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()));
+            for (acc, &blk) in acc[..R].iter_mut().zip(&blk) {
+                *acc = _mm256_fmadd_ps(dw, blk, *acc);
             }
         }
         store(&acc, out, R);
