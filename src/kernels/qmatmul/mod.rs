@@ -161,21 +161,72 @@ pub fn quantize_rows(x: &[f32], m: usize, k: usize, out: &mut QActs) {
     let work = x[..m * k].par_chunks(QB * 64).zip(out.q.par_chunks_mut(QB * 64));
     let work = work.zip(out.d.par_chunks_mut(128)).zip(out.sums.par_chunks_mut(128)).zip(out.dsum.par_chunks_mut(64));
     work.for_each(|((((x, q), d), sums), dsum)| {
-        let blocks = x.chunks_exact(QB).zip(q.chunks_exact_mut(QB)).zip(d.chunks_exact_mut(2));
-        for (((x, q), d), (s, ds)) in blocks.zip(sums.chunks_exact_mut(2).zip(dsum)) {
-            for h in 0..2 {
-                let (x, q) = (&x[h * QH..(h + 1) * QH], &mut q[h * QH..(h + 1) * QH]);
-                let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
-                d[h] = amax / 127.0;
-                let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
-                for (q, &v) in q.iter_mut().zip(x) {
-                    *q = round_small(v * id) as i8;
-                }
-                s[h] = q.iter().map(|&v| v as i32).sum();
-            }
-            *ds = d[0] * s[0] as f32 + d[1] * s[1] as f32;
+        #[cfg(target_arch = "x86_64")]
+        if super::matmul::avx2::available() {
+            // SAFETY: AVX2 and FMA were detected.
+            return unsafe { avx2::quantize_blocks(x, q, d, sums, dsum) };
         }
+        quantize_blocks(x, q, d, sums, dsum)
     });
+}
+
+/// [`quantize_rows`] over whole blocks: `x` and `q` hold `dsum.len()` blocks of 32, `d`
+/// and `sums` two entries per block.
+fn quantize_blocks(x: &[f32], q: &mut [i8], d: &mut [f32], sums: &mut [i32], dsum: &mut [f32]) {
+    let blocks = x.chunks_exact(QB).zip(q.chunks_exact_mut(QB)).zip(d.chunks_exact_mut(2));
+    for (((x, q), d), (s, ds)) in blocks.zip(sums.chunks_exact_mut(2).zip(dsum)) {
+        for h in 0..2 {
+            let (x, q) = (&x[h * QH..(h + 1) * QH], &mut q[h * QH..(h + 1) * QH]);
+            let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+            d[h] = amax / 127.0;
+            let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+            for (q, &v) in q.iter_mut().zip(x) {
+                *q = round_small(v * id) as i8;
+            }
+            s[h] = q.iter().map(|&v| v as i32).sum();
+        }
+        *ds = d[0] * s[0] as f32 + d[1] * s[1] as f32;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{QB, QH};
+    use std::arch::x86_64::*;
+
+    /// [`super::quantize_blocks`] in vectors, with the same result bit for bit: the same
+    /// scales and products, and `cvtps` rounds to nearest even as `round_small` does.
+    /// The scalar version does not vectorize (a float maximum and saturating casts), and
+    /// at 32 rows it took 7% of a SmolLM2 decode step.
+    ///
+    /// # Safety
+    /// AVX2 and FMA must be available.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn quantize_blocks(x: &[f32], q: &mut [i8], d: &mut [f32], sums: &mut [i32], dsum: &mut [f32]) {
+        let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
+        for (b, ds) in dsum.iter_mut().enumerate() {
+            for h in 0..2 {
+                let at = b * QB + h * QH;
+                let (lo, hi) = (_mm256_loadu_ps(x[at..at + 8].as_ptr()), _mm256_loadu_ps(x[at + 8..at + 16].as_ptr()));
+                let m = _mm256_max_ps(_mm256_and_ps(lo, abs_mask), _mm256_and_ps(hi, abs_mask));
+                let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+                let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+                let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+                d[2 * b + h] = amax / 127.0;
+                let id = _mm256_set1_ps(if amax > 0.0 { 127.0 / amax } else { 0.0 });
+                let (il, ih) = (_mm256_cvtps_epi32(_mm256_mul_ps(lo, id)), _mm256_cvtps_epi32(_mm256_mul_ps(hi, id)));
+                // i16 in order, then i8 (every value is within ±127, so nothing saturates).
+                let w = _mm256_permute4x64_epi64(_mm256_packs_epi32(il, ih), 0b11_01_10_00);
+                let bytes = _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+                _mm_storeu_si128(q[at..at + 16].as_mut_ptr().cast(), bytes);
+                let t = _mm256_add_epi32(il, ih);
+                let t = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+                let t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0b01_00_11_10));
+                sums[2 * b + h] = _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0b10_11_00_01)));
+            }
+            *ds = d[2 * b] * sums[2 * b] as f32 + d[2 * b + 1] * sums[2 * b + 1] as f32;
+        }
+    }
 }
 
 /// `v` rounded to the nearest integer (ties to even) for |v| < 2^22, by adding and taking
@@ -312,6 +363,30 @@ mod tests {
         let sums: [i32; 2] = std::array::from_fn(|h| xq.q[h * QH..(h + 1) * QH].iter().map(|&q| q as i32).sum());
         assert_eq!(xq.sums, sums);
         assert_eq!(xq.dsum[0], xq.d[0] * sums[0] as f32 + xq.d[1] * sums[1] as f32);
+    }
+
+    /// The vector quantizer gives the scalar one's bytes, scales and sums exactly, zero
+    /// blocks and rounding ties included.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn vector_quantizer_matches_scalar() {
+        if !crate::kernels::matmul::avx2::available() {
+            return;
+        }
+        let mut x = random_vec(64 * QB, 12);
+        x[..QH].fill(0.0);
+        // A scale of exactly 1 and every other value halfway between two integers.
+        x[QH..QB].iter_mut().enumerate().for_each(|(i, v)| *v = i as f32 - 7.5);
+        x[QH] = 127.0;
+        x[40] = 1e30;
+        let run = |f: &dyn Fn(&[f32], &mut [i8], &mut [f32], &mut [i32], &mut [f32])| {
+            let (mut q, mut d, mut s, mut ds) = (vec![0i8; x.len()], vec![0f32; 128], vec![0i32; 128], vec![0f32; 64]);
+            f(&x, &mut q, &mut d, &mut s, &mut ds);
+            (q, d, s, ds)
+        };
+        // SAFETY: AVX2 and FMA were detected above.
+        let vector = run(&|x, q, d, s, ds| unsafe { avx2::quantize_blocks(x, q, d, s, ds) });
+        assert_eq!(vector, run(&quantize_blocks));
     }
 
     #[test]
