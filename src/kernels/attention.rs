@@ -19,6 +19,8 @@ use super::exp::exp;
 /// An element of the K/V pools, widened to f32 as it is read.
 pub trait KvElem: Zeroable + Send + Sync + 'static {
     fn from_f32(x: f32) -> Self;
+    /// `src` narrowed into `dst` (of the same length), as `from_f32` does one by one.
+    fn narrow(src: &[f32], dst: &mut [Self]);
     fn to_f32(self) -> f32;
     /// Eight consecutive elements as f32 (inlined into AVX2+F16C code only).
     ///
@@ -31,6 +33,9 @@ pub trait KvElem: Zeroable + Send + Sync + 'static {
 impl KvElem for f32 {
     fn from_f32(x: f32) -> Self {
         x
+    }
+    fn narrow(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
     }
     fn to_f32(self) -> f32 {
         self
@@ -46,6 +51,11 @@ impl KvElem for f32 {
 impl KvElem for u16 {
     fn from_f32(x: f32) -> Self {
         half::f16::from_f32(x).to_bits()
+    }
+    /// In vectors (F16C where the CPU has it): one by one it is a call per value.
+    fn narrow(src: &[f32], dst: &mut [u16]) {
+        use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+        dst.reinterpret_cast_mut::<half::f16>().convert_from_f32_slice(src);
     }
     fn to_f32(self) -> f32 {
         half::f16::from_bits(self).to_f32()

@@ -159,13 +159,18 @@ impl KvCache {
         let (first, slot) = self.layer(layer).slab(block_table, pos, 0);
         fn store<E: KvElem>(pools: &mut (Buf<E>, Buf<E>), at: (usize, usize, usize, usize), k: &[f32], v: &[f32]) {
             let (first, slot, bs, hd) = at;
+            // K narrowed a chunk at a time into a buffer, then scattered dim by dim.
+            let mut narrow = [E::default(); 64];
             for (h, (k, v)) in k.chunks_exact(hd).zip(v.chunks_exact(hd)).enumerate() {
                 let slab = first + h * bs * hd;
-                for (d, &x) in k.iter().enumerate() {
-                    pools.0[slab + d * bs + slot] = E::from_f32(x);
+                for (c, k) in k.chunks(narrow.len()).enumerate() {
+                    E::narrow(k, &mut narrow[..k.len()]);
+                    for (d, &x) in narrow[..k.len()].iter().enumerate() {
+                        pools.0[slab + (c * 64 + d) * bs + slot] = x;
+                    }
                 }
                 let row = slab + slot * hd;
-                pools.1[row..row + hd].iter_mut().zip(v).for_each(|(d, x)| *d = E::from_f32(*x));
+                E::narrow(v, &mut pools.1[row..row + hd]);
             }
         }
         let at = (first, slot, bs, hd);
