@@ -379,7 +379,8 @@ mod tests {
         x[QH..QB].iter_mut().enumerate().for_each(|(i, v)| *v = i as f32 - 7.5);
         x[QH] = 127.0;
         x[40] = 1e30;
-        let run = |f: &dyn Fn(&[f32], &mut [i8], &mut [f32], &mut [i32], &mut [f32])| {
+        type Quantizer<'a> = &'a dyn Fn(&[f32], &mut [i8], &mut [f32], &mut [i32], &mut [f32]);
+        let run = |f: Quantizer<'_>| {
             let (mut q, mut d, mut s, mut ds) = (vec![0i8; x.len()], vec![0f32; 128], vec![0i32; 128], vec![0f32; 64]);
             f(&x, &mut q, &mut d, &mut s, &mut ds);
             (q, d, s, ds)
