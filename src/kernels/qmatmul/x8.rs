@@ -332,33 +332,33 @@ mod avx2 {
         for b in 0..blocks {
             let rec = p.add(b * rec_bytes);
             prefetch(rec, rec_bytes);
-            let dw = _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()));
-            // w[j]: values 4j..4j + 4 of every row (low nibbles, then high ones).
-            let mut w = [_mm256_setzero_si256(); 8];
-            for c in 0..4 {
-                let v = _mm256_loadu_si256(rec.add(head + 32 * c).cast());
-                w[c] = _mm256_and_si256(v, low4);
-                w[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-            }
-            for (t, acc) in acc[..R].iter_mut().enumerate() {
-                let xb = (first + t) * blocks + b;
-                let x = xq.q.as_ptr().add(xb * QB);
-                // Each half block (the low nibbles, then the high ones) under its own
-                // activation scale; its eight products of at most 2·15·127 fit in i16.
-                // The halves are scaled and added first, then the weight scales once.
-                let mut blk = _mm256_setzero_ps();
-                for h in 0..2 {
-                    let mut s16 = _mm256_maddubs_epi16(w[4 * h], bcast(x.add(QH * h)));
-                    for (j, w) in w.iter().enumerate().skip(4 * h + 1).take(3) {
-                        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(*w, bcast(x.add(4 * j))));
+            // Each half block (the low nibbles, then the high ones) under its own
+            // activation scale; its eight products of at most 2·15·127 fit in i16. The
+            // halves are scaled and added first, then the weight scales once.
+            let mut blk = [_mm256_setzero_ps(); TILE];
+            for h in 0..2 {
+                // w[c]: values 16h + 4c..16h + 4c + 4 of every row.
+                let w: [__m256i; 4] = std::array::from_fn(|c| {
+                    let v = _mm256_loadu_si256(rec.add(head + 32 * c).cast());
+                    _mm256_and_si256(if h == 0 { v } else { _mm256_srli_epi16(v, 4) }, low4)
+                });
+                for (t, blk) in blk[..R].iter_mut().enumerate() {
+                    let xb = (first + t) * blocks + b;
+                    let x = xq.q.as_ptr().add(xb * QB + QH * h);
+                    let mut s16 = _mm256_maddubs_epi16(w[0], bcast(x));
+                    for (c, w) in w.iter().enumerate().skip(1) {
+                        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(*w, bcast(x.add(4 * c))));
                     }
                     let mut s = _mm256_madd_epi16(s16, ones);
                     if OFFSET == 0 {
                         s = _mm256_sub_epi32(s, _mm256_set1_epi32(8 * xq.sums.get_unchecked(2 * xb + h)));
                     }
                     let dx = _mm256_set1_ps(*xq.d.get_unchecked(2 * xb + h));
-                    blk = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), dx, blk);
+                    *blk = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), dx, *blk);
                 }
+            }
+            let dw = _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()));
+            for (acc, &blk) in acc[..R].iter_mut().zip(&blk) {
                 *acc = _mm256_fmadd_ps(dw, blk, *acc);
             }
         }
@@ -393,15 +393,17 @@ mod avx2 {
             prefetch(rec, rec_bytes);
             let dw = _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()));
             let vals = rec.add(head);
-            let aw: [__m256i; 8] =
-                std::array::from_fn(|c| _mm256_abs_epi8(_mm256_loadu_si256(vals.add(32 * c).cast())));
-            for (t, acc) in acc[..R].iter_mut().enumerate() {
-                let xb = (first + t) * blocks + b;
-                let x = xq.q.as_ptr().add(xb * QB);
-                for h in 0..2 {
+            // One half block (four chunks, one activation scale) at a time, so that the
+            // chunks and the tile's sums stay in registers.
+            for h in 0..2 {
+                let aw: [__m256i; 4] =
+                    std::array::from_fn(|c| _mm256_abs_epi8(_mm256_loadu_si256(vals.add(32 * (4 * h + c)).cast())));
+                for (t, acc) in acc[..R].iter_mut().enumerate() {
+                    let xb = (first + t) * blocks + b;
+                    let x = xq.q.as_ptr().add(xb * QB + QH * h);
                     let mut s = _mm256_setzero_si256();
-                    for (c, aw) in aw.iter().enumerate().skip(4 * h).take(4) {
-                        let w = _mm256_loadu_si256(vals.add(32 * c).cast());
+                    for (c, aw) in aw.iter().enumerate() {
+                        let w = _mm256_loadu_si256(vals.add(32 * (4 * h + c)).cast());
                         let prod = _mm256_maddubs_epi16(*aw, _mm256_sign_epi8(bcast(x.add(4 * c)), w));
                         s = _mm256_add_epi32(s, _mm256_madd_epi16(prod, ones));
                     }
