@@ -18,8 +18,7 @@ use super::exp::exp;
 
 /// An element of the K/V pools, widened to f32 as it is read.
 pub trait KvElem: Zeroable + Send + Sync + 'static {
-    fn from_f32(x: f32) -> Self;
-    /// `src` narrowed into `dst` (of the same length), as `from_f32` does one by one.
+    /// `src` narrowed into `dst` (of the same length), rounding to nearest.
     fn narrow(src: &[f32], dst: &mut [Self]);
     fn to_f32(self) -> f32;
     /// Eight consecutive elements as f32 (inlined into AVX2+F16C code only).
@@ -31,9 +30,6 @@ pub trait KvElem: Zeroable + Send + Sync + 'static {
 }
 
 impl KvElem for f32 {
-    fn from_f32(x: f32) -> Self {
-        x
-    }
     fn narrow(src: &[f32], dst: &mut [f32]) {
         dst.copy_from_slice(src);
     }
@@ -49,9 +45,6 @@ impl KvElem for f32 {
 
 /// f16, as its bits.
 impl KvElem for u16 {
-    fn from_f32(x: f32) -> Self {
-        half::f16::from_f32(x).to_bits()
-    }
     /// In vectors (F16C where the CPU has it): one by one it is a call per value.
     fn narrow(src: &[f32], dst: &mut [u16]) {
         use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
@@ -587,7 +580,8 @@ mod tests {
         for (hd, bs) in [(6, 4), (16, 8), (64, 16)] {
             let (kvh, blocks, group) = (2, 8, 3);
             let round = |x: Vec<f32>| -> (Vec<u16>, Vec<f32>) {
-                let h: Vec<u16> = x.iter().map(|&x| u16::from_f32(x)).collect();
+                let mut h = vec![0u16; x.len()];
+                u16::narrow(&x, &mut h);
                 let f = h.iter().map(|&b| b.to_f32()).collect();
                 (h, f)
             };

@@ -160,13 +160,14 @@ impl KvCache {
         fn store<E: KvElem>(pools: &mut (Buf<E>, Buf<E>), at: (usize, usize, usize, usize), k: &[f32], v: &[f32]) {
             let (first, slot, bs, hd) = at;
             // K narrowed a chunk at a time into a buffer, then scattered dim by dim.
-            let mut narrow = [E::default(); 64];
+            const CHUNK: usize = 64;
+            let mut narrow = [E::default(); CHUNK];
             for (h, (k, v)) in k.chunks_exact(hd).zip(v.chunks_exact(hd)).enumerate() {
                 let slab = first + h * bs * hd;
-                for (c, k) in k.chunks(narrow.len()).enumerate() {
+                for (c, k) in k.chunks(CHUNK).enumerate() {
                     E::narrow(k, &mut narrow[..k.len()]);
                     for (d, &x) in narrow[..k.len()].iter().enumerate() {
-                        pools.0[slab + (c * 64 + d) * bs + slot] = x;
+                        pools.0[slab + (c * CHUNK + d) * bs + slot] = x;
                     }
                 }
                 let row = slab + slot * hd;
