@@ -562,53 +562,27 @@ mod avx2 {
         out: &mut [[f32; GROUP]; TILE],
     ) {
         let (rec_bytes, head) = record(GgmlType::Q6K);
-        let (low4, two) = (_mm256_set1_epi8(0xF), _mm256_set1_epi8(0x30));
         let mut acc = [_mm256_setzero_ps(); TILE];
         for b in 0..blocks {
             let rec = p.add(b * rec_bytes);
             prefetch(rec, rec_bytes);
             let mut blk = [_mm256_setzero_ps(); TILE];
-            for n in 0..2 {
-                let qh_at = head + 1024 + 32 * 8 * n;
-                // Output `i` holds values 32i.. of the 128: chunks 0..4 the first 16 (the
-                // first scale of the sub-block and the activations' first), 4..8 the rest.
-                for i in 0..4 {
-                    let ql_at = head + 32 * (16 * n + 8 * (i & 1));
-                    for half in 0..2 {
-                        let sc = scale_pairs::<true>(rec.add(16 + 8 * (8 * n + 2 * i + half)));
-                        let mut dots = [_mm256_setzero_si256(); TILE];
-                        for pair in 0..2 {
-                            let c0 = 4 * half + 2 * pair;
-                            let w: [__m256i; 2] = std::array::from_fn(|j| {
-                                let ql = _mm256_loadu_si256(rec.add(ql_at + 32 * (c0 + j)).cast());
-                                let qh = _mm256_loadu_si256(rec.add(qh_at + 32 * (c0 + j)).cast());
-                                let (lo, hi) = match i {
-                                    0 => (ql, _mm256_slli_epi16(qh, 4)),
-                                    1 => (ql, _mm256_slli_epi16(qh, 2)),
-                                    2 => (_mm256_srli_epi16(ql, 4), qh),
-                                    _ => (_mm256_srli_epi16(ql, 4), _mm256_srli_epi16(qh, 2)),
-                                };
-                                _mm256_or_si256(_mm256_and_si256(lo, low4), _mm256_and_si256(hi, two))
-                            });
-                            // Two products of at most 2·63·127 fit in i16 before `madd`.
-                            for (t, dot) in dots[..R].iter_mut().enumerate() {
-                                let x =
-                                    xq.q.as_ptr().add(((first + t) * blocks + b) * 8 * QB + n * 128 + 32 * i + 4 * c0);
-                                let s16 = _mm256_add_epi16(
-                                    _mm256_maddubs_epi16(w[0], bcast(x)),
-                                    _mm256_maddubs_epi16(w[1], bcast(x.add(4))),
-                                );
-                                *dot = _mm256_add_epi32(*dot, _mm256_madd_epi16(s16, sc));
-                            }
-                        }
-                        for (t, (blk, &dot)) in blk[..R].iter_mut().zip(&dots).enumerate() {
-                            let hb = 2 * (((first + t) * blocks + b) * 8 + 4 * n + i) + half;
-                            // The −32: 32 · sc · Σx, in `madd` against (Σx, 0).
-                            let sum = _mm256_set1_epi32(*xq.sums.get_unchecked(hb) & 0xFFFF);
-                            let dot = _mm256_sub_epi32(dot, _mm256_slli_epi32(_mm256_madd_epi16(sc, sum), 5));
-                            let dx = _mm256_set1_ps(*xq.d.get_unchecked(hb));
-                            *blk = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), dx, *blk);
-                        }
+            let x = |t: usize| xq.q.as_ptr().add(((first + t) * blocks + b) * 8 * QB);
+            let hb = |t: usize| 16 * ((first + t) * blocks + b);
+            // One row alone has registers to spare: its eight outputs are unrolled, so that
+            // their shifts are constants and the chunks they share load once. (Unrolled
+            // for more rows, the shared chunks stay live and spill.)
+            if R == 1 {
+                macro_rules! outs {
+                    ($(($n:literal, $i:literal))*) => {
+                        $(q6_out::<R>(rec.add(head), $n, $i, xq, x, hb, &mut blk);)*
+                    };
+                }
+                outs!((0, 0)(0, 1)(0, 2)(0, 3)(1, 0)(1, 1)(1, 2)(1, 3));
+            } else {
+                for n in 0..2 {
+                    for i in 0..4 {
+                        q6_out::<R>(rec.add(head), n, i, xq, x, hb, &mut blk);
                     }
                 }
             }
@@ -618,6 +592,64 @@ mod avx2 {
             }
         }
         store(&acc, out, R);
+    }
+
+    /// Output `i` of half `n` of a [`q6_k`] block (values at `vals`): its 32 values of
+    /// each row from the low-nibble and 2-bit chunks, against tile row `t`'s activations
+    /// of the block at `x(t)`, whose activation scales start at index `hb(t)`.
+    #[inline(always)]
+    unsafe fn q6_out<const R: usize>(
+        vals: *const u8,
+        n: usize,
+        i: usize,
+        xq: &QActs,
+        x: impl Fn(usize) -> *const i8,
+        hb: impl Fn(usize) -> usize,
+        blk: &mut [__m256; TILE],
+    ) {
+        let (low4, two) = (_mm256_set1_epi8(0xF), _mm256_set1_epi8(0x30));
+        let scales = vals.sub(record(GgmlType::Q6K).1 - 16);
+        let (ql_at, qh_at) = (32 * (16 * n + 8 * (i & 1)), 1024 + 32 * 8 * n);
+        // Chunks 0..4 hold the output's first 16 values (the sub-block's first scale and
+        // the activations' first), 4..8 the rest.
+        for half in 0..2 {
+            let sc = scale_pairs::<true>(scales.add(8 * (8 * n + 2 * i + half)));
+            let mut dots = [_mm256_setzero_si256(); TILE];
+            for pair in 0..2 {
+                let c0 = 4 * half + 2 * pair;
+                // (No closure here: this function is inlined into AVX2 code, a closure in
+                // it would not be.)
+                let mut w = [_mm256_setzero_si256(); 2];
+                for (j, w) in w.iter_mut().enumerate() {
+                    let ql = _mm256_loadu_si256(vals.add(ql_at + 32 * (c0 + j)).cast());
+                    let qh = _mm256_loadu_si256(vals.add(qh_at + 32 * (c0 + j)).cast());
+                    let (lo, hi) = match i {
+                        0 => (ql, _mm256_slli_epi16(qh, 4)),
+                        1 => (ql, _mm256_slli_epi16(qh, 2)),
+                        2 => (_mm256_srli_epi16(ql, 4), qh),
+                        _ => (_mm256_srli_epi16(ql, 4), _mm256_srli_epi16(qh, 2)),
+                    };
+                    *w = _mm256_or_si256(_mm256_and_si256(lo, low4), _mm256_and_si256(hi, two));
+                }
+                // Two products of at most 2·63·127 fit in i16 before `madd`.
+                for (t, dot) in dots[..R].iter_mut().enumerate() {
+                    let x = x(t).add(n * 128 + 32 * i + 4 * c0);
+                    let s16 = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(w[0], bcast(x)),
+                        _mm256_maddubs_epi16(w[1], bcast(x.add(4))),
+                    );
+                    *dot = _mm256_add_epi32(*dot, _mm256_madd_epi16(s16, sc));
+                }
+            }
+            for (t, (blk, &dot)) in blk[..R].iter_mut().zip(&dots).enumerate() {
+                let hb = hb(t) + 2 * (4 * n + i) + half;
+                // The −32: 32 · sc · Σx, in `madd` against (Σx, 0).
+                let sum = _mm256_set1_epi32(*xq.sums.get_unchecked(hb) & 0xFFFF);
+                let dot = _mm256_sub_epi32(dot, _mm256_slli_epi32(_mm256_madd_epi16(sc, sum), 5));
+                let dx = _mm256_set1_ps(*xq.d.get_unchecked(hb));
+                *blk = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), dx, *blk);
+            }
+        }
     }
 }
 
