@@ -149,11 +149,33 @@ pub struct QActs {
     sums: Vec<i32>,
     /// `Σ d · (sum of the 16 values)` per 32, for the formats with one offset per block.
     dsum: Vec<f32>,
+    /// Per 8 values, formed on first use by a Q6_K kernel ([`QActs::q6_offsets`]).
+    q6: std::sync::OnceLock<Vec<i32>>,
+    /// Values quantized (`m · k`).
+    len: usize,
+}
+
+impl QActs {
+    /// Per 8 values `x0..x8`, the i16 pair `−32 · (x0 + x1 + x4 + x5, x2 + x3 + x6 + x7)`:
+    /// what Q6_K's −32 takes off the lanes of two `maddubs` of four values each, so that
+    /// its kernel applies the offset with one 16-bit add instead of a multiply per 16
+    /// values. Formed once per quantization, on the first call.
+    pub(super) fn q6_offsets(&self) -> &[i32] {
+        self.q6.get_or_init(|| {
+            let pair = |v: &[i8], a: usize, b: usize| v[a] as i32 + v[b] as i32 + v[a + 4] as i32 + v[b + 4] as i32;
+            let eight = self.q[..self.len].chunks_exact(8);
+            eight
+                .map(|v| ((-32 * pair(v, 0, 1)) as u16 as u32 | ((-32 * pair(v, 2, 3)) as u16 as u32) << 16) as i32)
+                .collect()
+        })
+    }
 }
 
 /// Quantizes `m` rows of `k` values: per 16, `d = max|x| / 127`, `q = round(x / d)`.
 pub fn quantize_rows(x: &[f32], m: usize, k: usize, out: &mut QActs) {
     let blocks = m * k / QB;
+    out.q6 = Default::default();
+    out.len = m * k;
     out.q.resize(m * k, 0);
     out.d.resize(2 * blocks, 0.0);
     out.sums.resize(2 * blocks, 0);

@@ -545,8 +545,9 @@ mod avx2 {
     }
 
     /// Q6_K: 6-bit values from a low-nibble chunk and a 2-bit chunk, kept unsigned for
-    /// `maddubs`; the signed 8-bit scale of each 16 values applied in `madd`; the −32 taken
-    /// off the integer sum with the activations' half-block sums. One output chunk (a
+    /// `maddubs`, the −32 taken off in 16 bits with the activations' pair sums
+    /// ([`QActs::q6_offsets`]), then the signed 8-bit scale of each 16 values applied in
+    /// one `madd`. One output chunk (a
     /// quarter of the 128 values that two low-nibble chunks and a 2-bit chunk hold) is
     /// decoded at a time and shared by the tile's rows, so that the tile's sums and the
     /// decoded values stay in registers (decoding all four outputs at once spilled them).
@@ -562,27 +563,29 @@ mod avx2 {
         out: &mut [[f32; GROUP]; TILE],
     ) {
         let (rec_bytes, head) = record(GgmlType::Q6K);
+        let offs = xq.q6_offsets().as_ptr();
         let mut acc = [_mm256_setzero_ps(); TILE];
         for b in 0..blocks {
             let rec = p.add(b * rec_bytes);
             prefetch(rec, rec_bytes);
             let mut blk = [_mm256_setzero_ps(); TILE];
-            let x = |t: usize| xq.q.as_ptr().add(((first + t) * blocks + b) * 8 * QB);
+            let at = |t: usize| ((first + t) * blocks + b) * 8 * QB;
             let hb = |t: usize| 16 * ((first + t) * blocks + b);
-            // One row alone has registers to spare: its eight outputs are unrolled, so that
-            // their shifts are constants and the chunks they share load once. (Unrolled
-            // for more rows, the shared chunks stay live and spill.)
+            // One row alone has registers to spare: the four outputs of each half are
+            // unrolled, so that their shifts are constants and the chunks they share load
+            // once. (Unrolled further, or for more rows, the shared chunks stay live and
+            // spill.)
             if R == 1 {
-                macro_rules! outs {
-                    ($(($n:literal, $i:literal))*) => {
-                        $(q6_out::<R>(rec.add(head), $n, $i, xq, x, hb, &mut blk);)*
-                    };
+                for n in 0..2 {
+                    q6_out::<R>(rec.add(head), n, 0, xq, offs, at, hb, &mut blk);
+                    q6_out::<R>(rec.add(head), n, 1, xq, offs, at, hb, &mut blk);
+                    q6_out::<R>(rec.add(head), n, 2, xq, offs, at, hb, &mut blk);
+                    q6_out::<R>(rec.add(head), n, 3, xq, offs, at, hb, &mut blk);
                 }
-                outs!((0, 0)(0, 1)(0, 2)(0, 3)(1, 0)(1, 1)(1, 2)(1, 3));
             } else {
                 for n in 0..2 {
                     for i in 0..4 {
-                        q6_out::<R>(rec.add(head), n, i, xq, x, hb, &mut blk);
+                        q6_out::<R>(rec.add(head), n, i, xq, offs, at, hb, &mut blk);
                     }
                 }
             }
@@ -596,14 +599,17 @@ mod avx2 {
 
     /// Output `i` of half `n` of a [`q6_k`] block (values at `vals`): its 32 values of
     /// each row from the low-nibble and 2-bit chunks, against tile row `t`'s activations
-    /// of the block at `x(t)`, whose activation scales start at index `hb(t)`.
+    /// from index `at(t)` (with their Q6_K offsets `offs`, one per 8), whose activation
+    /// scales start at index `hb(t)`.
+    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     unsafe fn q6_out<const R: usize>(
         vals: *const u8,
         n: usize,
         i: usize,
         xq: &QActs,
-        x: impl Fn(usize) -> *const i8,
+        offs: *const i32,
+        at: impl Fn(usize) -> usize,
         hb: impl Fn(usize) -> usize,
         blk: &mut [__m256; TILE],
     ) {
@@ -614,7 +620,7 @@ mod avx2 {
         // the activations' first), 4..8 the rest.
         for half in 0..2 {
             let sc = scale_pairs::<true>(scales.add(8 * (8 * n + 2 * i + half)));
-            let mut dots = [_mm256_setzero_si256(); TILE];
+            let mut sums = [_mm256_setzero_si256(); TILE];
             for pair in 0..2 {
                 let c0 = 4 * half + 2 * pair;
                 // (No closure here: this function is inlined into AVX2 code, a closure in
@@ -631,22 +637,23 @@ mod avx2 {
                     };
                     *w = _mm256_or_si256(_mm256_and_si256(lo, low4), _mm256_and_si256(hi, two));
                 }
-                // Two products of at most 2·63·127 fit in i16 before `madd`.
-                for (t, dot) in dots[..R].iter_mut().enumerate() {
-                    let x = x(t).add(n * 128 + 32 * i + 4 * c0);
+                // Each lane: four products of unsigned 6-bit values (at most 2·2·63·127),
+                // then the −32 of each, making four of at most 32·127; two such pairs fit
+                // in i16 (and 16-bit adds wrap, so only the final sum needs to).
+                for (t, sum) in sums[..R].iter_mut().enumerate() {
+                    let xi = at(t) + n * 128 + 32 * i + 4 * c0;
+                    let x = xq.q.as_ptr().add(xi);
                     let s16 = _mm256_add_epi16(
                         _mm256_maddubs_epi16(w[0], bcast(x)),
                         _mm256_maddubs_epi16(w[1], bcast(x.add(4))),
                     );
-                    *dot = _mm256_add_epi32(*dot, _mm256_madd_epi16(s16, sc));
+                    let off = _mm256_set1_epi32(*offs.add(xi / 8));
+                    *sum = _mm256_add_epi16(*sum, _mm256_add_epi16(s16, off));
                 }
             }
-            for (t, (blk, &dot)) in blk[..R].iter_mut().zip(&dots).enumerate() {
-                let hb = hb(t) + 2 * (4 * n + i) + half;
-                // The −32: 32 · sc · Σx, in `madd` against (Σx, 0).
-                let sum = _mm256_set1_epi32(*xq.sums.get_unchecked(hb) & 0xFFFF);
-                let dot = _mm256_sub_epi32(dot, _mm256_slli_epi32(_mm256_madd_epi16(sc, sum), 5));
-                let dx = _mm256_set1_ps(*xq.d.get_unchecked(hb));
+            for (t, (blk, &sum)) in blk[..R].iter_mut().zip(&sums).enumerate() {
+                let dot = _mm256_madd_epi16(sum, sc);
+                let dx = _mm256_set1_ps(*xq.d.get_unchecked(hb(t) + 2 * (4 * n + i) + half));
                 *blk = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), dx, *blk);
             }
         }
@@ -685,6 +692,32 @@ mod tests {
             let k = width * per.max(64);
             let (data, xq) = one_group(dtype, k, TILE, seed);
             check(dtype, k, k / per, &data, &xq);
+        }
+    }
+
+    /// Q6_K's 16-bit sums at their extremes (every value 0 or 63, every activation ±127,
+    /// scales ±127): the AVX2 kernel matches the portable one, nothing wraps.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn q6_k_extremes_stay_in_range() {
+        if !crate::kernels::matmul::avx2::available() {
+            return;
+        }
+        let k = 256;
+        for (q, x, sc) in [(0u8, 1.0f32, 127i8), (0, -1.0, -127), (0xFF, 1.0, 127), (0xFF, -1.0, -128)] {
+            let mut block = [q; 210];
+            block[192..208].fill(sc as u8);
+            block[208..210].copy_from_slice(&half::f16::from_f32(0.5).to_le_bytes());
+            let data = interleave(GgmlType::Q6K, &block.repeat(GROUP), k);
+            let mut xq = QActs::default();
+            quantize_rows(&vec![x; TILE * k], TILE, k, &mut xq);
+            let (mut a, mut b) = ([[0f32; GROUP]; TILE], [[0f32; GROUP]; TILE]);
+            portable_group(GgmlType::Q6K, &data, &xq, 0, TILE, k, &mut a);
+            // SAFETY: AVX2 was detected; `data` is one group's records.
+            unsafe { avx2::group(GgmlType::Q6K, &data, &xq, 0, TILE, 1, &mut b) };
+            assert_eq!(a, b, "values {q:#x}, activations {x}, scales {sc}");
+            let want = 0.5 * sc as f32 * if q == 0 { -32.0 } else { 31.0 } * x * k as f32;
+            assert!((a[0][0] - want).abs() <= 1e-3 * want.abs(), "{} vs {want}", a[0][0]);
         }
     }
 
