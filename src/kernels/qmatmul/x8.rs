@@ -292,6 +292,12 @@ mod avx2 {
         _mm256_set1_epi32(x.cast::<i32>().read_unaligned())
     }
 
+    /// The eight rows' weight scales `dw` times the activation scale of 16 values `hb`.
+    #[inline(always)]
+    unsafe fn scaled(dw: __m256, xq: &QActs, hb: usize) -> __m256 {
+        _mm256_mul_ps(dw, _mm256_set1_ps(*xq.d.get_unchecked(hb)))
+    }
+
     #[inline(always)]
     unsafe fn store(acc: &[__m256; TILE], out: &mut [[f32; GROUP]; TILE], rows: usize) {
         for t in 0..rows {
@@ -430,13 +436,10 @@ mod avx2 {
         }
     }
 
-    /// Q4_K and Q5_K (`FIVE`): one sub-block's nibbles (the low or high ones of a chunk,
-    /// and Q5_K's fifth bits) decoded at a time and shared by the tile's rows, as
-    /// [`legacy_q4`] does. Each 16 values (one activation scale) gather four products of at
-    /// most 2·31·127 per i16 before `madd` applies the 6-bit scales; the activation scales
-    /// gather a block's sums, which take the weight scales once per block, so that the
-    /// chain carried from block to block is one multiply-add. The mins follow in
-    /// [`k_mins`].
+    /// Q4_K and Q5_K (`FIVE`) with each decoded chunk (nibbles, and Q5_K's fifth bits)
+    /// shared by the tile's rows, as [`legacy_q4`] does. Each half of a sub-block pair (16
+    /// values of each, one activation scale) gathers four products of at most 2·31·127 per
+    /// i16 before `madd` applies the 6-bit scales; the mins follow in [`k_mins`].
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn k_tiled<const FIVE: bool, const R: usize>(
         p: *const u8,
@@ -447,75 +450,47 @@ mod avx2 {
     ) {
         let (rec_bytes, head) = record(if FIVE { GgmlType::Q5K } else { GgmlType::Q4K });
         let nibbles = if FIVE { head + 256 } else { head };
+        let (low4, fifth) = (_mm256_set1_epi8(0xF), _mm256_set1_epi8(0x10));
         let mut acc = [_mm256_setzero_ps(); TILE];
         for b in 0..blocks {
             let rec = p.add(b * rec_bytes);
             prefetch(rec, rec_bytes);
-            let mut blk = [_mm256_setzero_ps(); TILE];
-            let x = |t: usize| xq.q.as_ptr().add(((first + t) * blocks + b) * 8 * QB);
-            let hb = |t: usize| 16 * ((first + t) * blocks + b);
-            macro_rules! subs {
-                ($($sub:literal)*) => {
-                    $(k_sub::<FIVE, R, $sub>(rec.add(nibbles), rec.add(head), rec.add(32), xq, x, hb, &mut blk);)*
-                };
-            }
-            subs!(0 1 2 3 4 5 6 7);
             let dw = _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()));
-            for (acc, &blk) in acc[..R].iter_mut().zip(&blk) {
-                *acc = _mm256_fmadd_ps(dw, blk, *acc);
+            for pair in 0..4 {
+                let sc = [scale_pairs::<false>(rec.add(32 + 16 * pair)), scale_pairs::<false>(rec.add(40 + 16 * pair))];
+                let bits = [_mm256_set1_epi8(1 << (2 * pair)), _mm256_set1_epi8(1 << (2 * pair + 1))];
+                for half in 0..2 {
+                    let mut s16 = [[_mm256_setzero_si256(); 2]; TILE];
+                    for c in 4 * half..4 * half + 4 {
+                        let v = _mm256_loadu_si256(rec.add(nibbles + pair * 256 + 32 * c).cast());
+                        let mut w = [_mm256_and_si256(v, low4), _mm256_and_si256(_mm256_srli_epi16(v, 4), low4)];
+                        if FIVE {
+                            let qh = _mm256_loadu_si256(rec.add(head + 32 * c).cast());
+                            for (w, bit) in w.iter_mut().zip(bits) {
+                                let set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
+                                *w = _mm256_or_si256(*w, _mm256_and_si256(set, fifth));
+                            }
+                        }
+                        for (t, s) in s16[..R].iter_mut().enumerate() {
+                            let x = xq.q.as_ptr().add(((first + t) * blocks + b) * 8 * QB);
+                            for h in 0..2 {
+                                let xs = bcast(x.add((2 * pair + h) * QB + 4 * c));
+                                s[h] = _mm256_add_epi16(s[h], _mm256_maddubs_epi16(w[h], xs));
+                            }
+                        }
+                    }
+                    for (t, (acc, s)) in acc[..R].iter_mut().zip(&s16).enumerate() {
+                        for h in 0..2 {
+                            let hb = 2 * (((first + t) * blocks + b) * 8 + 2 * pair + h) + half;
+                            let dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(s[h], sc[h]));
+                            *acc = _mm256_fmadd_ps(scaled(dw, xq, hb), dot, *acc);
+                        }
+                    }
+                }
             }
         }
         k_mins::<R>(p, rec_bytes, xq, first, blocks, &mut acc);
         store(&acc, out, R);
-    }
-
-    /// Sub-block `SUB` of [`k_tiled`]: the low (even `SUB`) or high nibbles of its pair's
-    /// chunks in `vals` (and its fifth bits in the chunks at `qh`), with the eight rows'
-    /// 6-bit scales in `scales`; `x(t)` is tile row `t`'s block of activations and `hb(t)`
-    /// the index of its first activation scale. `SUB` is a constant so that every shift is.
-    #[allow(clippy::too_many_arguments)]
-    #[inline(always)]
-    unsafe fn k_sub<const FIVE: bool, const R: usize, const SUB: usize>(
-        vals: *const u8,
-        qh: *const u8,
-        scales: *const u8,
-        xq: &QActs,
-        x: impl Fn(usize) -> *const i8,
-        hb: impl Fn(usize) -> usize,
-        blk: &mut [__m256; TILE],
-    ) {
-        let sc = scale_pairs::<false>(scales.add(8 * SUB));
-        let (low4, fifth) = (_mm256_set1_epi8(0xF), _mm256_set1_epi8(0x10));
-        for half in 0..2 {
-            let mut s16 = [_mm256_setzero_si256(); TILE];
-            for c in 4 * half..4 * half + 4 {
-                let v = _mm256_loadu_si256(vals.add(SUB / 2 * 256 + 32 * c).cast());
-                let mut w = _mm256_and_si256(if SUB.is_multiple_of(2) { v } else { _mm256_srli_epi16(v, 4) }, low4);
-                if FIVE {
-                    // Bit `SUB` of each byte moved to bit 4 (16-bit shifts move no other
-                    // byte's bits there).
-                    let qh = _mm256_loadu_si256(qh.add(32 * c).cast());
-                    let at4 = match SUB {
-                        0 => _mm256_slli_epi16(qh, 4),
-                        1 => _mm256_slli_epi16(qh, 3),
-                        2 => _mm256_slli_epi16(qh, 2),
-                        3 => _mm256_slli_epi16(qh, 1),
-                        4 => qh,
-                        5 => _mm256_srli_epi16(qh, 1),
-                        6 => _mm256_srli_epi16(qh, 2),
-                        _ => _mm256_srli_epi16(qh, 3),
-                    };
-                    w = _mm256_or_si256(w, _mm256_and_si256(at4, fifth));
-                }
-                for (t, s) in s16[..R].iter_mut().enumerate() {
-                    *s = _mm256_add_epi16(*s, _mm256_maddubs_epi16(w, bcast(x(t).add(SUB * QB + 4 * c))));
-                }
-            }
-            for (t, (blk, s)) in blk[..R].iter_mut().zip(&s16).enumerate() {
-                let dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(*s, sc));
-                *blk = _mm256_fmadd_ps(dot, _mm256_set1_ps(*xq.d.get_unchecked(hb(t) + 2 * SUB + half)), *blk);
-            }
-        }
     }
 
     /// Q4_K/Q5_K's mins, `dmin·m · d_x·Σx` per sub-block, in a pass of their own after the
