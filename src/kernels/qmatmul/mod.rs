@@ -151,8 +151,6 @@ pub struct QActs {
     dsum: Vec<f32>,
     /// Per 8 values, formed on first use by a Q6_K kernel ([`QActs::q6_offsets`]).
     q6: std::sync::OnceLock<Vec<i32>>,
-    /// Values quantized (`m · k`).
-    len: usize,
 }
 
 impl QActs {
@@ -163,7 +161,7 @@ impl QActs {
     pub(super) fn q6_offsets(&self) -> &[i32] {
         self.q6.get_or_init(|| {
             let pair = |v: &[i8], a: usize, b: usize| v[a] as i32 + v[b] as i32 + v[a + 4] as i32 + v[b + 4] as i32;
-            let eight = self.q[..self.len].chunks_exact(8);
+            let eight = self.q.chunks_exact(8);
             eight
                 .map(|v| ((-32 * pair(v, 0, 1)) as u16 as u32 | ((-32 * pair(v, 2, 3)) as u16 as u32) << 16) as i32)
                 .collect()
@@ -175,7 +173,6 @@ impl QActs {
 pub fn quantize_rows(x: &[f32], m: usize, k: usize, out: &mut QActs) {
     let blocks = m * k / QB;
     out.q6 = Default::default();
-    out.len = m * k;
     out.q.resize(m * k, 0);
     out.d.resize(2 * blocks, 0.0);
     out.sums.resize(2 * blocks, 0);

@@ -522,13 +522,12 @@ mod avx2 {
     /// Q6_K: 6-bit values from a low-nibble chunk and a 2-bit chunk, kept unsigned for
     /// `maddubs`, the −32 taken off in 16 bits with the activations' pair sums
     /// ([`QActs::q6_offsets`]), then the signed 8-bit scale of each 16 values applied in
-    /// one `madd`. One output chunk (a
-    /// quarter of the 128 values that two low-nibble chunks and a 2-bit chunk hold) is
-    /// decoded at a time and shared by the tile's rows, so that the tile's sums and the
-    /// decoded values stay in registers (decoding all four outputs at once spilled them).
-    /// Each row's 16-value sums gather under their activation scales and take the eight
-    /// rows' weight scales once per block; a row's operations are the same whatever its
-    /// tile.
+    /// one `madd`. One output chunk (a quarter of the 128 values that two low-nibble
+    /// chunks and a 2-bit chunk hold) is decoded at a time and shared by the tile's rows
+    /// ([`q6_out`]), so that the tile's sums and the decoded values stay in registers
+    /// (decoding all four outputs at once spilled them). Each row's 16-value sums gather
+    /// under their activation scales and take the eight rows' weight scales once per
+    /// block; a row's operations are the same whatever its tile.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn q6_k<const R: usize>(
         p: *const u8,
@@ -552,15 +551,15 @@ mod avx2 {
             // spill.)
             if R == 1 {
                 for n in 0..2 {
-                    q6_out::<R>(rec.add(head), n, 0, xq, offs, at, hb, &mut blk);
-                    q6_out::<R>(rec.add(head), n, 1, xq, offs, at, hb, &mut blk);
-                    q6_out::<R>(rec.add(head), n, 2, xq, offs, at, hb, &mut blk);
-                    q6_out::<R>(rec.add(head), n, 3, xq, offs, at, hb, &mut blk);
+                    q6_out::<R>(rec, head, n, 0, xq, offs, at, hb, &mut blk);
+                    q6_out::<R>(rec, head, n, 1, xq, offs, at, hb, &mut blk);
+                    q6_out::<R>(rec, head, n, 2, xq, offs, at, hb, &mut blk);
+                    q6_out::<R>(rec, head, n, 3, xq, offs, at, hb, &mut blk);
                 }
             } else {
                 for n in 0..2 {
                     for i in 0..4 {
-                        q6_out::<R>(rec.add(head), n, i, xq, offs, at, hb, &mut blk);
+                        q6_out::<R>(rec, head, n, i, xq, offs, at, hb, &mut blk);
                     }
                 }
             }
@@ -572,14 +571,15 @@ mod avx2 {
         store(&acc, out, R);
     }
 
-    /// Output `i` of half `n` of a [`q6_k`] block (values at `vals`): its 32 values of
-    /// each row from the low-nibble and 2-bit chunks, against tile row `t`'s activations
-    /// from index `at(t)` (with their Q6_K offsets `offs`, one per 8), whose activation
-    /// scales start at index `hb(t)`.
+    /// Output `i` of half `n` of the [`q6_k`] record at `rec` (values from `head`): its 32
+    /// values of each row from the low-nibble and 2-bit chunks, against tile row `t`'s
+    /// activations from index `at(t)` (with their Q6_K offsets `offs`, one per 8), whose
+    /// activation scales start at index `hb(t)`.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     unsafe fn q6_out<const R: usize>(
-        vals: *const u8,
+        rec: *const u8,
+        head: usize,
         n: usize,
         i: usize,
         xq: &QActs,
@@ -589,7 +589,7 @@ mod avx2 {
         blk: &mut [__m256; TILE],
     ) {
         let (low4, two) = (_mm256_set1_epi8(0xF), _mm256_set1_epi8(0x30));
-        let scales = vals.sub(record(GgmlType::Q6K).1 - 16);
+        let (vals, scales) = (rec.add(head), rec.add(16));
         let (ql_at, qh_at) = (32 * (16 * n + 8 * (i & 1)), 1024 + 32 * 8 * n);
         // Chunks 0..4 hold the output's first 16 values (the sub-block's first scale and
         // the activations' first), 4..8 the rest.
