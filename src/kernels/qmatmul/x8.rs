@@ -292,12 +292,6 @@ mod avx2 {
         _mm256_set1_epi32(x.cast::<i32>().read_unaligned())
     }
 
-    /// The eight rows' weight scales `dw` times the activation scale of 16 values `hb`.
-    #[inline(always)]
-    unsafe fn scaled(dw: __m256, xq: &QActs, hb: usize) -> __m256 {
-        _mm256_mul_ps(dw, _mm256_set1_ps(*xq.d.get_unchecked(hb)))
-    }
-
     #[inline(always)]
     unsafe fn store(acc: &[__m256; TILE], out: &mut [[f32; GROUP]; TILE], rows: usize) {
         for t in 0..rows {
@@ -437,9 +431,12 @@ mod avx2 {
     }
 
     /// Q4_K and Q5_K (`FIVE`) with each decoded chunk (nibbles, and Q5_K's fifth bits)
-    /// shared by the tile's rows, as [`legacy_q4`] does. Each half of a sub-block pair (16
-    /// values of each, one activation scale) gathers four products of at most 2·31·127 per
-    /// i16 before `madd` applies the 6-bit scales; the mins follow in [`k_mins`].
+    /// shared by the tile's rows, as [`legacy_q4`] does. One sub-block at a time (the low
+    /// nibbles of a pair, then the high ones), so the tile's 16-bit sums are one register
+    /// per row: each half of it (16 values of each row, one activation scale) gathers four
+    /// products of at most 2·31·127 per i16 before `madd` applies the 6-bit scales; the
+    /// halves gather under their activation scales and take the eight rows' weight scales
+    /// once per block. The mins follow in [`k_mins`].
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn k_tiled<const FIVE: bool, const R: usize>(
         p: *const u8,
@@ -455,38 +452,36 @@ mod avx2 {
         for b in 0..blocks {
             let rec = p.add(b * rec_bytes);
             prefetch(rec, rec_bytes);
-            let dw = _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()));
-            for pair in 0..4 {
-                let sc = [scale_pairs::<false>(rec.add(32 + 16 * pair)), scale_pairs::<false>(rec.add(40 + 16 * pair))];
-                let bits = [_mm256_set1_epi8(1 << (2 * pair)), _mm256_set1_epi8(1 << (2 * pair + 1))];
+            let mut blk = [_mm256_setzero_ps(); TILE];
+            for sub in 0..8 {
+                let (pair, h) = (sub / 2, sub % 2);
+                let sc = scale_pairs::<false>(rec.add(32 + 8 * sub));
+                let bit = _mm256_set1_epi8(1 << sub);
                 for half in 0..2 {
-                    let mut s16 = [[_mm256_setzero_si256(); 2]; TILE];
+                    let mut s16 = [_mm256_setzero_si256(); TILE];
                     for c in 4 * half..4 * half + 4 {
                         let v = _mm256_loadu_si256(rec.add(nibbles + pair * 256 + 32 * c).cast());
-                        let mut w = [_mm256_and_si256(v, low4), _mm256_and_si256(_mm256_srli_epi16(v, 4), low4)];
+                        let mut w = _mm256_and_si256(if h == 0 { v } else { _mm256_srli_epi16(v, 4) }, low4);
                         if FIVE {
                             let qh = _mm256_loadu_si256(rec.add(head + 32 * c).cast());
-                            for (w, bit) in w.iter_mut().zip(bits) {
-                                let set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
-                                *w = _mm256_or_si256(*w, _mm256_and_si256(set, fifth));
-                            }
+                            let set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
+                            w = _mm256_or_si256(w, _mm256_and_si256(set, fifth));
                         }
                         for (t, s) in s16[..R].iter_mut().enumerate() {
                             let x = xq.q.as_ptr().add(((first + t) * blocks + b) * 8 * QB);
-                            for h in 0..2 {
-                                let xs = bcast(x.add((2 * pair + h) * QB + 4 * c));
-                                s[h] = _mm256_add_epi16(s[h], _mm256_maddubs_epi16(w[h], xs));
-                            }
+                            *s = _mm256_add_epi16(*s, _mm256_maddubs_epi16(w, bcast(x.add(sub * QB + 4 * c))));
                         }
                     }
-                    for (t, (acc, s)) in acc[..R].iter_mut().zip(&s16).enumerate() {
-                        for h in 0..2 {
-                            let hb = 2 * (((first + t) * blocks + b) * 8 + 2 * pair + h) + half;
-                            let dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(s[h], sc[h]));
-                            *acc = _mm256_fmadd_ps(scaled(dw, xq, hb), dot, *acc);
-                        }
+                    for (t, (blk, s)) in blk[..R].iter_mut().zip(&s16).enumerate() {
+                        let hb = 2 * (((first + t) * blocks + b) * 8 + sub) + half;
+                        let dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(*s, sc));
+                        *blk = _mm256_fmadd_ps(dot, _mm256_set1_ps(*xq.d.get_unchecked(hb)), *blk);
                     }
                 }
+            }
+            let dw = _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()));
+            for (acc, &blk) in acc[..R].iter_mut().zip(&blk) {
+                *acc = _mm256_fmadd_ps(dw, blk, *acc);
             }
         }
         k_mins::<R>(p, rec_bytes, xq, first, blocks, &mut acc);
