@@ -149,21 +149,22 @@ pub struct QActs {
     sums: Vec<i32>,
     /// `Σ d · (sum of the 16 values)` per 32, for the formats with one offset per block.
     dsum: Vec<f32>,
-    /// Per 8 values, formed on first use by a Q6_K kernel ([`QActs::q6_offsets`]).
+    /// Per 16 values, formed on first use by a Q6_K kernel ([`QActs::q6_offsets`]).
     q6: std::sync::OnceLock<Vec<i32>>,
 }
 
 impl QActs {
-    /// Per 8 values `x0..x8`, the i16 pair `−32 · (x0 + x1 + x4 + x5, x2 + x3 + x6 + x7)`:
-    /// what Q6_K's −32 takes off the lanes of two `maddubs` of four values each, so that
-    /// its kernel applies the offset with one 16-bit add instead of a multiply per 16
-    /// values. Formed once per quantization, on the first call.
+    /// Per 16 values `x0..x16`, the i16 pair `−32 · (x0 + x1 + x4 + x5 + x8 + …, x2 + x3 +
+    /// x6 + x7 + x10 + …)`: what Q6_K's −32 takes off the lanes of four `maddubs` of four
+    /// values each, so that its kernel applies the offset with one 16-bit add per 16
+    /// values instead of a multiply. Formed once per quantization, on the first call.
     pub(super) fn q6_offsets(&self) -> &[i32] {
         self.q6.get_or_init(|| {
-            let pair = |v: &[i8], a: usize, b: usize| v[a] as i32 + v[b] as i32 + v[a + 4] as i32 + v[b + 4] as i32;
-            let eight = self.q.chunks_exact(8);
-            eight
-                .map(|v| ((-32 * pair(v, 0, 1)) as u16 as u32 | ((-32 * pair(v, 2, 3)) as u16 as u32) << 16) as i32)
+            let pair =
+                |v: &[i8], a: usize| (0..16).step_by(4).map(|c| v[c + a] as i32 + v[c + a + 1] as i32).sum::<i32>();
+            let sixteen = self.q.chunks_exact(QH);
+            sixteen
+                .map(|v| ((-32 * pair(v, 0)) as u16 as u32 | ((-32 * pair(v, 2)) as u16 as u32) << 16) as i32)
                 .collect()
         })
     }

@@ -607,22 +607,21 @@ mod avx2 {
                     };
                     *w = _mm256_or_si256(_mm256_and_si256(lo, low4), _mm256_and_si256(hi, two));
                 }
-                // Each lane: four products of unsigned 6-bit values (at most 2·2·63·127),
-                // then the −32 of each, making four of at most 32·127; two such pairs fit
-                // in i16 (and 16-bit adds wrap, so only the final sum needs to).
+                // Each lane: two products of unsigned 6-bit values (at most 2·63·127) per
+                // chunk; with the −32 of all four chunks, a sum of at most 8·32·127. The
+                // 16-bit adds wrap, so only that final sum needs to fit.
                 for (t, sum) in sums[..R].iter_mut().enumerate() {
-                    let xi = at(t) + n * 128 + 32 * i + 4 * c0;
-                    let x = xq.q.as_ptr().add(xi);
+                    let x = xq.q.as_ptr().add(at(t) + n * 128 + 32 * i + 4 * c0);
                     let s16 = _mm256_add_epi16(
                         _mm256_maddubs_epi16(w[0], bcast(x)),
                         _mm256_maddubs_epi16(w[1], bcast(x.add(4))),
                     );
-                    let off = _mm256_set1_epi32(*offs.add(xi / 8));
-                    *sum = _mm256_add_epi16(*sum, _mm256_add_epi16(s16, off));
+                    *sum = _mm256_add_epi16(*sum, s16);
                 }
             }
             for (t, (blk, &sum)) in blk[..R].iter_mut().zip(&sums).enumerate() {
-                let dot = _mm256_madd_epi16(sum, sc);
+                let off = _mm256_set1_epi32(*offs.add((at(t) + n * 128 + 32 * i + 16 * half) / QH));
+                let dot = _mm256_madd_epi16(_mm256_add_epi16(sum, off), sc);
                 let dx = _mm256_set1_ps(*xq.d.get_unchecked(hb(t) + 2 * (4 * n + i) + half));
                 *blk = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), dx, *blk);
             }
