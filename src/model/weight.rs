@@ -158,7 +158,7 @@ impl Weight {
         match self {
             Weight::F32(w) => matmul(x, w, y, m),
             Weight::Quant(w) => {
-                quantize_rows(x, m, w.cols(), xq);
+                quantize_rows(x, m, w.cols(), w.act_scales(), xq);
                 qmatmul(xq, w, y, m);
             }
         }

@@ -1,12 +1,12 @@
 //! `Y = X · Wᵀ` with `W` kept in a GGML block format: each row of `X` is quantized to int8
-//! with one f32 scale per 16 values (plus their integer sums, for the formats with an
-//! offset), and the dot products with `W`'s blocks are integer (`maddubs`/`madd` on AVX2)
-//! with f32 scales applied per 16 values. llama.cpp scales per 32; half that costs one more
-//! conversion and multiply-add per block and row, and on SmolLM2 Q4_1 it halves the KL
-//! divergence from the f32 path (0.0030 → 0.0016) and lifts top-1 agreement from 95.7% to
-//! 97.2%: activations have outliers, and one per 32 values coarsens 31 others. The
-//! common formats run on eight interleaved rows at a time ([`x8`]); the rest, and tails of
-//! fewer than eight rows, one row at a time in the file's layout ([`rows`]).
+//! with one f32 scale per 16 values, or per 32 for Q4_K ([`ActScales`]), plus their integer
+//! sums for the formats with an offset; the dot products with `W`'s blocks are integer
+//! (`maddubs`/`madd` on AVX2) with f32 scales applied per activation scale. llama.cpp
+//! scales per 32 (per 256 for the K-quants); per 16 costs one more conversion and
+//! multiply-add per block and row, and pays where the weights are fine enough for the
+//! activations' rounding to show. The common formats run on eight interleaved rows at a
+//! time ([`x8`]); the rest, and tails of fewer than eight rows, one row at a time in the
+//! file's layout ([`rows`]).
 //!
 //! **Batch invariance.** A row's result is the same chain of operations whatever else is
 //! in the step: rows are quantized on their own, and a row tile only shares the decoded
@@ -96,6 +96,18 @@ impl QMatrix {
         dtype.block().0 >= QB
     }
 
+    /// How the activations this matrix takes are scaled: per 32 values when a part runs
+    /// an interleaved K-quant kernel (which needs it), else per 16.
+    pub fn act_scales(&self) -> ActScales {
+        let x8_scales = |p: &Part| (p.layout == Layout::X8).then(|| x8::act_scales(p.dtype));
+        let per_block = self.parts.iter().filter_map(x8_scales).any(|s| s == ActScales::PerBlock);
+        if per_block {
+            ActScales::PerBlock
+        } else {
+            ActScales::PerHalf
+        }
+    }
+
     /// Rows (`n`).
     pub fn rows(&self) -> usize {
         self.n
@@ -139,11 +151,29 @@ impl QMatrix {
     }
 }
 
+/// How finely a row's int8 activations are scaled: the matrix that takes them chooses
+/// ([`QMatrix::act_scales`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ActScales {
+    /// One scale per 16 values: an outlier coarsens 15 others, not 31. On SmolLM2 Q4_1 it
+    /// halves the KL divergence from the f32 path (0.0029 → 0.0016) and lifts top-1
+    /// agreement from 95.8% to 97.7%.
+    #[default]
+    PerHalf,
+    /// One per 32 (written for both halves), for Q4_K: a sub-block's 32 values then sum in
+    /// 16-bit integers under one activation scale, and its kernel converts and scales
+    /// once per sub-block instead of twice (four tile rows hot: 70 → 88 GMAC/s). Its
+    /// weights' own error dwarfs the difference: SmolLM2 in Q4_K, KL 0.0675 → 0.0678 and
+    /// top-1 agreement 82.2% either way. (Q5_K cannot sum 32 values in i16, and Q6_K's
+    /// kernel ran no faster with it.)
+    PerBlock,
+}
+
 /// `X`'s rows quantized for [`qmatmul`].
 #[derive(Default)]
 pub struct QActs {
     q: Vec<i8>,
-    /// One scale per 16 values.
+    /// One scale per 16 values (equal in pairs when `scales` is [`ActScales::PerBlock`]).
     d: Vec<f32>,
     /// Integer sums of each 16 values, for the formats with an offset.
     sums: Vec<i32>,
@@ -151,6 +181,7 @@ pub struct QActs {
     dsum: Vec<f32>,
     /// Per 16 values, formed on first use by a Q6_K kernel ([`QActs::q6_offsets`]).
     q6: std::sync::OnceLock<Vec<i32>>,
+    scales: ActScales,
 }
 
 impl QActs {
@@ -170,10 +201,13 @@ impl QActs {
     }
 }
 
-/// Quantizes `m` rows of `k` values: per 16, `d = max|x| / 127`, `q = round(x / d)`.
-pub fn quantize_rows(x: &[f32], m: usize, k: usize, out: &mut QActs) {
+/// Quantizes `m` rows of `k` values: per 16 (or 32, `scales`), `d = max|x| / 127`,
+/// `q = round(x / d)`.
+pub fn quantize_rows(x: &[f32], m: usize, k: usize, scales: ActScales, out: &mut QActs) {
     let blocks = m * k / QB;
+    let per_block = scales == ActScales::PerBlock;
     out.q6 = Default::default();
+    out.scales = scales;
     out.q.resize(m * k, 0);
     out.d.resize(2 * blocks, 0.0);
     out.sums.resize(2 * blocks, 0);
@@ -184,20 +218,22 @@ pub fn quantize_rows(x: &[f32], m: usize, k: usize, out: &mut QActs) {
         #[cfg(target_arch = "x86_64")]
         if super::matmul::avx2::available() {
             // SAFETY: AVX2 was detected.
-            return unsafe { avx2::quantize_blocks(x, q, d, sums, dsum) };
+            return unsafe { avx2::quantize_blocks(x, q, d, sums, dsum, per_block) };
         }
-        quantize_blocks(x, q, d, sums, dsum)
+        quantize_blocks(x, q, d, sums, dsum, per_block)
     });
 }
 
 /// [`quantize_rows`] over whole blocks: `x` and `q` hold `dsum.len()` blocks of 32, `d`
-/// and `sums` two entries per block.
-fn quantize_blocks(x: &[f32], q: &mut [i8], d: &mut [f32], sums: &mut [i32], dsum: &mut [f32]) {
+/// and `sums` two entries per block; `per_block`: one scale per 32 values.
+fn quantize_blocks(x: &[f32], q: &mut [i8], d: &mut [f32], sums: &mut [i32], dsum: &mut [f32], per_block: bool) {
     let blocks = x.chunks_exact(QB).zip(q.chunks_exact_mut(QB)).zip(d.chunks_exact_mut(2));
     for (((x, q), d), (s, ds)) in blocks.zip(sums.chunks_exact_mut(2).zip(dsum)) {
+        let amax = |x: &[f32]| x.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let block_max = amax(x);
         for h in 0..2 {
             let (x, q) = (&x[h * QH..(h + 1) * QH], &mut q[h * QH..(h + 1) * QH]);
-            let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let amax = if per_block { block_max } else { amax(x) };
             d[h] = amax / 127.0;
             let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
             for (q, &v) in q.iter_mut().zip(x) {
@@ -222,16 +258,28 @@ mod avx2 {
     /// # Safety
     /// AVX2 must be available.
     #[target_feature(enable = "avx2")]
-    pub unsafe fn quantize_blocks(x: &[f32], q: &mut [i8], d: &mut [f32], sums: &mut [i32], dsum: &mut [f32]) {
+    pub unsafe fn quantize_blocks(
+        x: &[f32],
+        q: &mut [i8],
+        d: &mut [f32],
+        sums: &mut [i32],
+        dsum: &mut [f32],
+        per_block: bool,
+    ) {
         let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
+        let load = |at: usize| (_mm256_loadu_ps(x[at..at + 8].as_ptr()), _mm256_loadu_ps(x[at + 8..at + 16].as_ptr()));
         for (b, ds) in dsum.iter_mut().enumerate() {
-            for h in 0..2 {
-                let at = b * QB + h * QH;
-                let (lo, hi) = (_mm256_loadu_ps(x[at..at + 8].as_ptr()), _mm256_loadu_ps(x[at + 8..at + 16].as_ptr()));
+            let halves = [load(b * QB), load(b * QB + QH)];
+            let amax: [f32; 2] = std::array::from_fn(|h| {
+                let (lo, hi) = halves[h];
                 let m = _mm256_max_ps(_mm256_and_ps(lo, abs_mask), _mm256_and_ps(hi, abs_mask));
                 let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
                 let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-                let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+                _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)))
+            });
+            for (h, &(lo, hi)) in halves.iter().enumerate() {
+                let at = b * QB + h * QH;
+                let amax = if per_block { amax[0].max(amax[1]) } else { amax[h] };
                 d[2 * b + h] = amax / 127.0;
                 let id = _mm256_set1_ps(if amax > 0.0 { 127.0 / amax } else { 0.0 });
                 let (il, ih) = (_mm256_cvtps_epi32(_mm256_mul_ps(lo, id)), _mm256_cvtps_epi32(_mm256_mul_ps(hi, id)));
@@ -258,10 +306,11 @@ fn round_small(v: f32) -> f32 {
 }
 
 /// `y[i, j] = Σ_k x[i, k] · w[j, k]` for `i < m`; `y` is `[m, n]` row-major; `xq` holds
-/// `X` quantized by [`quantize_rows`].
+/// `X` quantized by [`quantize_rows`] with `w`'s [`QMatrix::act_scales`].
 pub fn qmatmul(xq: &QActs, w: &QMatrix, y: &mut [f32], m: usize) {
     let (n, k) = (w.n, w.k);
     assert!(xq.q.len() >= m * k && y.len() >= m * n, "qmatmul: buffers too small");
+    assert_eq!(xq.scales, w.act_scales(), "qmatmul: activations scaled for another matrix");
     let out = SharedOut(y.as_mut_ptr());
     let mut first_row = 0;
     for p in &w.parts {
@@ -350,7 +399,7 @@ mod tests {
             let wf = dequantize(dtype, &raw);
             let x = random_vec(m * k, 4);
             let mut xq = QActs::default();
-            quantize_rows(&x, m, k, &mut xq);
+            quantize_rows(&x, m, k, w.act_scales(), &mut xq);
             let mut y = vec![0f32; m * n];
             qmatmul(&xq, &w, &mut y, m);
             for i in 0..m {
@@ -368,13 +417,16 @@ mod tests {
         }
     }
 
-    /// An outlier coarsens only its own 16 values: the other half keeps its own scale.
+    /// An outlier coarsens only its own 16 values: the other half keeps its own scale
+    /// (unless the scales are per block).
     #[test]
     fn each_half_block_has_its_own_scale() {
         let mut x: Vec<f32> = (0..QB).map(|i| 0.01 * (i as f32 - 15.5)).collect();
         x[3] = 100.0;
         let mut xq = QActs::default();
-        quantize_rows(&x, 1, QB, &mut xq);
+        quantize_rows(&x, 1, QB, ActScales::PerBlock, &mut xq);
+        assert_eq!(xq.d, [100.0 / 127.0; 2]);
+        quantize_rows(&x, 1, QB, ActScales::PerHalf, &mut xq);
         assert_eq!(xq.d[0], 100.0 / 127.0);
         assert_eq!(xq.d[1], 0.155 / 127.0);
         for (i, &v) in x.iter().enumerate().skip(QH) {
@@ -399,15 +451,17 @@ mod tests {
         x[QH..QB].iter_mut().enumerate().for_each(|(i, v)| *v = i as f32 - 7.5);
         x[QH] = 127.0;
         x[40] = 1e30;
-        type Quantizer<'a> = &'a dyn Fn(&[f32], &mut [i8], &mut [f32], &mut [i32], &mut [f32]);
-        let run = |f: Quantizer<'_>| {
+        type Quantizer<'a> = &'a dyn Fn(&[f32], &mut [i8], &mut [f32], &mut [i32], &mut [f32], bool);
+        let run = |f: Quantizer<'_>, per_block| {
             let (mut q, mut d, mut s, mut ds) = (vec![0i8; x.len()], vec![0f32; 128], vec![0i32; 128], vec![0f32; 64]);
-            f(&x, &mut q, &mut d, &mut s, &mut ds);
+            f(&x, &mut q, &mut d, &mut s, &mut ds, per_block);
             (q, d, s, ds)
         };
-        // SAFETY: AVX2 was detected above.
-        let vector = run(&|x, q, d, s, ds| unsafe { avx2::quantize_blocks(x, q, d, s, ds) });
-        assert_eq!(vector, run(&quantize_blocks));
+        for per_block in [false, true] {
+            // SAFETY: AVX2 was detected above.
+            let vector = run(&|x, q, d, s, ds, pb| unsafe { avx2::quantize_blocks(x, q, d, s, ds, pb) }, per_block);
+            assert_eq!(vector, run(&quantize_blocks, per_block), "per block: {per_block}");
+        }
     }
 
     #[test]
@@ -426,7 +480,7 @@ mod tests {
             let x = random_vec(9 * k, 6);
             let run = |rows: &[f32], m: usize| {
                 let mut xq = QActs::default();
-                quantize_rows(rows, m, k, &mut xq);
+                quantize_rows(rows, m, k, w.act_scales(), &mut xq);
                 let mut y = vec![0f32; m * n];
                 qmatmul(&xq, &w, &mut y, m);
                 y
@@ -447,7 +501,7 @@ mod tests {
         let w = QMatrix::new(k, vec![(GgmlType::Q4K, 3, a.clone()), (GgmlType::Q6K, 2, b.clone())]).unwrap();
         let x = random_vec(k, 10);
         let mut xq = QActs::default();
-        quantize_rows(&x, 1, k, &mut xq);
+        quantize_rows(&x, 1, k, w.act_scales(), &mut xq);
         let mut y = vec![0f32; 5];
         qmatmul(&xq, &w, &mut y, 1);
         let single = |dtype, raw: Vec<u8>, rows| {

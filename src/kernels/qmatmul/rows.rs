@@ -400,7 +400,7 @@ mod avx2 {
 #[cfg(test)]
 mod tests {
     use super::super::tests::random_blocks;
-    use super::super::{quantize_rows, QActs};
+    use super::super::{quantize_rows, ActScales, QActs};
     use super::*;
     use crate::kernels::testing::random_vec;
 
@@ -429,7 +429,7 @@ mod tests {
             let k = raw.len() / bytes * per;
             let x = random_vec(2 * k, 13);
             let mut xq = QActs::default();
-            quantize_rows(&x, 2, k, &mut xq);
+            quantize_rows(&x, 2, k, ActScales::PerHalf, &mut xq);
             let (mut a, mut b) = ([0f32; TILE], [0f32; TILE]);
             portable::dot_rows(dtype, &raw, &xq, 0, 2, k / QB, &mut a);
             // SAFETY: AVX2 was detected above.

@@ -16,7 +16,7 @@
 //! Each row of `X` is one chain of operations whatever the tile it is in, so results stay
 //! batch-invariant.
 
-use super::{Buf, Part, QActs, SharedOut, QB, QH};
+use super::{ActScales, Buf, Part, QActs, SharedOut, QB, QH};
 use crate::kernels::quant::{scale_min_k4, GgmlType};
 use rayon::prelude::*;
 
@@ -77,6 +77,15 @@ impl Shape {
 pub fn supports(dtype: GgmlType) -> bool {
     use GgmlType::*;
     matches!(dtype, Q4_0 | Q4_1 | Q8_0 | Q4K | Q5K | Q6K)
+}
+
+/// How the activations of `dtype`'s kernel are scaled: Q4_K's per 32 values, so that a
+/// sub-block's sums stay integer until its scale (the others take either).
+pub fn act_scales(dtype: GgmlType) -> ActScales {
+    match dtype {
+        GgmlType::Q4K => ActScales::PerBlock,
+        _ => ActScales::PerHalf,
+    }
 }
 
 /// Bytes of one record and where its values start.
@@ -432,11 +441,10 @@ mod avx2 {
 
     /// Q4_K and Q5_K (`FIVE`) with each decoded chunk (nibbles, and Q5_K's fifth bits)
     /// shared by the tile's rows, as [`legacy_q4`] does. One sub-block at a time (the low
-    /// nibbles of a pair, then the high ones), so the tile's 16-bit sums are one register
-    /// per row: each half of it (16 values of each row, one activation scale) gathers four
-    /// products of at most 2·31·127 per i16 before `madd` applies the 6-bit scales; the
-    /// halves gather under their activation scales and take the eight rows' weight scales
-    /// once per block. The mins follow in [`k_mins`].
+    /// nibbles of a pair, then the high ones: [`k_sub`]); its sums gather under their
+    /// activation scales (one per sub-block for Q4_K, [`ActScales::PerBlock`]; one per
+    /// half for Q5_K) and take the eight rows' weight scales once per block. The mins
+    /// follow in [`k_mins`].
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn k_tiled<const FIVE: bool, const R: usize>(
         p: *const u8,
@@ -445,39 +453,16 @@ mod avx2 {
         blocks: usize,
         out: &mut [[f32; GROUP]; TILE],
     ) {
-        let (rec_bytes, head) = record(if FIVE { GgmlType::Q5K } else { GgmlType::Q4K });
-        let nibbles = if FIVE { head + 256 } else { head };
-        let (low4, fifth) = (_mm256_set1_epi8(0xF), _mm256_set1_epi8(0x10));
+        let rec_bytes = record(if FIVE { GgmlType::Q5K } else { GgmlType::Q4K }).0;
         let mut acc = [_mm256_setzero_ps(); TILE];
         for b in 0..blocks {
             let rec = p.add(b * rec_bytes);
             prefetch(rec, rec_bytes);
             let mut blk = [_mm256_setzero_ps(); TILE];
-            for sub in 0..8 {
-                let (pair, h) = (sub / 2, sub % 2);
-                let sc = scale_pairs::<false>(rec.add(32 + 8 * sub));
-                let bit = _mm256_set1_epi8(1 << sub);
-                for half in 0..2 {
-                    let mut s16 = [_mm256_setzero_si256(); TILE];
-                    for c in 4 * half..4 * half + 4 {
-                        let v = _mm256_loadu_si256(rec.add(nibbles + pair * 256 + 32 * c).cast());
-                        let mut w = _mm256_and_si256(if h == 0 { v } else { _mm256_srli_epi16(v, 4) }, low4);
-                        if FIVE {
-                            let qh = _mm256_loadu_si256(rec.add(head + 32 * c).cast());
-                            let set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
-                            w = _mm256_or_si256(w, _mm256_and_si256(set, fifth));
-                        }
-                        for (t, s) in s16[..R].iter_mut().enumerate() {
-                            let x = xq.q.as_ptr().add(((first + t) * blocks + b) * 8 * QB);
-                            *s = _mm256_add_epi16(*s, _mm256_maddubs_epi16(w, bcast(x.add(sub * QB + 4 * c))));
-                        }
-                    }
-                    for (t, (blk, s)) in blk[..R].iter_mut().zip(&s16).enumerate() {
-                        let hb = 2 * (((first + t) * blocks + b) * 8 + sub) + half;
-                        let dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(*s, sc));
-                        *blk = _mm256_fmadd_ps(dot, _mm256_set1_ps(*xq.d.get_unchecked(hb)), *blk);
-                    }
-                }
+            let at = |t: usize| ((first + t) * blocks + b) * 8;
+            for pair in 0..4 {
+                k_sub::<FIVE, R, 0>(rec, pair, xq, at, &mut blk);
+                k_sub::<FIVE, R, 1>(rec, pair, xq, at, &mut blk);
             }
             let dw = _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()));
             for (acc, &blk) in acc[..R].iter_mut().zip(&blk) {
@@ -486,6 +471,49 @@ mod avx2 {
         }
         k_mins::<R>(p, rec_bytes, xq, first, blocks, &mut acc);
         store(&acc, out, R);
+    }
+
+    /// Sub-block `2·pair + H` of the [`k_tiled`] record at `rec` against tile row `t`'s
+    /// activations from sub-block index `at(t)`, added to `blk`. Q4_K's eight products of
+    /// at most 2·15·127 per i16 gather before one `madd` applies the 6-bit scales, Q5_K's
+    /// (at most 2·31·127) four at a time with a `madd` each.
+    #[inline(always)]
+    unsafe fn k_sub<const FIVE: bool, const R: usize, const H: usize>(
+        rec: *const u8,
+        pair: usize,
+        xq: &QActs,
+        at: impl Fn(usize) -> usize,
+        blk: &mut [__m256; TILE],
+    ) {
+        let head = record(if FIVE { GgmlType::Q5K } else { GgmlType::Q4K }).1;
+        let nibbles = if FIVE { head + 256 } else { head };
+        let (low4, fifth) = (_mm256_set1_epi8(0xF), _mm256_set1_epi8(0x10));
+        let sub = 2 * pair + H;
+        let sc = scale_pairs::<false>(rec.add(32 + 8 * sub));
+        let bit = _mm256_set1_epi8(1 << sub);
+        // Q4_K: one run of eight chunks, one scale; Q5_K: two of four, one scale each.
+        let runs = if FIVE { 2 } else { 1 };
+        for run in 0..runs {
+            let mut s16 = [_mm256_setzero_si256(); TILE];
+            for c in 8 / runs * run..8 / runs * (run + 1) {
+                let v = _mm256_loadu_si256(rec.add(nibbles + pair * 256 + 32 * c).cast());
+                let mut w = _mm256_and_si256(if H == 0 { v } else { _mm256_srli_epi16(v, 4) }, low4);
+                if FIVE {
+                    let qh = _mm256_loadu_si256(rec.add(head + 32 * c).cast());
+                    let set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
+                    w = _mm256_or_si256(w, _mm256_and_si256(set, fifth));
+                }
+                for (t, s) in s16[..R].iter_mut().enumerate() {
+                    let x = xq.q.as_ptr().add((at(t) + sub) * QB + 4 * c);
+                    *s = _mm256_add_epi16(*s, _mm256_maddubs_epi16(w, bcast(x)));
+                }
+            }
+            for (t, (blk, s16)) in blk[..R].iter_mut().zip(&s16).enumerate() {
+                let dot = _mm256_madd_epi16(*s16, sc);
+                let dx = _mm256_set1_ps(*xq.d.get_unchecked(2 * (at(t) + sub) + run));
+                *blk = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), dx, *blk);
+            }
+        }
     }
 
     /// Q4_K/Q5_K's mins, `dmin·m · d_x·Σx` per sub-block, in a pass of their own after the
@@ -644,7 +672,7 @@ mod tests {
     fn one_group(dtype: GgmlType, k: usize, rows: usize, seed: u64) -> (Buf<u8>, QActs) {
         let data = interleave(dtype, &random_blocks(dtype, GROUP * k / dtype.block().0, seed), k);
         let mut xq = QActs::default();
-        quantize_rows(&random_vec(rows * k, seed + 1), rows, k, &mut xq);
+        quantize_rows(&random_vec(rows * k, seed + 1), rows, k, act_scales(dtype), &mut xq);
         (data, xq)
     }
 
@@ -679,7 +707,7 @@ mod tests {
             block[208..210].copy_from_slice(&half::f16::from_f32(0.5).to_le_bytes());
             let data = interleave(GgmlType::Q6K, &block.repeat(GROUP), k);
             let mut xq = QActs::default();
-            quantize_rows(&vec![x; TILE * k], TILE, k, &mut xq);
+            quantize_rows(&vec![x; TILE * k], TILE, k, act_scales(GgmlType::Q6K), &mut xq);
             let (mut a, mut b) = ([[0f32; GROUP]; TILE], [[0f32; GROUP]; TILE]);
             portable_group(GgmlType::Q6K, &data, &xq, 0, TILE, k, &mut a);
             // SAFETY: AVX2 was detected; `data` is one group's records.
@@ -687,6 +715,34 @@ mod tests {
             assert_eq!(a, b, "values {q:#x}, activations {x}, scales {sc}");
             let want = 0.5 * sc as f32 * if q == 0 { -32.0 } else { 31.0 } * x * k as f32;
             assert!((a[0][0] - want).abs() <= 1e-3 * want.abs(), "{} vs {want}", a[0][0]);
+        }
+    }
+
+    /// Q4_K's and Q5_K's 16-bit sums at their extremes (every value at its largest, every
+    /// activation ±127, scales 63): the AVX2 kernels match the exact sum, nothing wraps.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn k_quant_extremes_stay_in_range() {
+        if !crate::kernels::matmul::avx2::available() {
+            return;
+        }
+        let k = 256;
+        for (dtype, top) in [(GgmlType::Q4K, 15.0), (GgmlType::Q5K, 31.0)] {
+            for x in [1.0f32, -1.0] {
+                // All bits set: every value `top`, every 6-bit scale and min 63; then
+                // d = 0.5 and dmin = 0, so the sum is exact in f32.
+                let mut block = vec![0xFFu8; dtype.block().1];
+                block[..2].copy_from_slice(&half::f16::from_f32(0.5).to_le_bytes());
+                block[2..4].fill(0);
+                let data = interleave(dtype, &block.repeat(GROUP), k);
+                let mut xq = QActs::default();
+                quantize_rows(&vec![x; TILE * k], TILE, k, act_scales(dtype), &mut xq);
+                let mut got = [[0f32; GROUP]; TILE];
+                // SAFETY: AVX2 was detected; `data` is one group's records.
+                unsafe { avx2::group(dtype, &data, &xq, 0, TILE, 1, &mut got) };
+                let want = 0.5 * 63.0 * top * x * k as f32;
+                assert!(got.iter().flatten().all(|&v| v == want), "{dtype:?} {x}: {:?} vs {want}", got[0]);
+            }
         }
     }
 
