@@ -568,23 +568,13 @@ mod avx2 {
             let mut blk = [_mm256_setzero_ps(); TILE];
             let at = |t: usize| ((first + t) * blocks + b) * 8 * QB;
             let hb = |t: usize| 16 * ((first + t) * blocks + b);
-            // One row alone has registers to spare: the four outputs of each half are
-            // unrolled, so that their shifts are constants and the chunks they share load
-            // once. (Unrolled further, or for more rows, the shared chunks stay live and
-            // spill.)
-            if R == 1 {
-                for n in 0..2 {
-                    q6_out::<R>(rec, head, n, 0, xq, offs, at, hb, &mut blk);
-                    q6_out::<R>(rec, head, n, 1, xq, offs, at, hb, &mut blk);
-                    q6_out::<R>(rec, head, n, 2, xq, offs, at, hb, &mut blk);
-                    q6_out::<R>(rec, head, n, 3, xq, offs, at, hb, &mut blk);
-                }
-            } else {
-                for n in 0..2 {
-                    for i in 0..4 {
-                        q6_out::<R>(rec, head, n, i, xq, offs, at, hb, &mut blk);
-                    }
-                }
+            // The four outputs of each half are unrolled, so that their shifts are
+            // constants and the chunks they share load once.
+            for n in 0..2 {
+                q6_out::<R>(rec, head, n, 0, xq, offs, at, hb, &mut blk);
+                q6_out::<R>(rec, head, n, 1, xq, offs, at, hb, &mut blk);
+                q6_out::<R>(rec, head, n, 2, xq, offs, at, hb, &mut blk);
+                q6_out::<R>(rec, head, n, 3, xq, offs, at, hb, &mut blk);
             }
             let dw = _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()));
             for (acc, &blk) in acc[..R].iter_mut().zip(&blk) {
