@@ -682,6 +682,20 @@ mod tests {
         }
     }
 
+    /// Eight rows of one 256-value `block` against [`TILE`] rows of `x`, through the AVX2
+    /// kernel: the group, its activations and the results.
+    #[cfg(target_arch = "x86_64")]
+    fn one_block_avx2(dtype: GgmlType, block: &[u8], x: f32) -> (Buf<u8>, QActs, [[f32; GROUP]; TILE]) {
+        let k = 256;
+        let data = interleave(dtype, &block.repeat(GROUP), k);
+        let mut xq = QActs::default();
+        quantize_rows(&vec![x; TILE * k], TILE, k, act_scales(dtype), &mut xq);
+        let mut out = [[0f32; GROUP]; TILE];
+        // SAFETY: the callers checked for AVX2; `data` is one group's records.
+        unsafe { avx2::group(dtype, &data, &xq, 0, TILE, 1, &mut out) };
+        (data, xq, out)
+    }
+
     /// Q6_K's 16-bit sums at their extremes (every value 0 or 63, every activation ±127,
     /// scales ±127): the AVX2 kernel matches the portable one, nothing wraps.
     #[cfg(target_arch = "x86_64")]
@@ -695,13 +709,9 @@ mod tests {
             let mut block = [q; 210];
             block[192..208].fill(sc as u8);
             block[208..210].copy_from_slice(&half::f16::from_f32(0.5).to_le_bytes());
-            let data = interleave(GgmlType::Q6K, &block.repeat(GROUP), k);
-            let mut xq = QActs::default();
-            quantize_rows(&vec![x; TILE * k], TILE, k, act_scales(GgmlType::Q6K), &mut xq);
-            let (mut a, mut b) = ([[0f32; GROUP]; TILE], [[0f32; GROUP]; TILE]);
+            let (data, xq, b) = one_block_avx2(GgmlType::Q6K, &block, x);
+            let mut a = [[0f32; GROUP]; TILE];
             portable_group(GgmlType::Q6K, &data, &xq, 0, TILE, k, &mut a);
-            // SAFETY: AVX2 was detected; `data` is one group's records.
-            unsafe { avx2::group(GgmlType::Q6K, &data, &xq, 0, TILE, 1, &mut b) };
             assert_eq!(a, b, "values {q:#x}, activations {x}, scales {sc}");
             let want = 0.5 * sc as f32 * if q == 0 { -32.0 } else { 31.0 } * x * k as f32;
             assert!((a[0][0] - want).abs() <= 1e-3 * want.abs(), "{} vs {want}", a[0][0]);
@@ -716,7 +726,6 @@ mod tests {
         if !crate::kernels::matmul::avx2::available() {
             return;
         }
-        let k = 256;
         for (dtype, top) in [(GgmlType::Q4K, 15.0), (GgmlType::Q5K, 31.0)] {
             for x in [1.0f32, -1.0] {
                 // All bits set: every value `top`, every 6-bit scale and min 63; then
@@ -724,13 +733,8 @@ mod tests {
                 let mut block = vec![0xFFu8; dtype.block().1];
                 block[..2].copy_from_slice(&half::f16::from_f32(0.5).to_le_bytes());
                 block[2..4].fill(0);
-                let data = interleave(dtype, &block.repeat(GROUP), k);
-                let mut xq = QActs::default();
-                quantize_rows(&vec![x; TILE * k], TILE, k, act_scales(dtype), &mut xq);
-                let mut got = [[0f32; GROUP]; TILE];
-                // SAFETY: AVX2 was detected; `data` is one group's records.
-                unsafe { avx2::group(dtype, &data, &xq, 0, TILE, 1, &mut got) };
-                let want = 0.5 * 63.0 * top * x * k as f32;
+                let got = one_block_avx2(dtype, &block, x).2;
+                let want = 0.5 * 63.0 * top * x * 256.0;
                 assert!(got.iter().flatten().all(|&v| v == want), "{dtype:?} {x}: {:?} vs {want}", got[0]);
             }
         }
