@@ -96,12 +96,11 @@ impl QMatrix {
         dtype.block().0 >= QB
     }
 
-    /// How the activations this matrix takes are scaled: per 32 values when a part runs
-    /// an interleaved K-quant kernel (which needs it), else per 16.
+    /// How the activations this matrix takes are scaled: per 32 values when a part's
+    /// interleaved kernel needs it (Q4_K's), else per 16. Every kernel takes per 32.
     pub fn act_scales(&self) -> ActScales {
-        let x8_scales = |p: &Part| (p.layout == Layout::X8).then(|| x8::act_scales(p.dtype));
-        let per_block = self.parts.iter().filter_map(x8_scales).any(|s| s == ActScales::PerBlock);
-        if per_block {
+        let per_block = |p: &Part| p.layout == Layout::X8 && x8::act_scales(p.dtype) == ActScales::PerBlock;
+        if self.parts.iter().any(per_block) {
             ActScales::PerBlock
         } else {
             ActScales::PerHalf

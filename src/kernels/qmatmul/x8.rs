@@ -308,6 +308,16 @@ mod avx2 {
         }
     }
 
+    /// Adds a block's activation-scaled sums `blk` of the tile's rows, times the eight
+    /// rows' weight scales (the first f16 field of the record at `rec`), to `acc`.
+    #[inline(always)]
+    unsafe fn weigh<const R: usize>(rec: *const u8, blk: &[__m256; TILE], acc: &mut [__m256; TILE]) {
+        let dw = _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()));
+        for (acc, &blk) in acc[..R].iter_mut().zip(blk) {
+            *acc = _mm256_fmadd_ps(dw, blk, *acc);
+        }
+    }
+
     /// Bytes ahead of the record being read that are asked for early: loads issued by the
     /// prefetcher do not wait for the multiply-adds ahead of them in the core's window, so
     /// weight streaming overlaps the arithmetic.
@@ -360,10 +370,7 @@ mod avx2 {
                     *blk = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), dx, *blk);
                 }
             }
-            let dw = _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()));
-            for (acc, &blk) in acc[..R].iter_mut().zip(&blk) {
-                *acc = _mm256_fmadd_ps(dw, blk, *acc);
-            }
+            weigh::<R>(rec, &blk, &mut acc);
         }
         // Q4_1's offsets, `m · d_x · Σx` per block, in a pass of their own: the group's
         // records are in L1 by now, and the loop above keeps its registers for the values.
@@ -414,10 +421,7 @@ mod avx2 {
                     *blk = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), dx, *blk);
                 }
             }
-            let dw = _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()));
-            for (acc, &blk) in acc[..R].iter_mut().zip(&blk) {
-                *acc = _mm256_fmadd_ps(dw, blk, *acc);
-            }
+            weigh::<R>(rec, &blk, &mut acc);
         }
         store(&acc, out, R);
     }
@@ -464,10 +468,7 @@ mod avx2 {
                 k_sub::<FIVE, R, 0>(rec, pair, xq, at, &mut blk);
                 k_sub::<FIVE, R, 1>(rec, pair, xq, at, &mut blk);
             }
-            let dw = _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()));
-            for (acc, &blk) in acc[..R].iter_mut().zip(&blk) {
-                *acc = _mm256_fmadd_ps(dw, blk, *acc);
-            }
+            weigh::<R>(rec, &blk, &mut acc);
         }
         k_mins::<R>(p, rec_bytes, xq, first, blocks, &mut acc);
         store(&acc, out, R);
@@ -576,17 +577,14 @@ mod avx2 {
                 q6_out::<R>(rec, head, n, 2, xq, offs, at, hb, &mut blk);
                 q6_out::<R>(rec, head, n, 3, xq, offs, at, hb, &mut blk);
             }
-            let dw = _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()));
-            for (acc, &blk) in acc[..R].iter_mut().zip(&blk) {
-                *acc = _mm256_fmadd_ps(dw, blk, *acc);
-            }
+            weigh::<R>(rec, &blk, &mut acc);
         }
         store(&acc, out, R);
     }
 
     /// Output `i` of half `n` of the [`q6_k`] record at `rec` (values from `head`): its 32
     /// values of each row from the low-nibble and 2-bit chunks, against tile row `t`'s
-    /// activations from index `at(t)` (with their Q6_K offsets `offs`, one per 8), whose
+    /// activations from index `at(t)` (with their Q6_K offsets `offs`, one per 16), whose
     /// activation scales start at index `hb(t)`.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
