@@ -386,7 +386,11 @@ mod avx2 {
         store(&acc, out, R);
     }
 
-    /// Q8_0: signed weights, so `|w|` against `x` carrying `w`'s sign.
+    /// Q8_0: signed weights, so `|w|` against `x` carrying `w`'s sign. Each chunk loads
+    /// once for the tile's rows; a row's half-block sums gather in i32 and go straight
+    /// into its results under the product of the two scales, so that a row holds two
+    /// registers, not three (with a per-block sum as well, four rows spilled and ran
+    /// slower than one).
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn q8_0<const R: usize>(
         p: *const u8,
@@ -402,26 +406,23 @@ mod avx2 {
             let rec = p.add(b * rec_bytes);
             prefetch(rec, rec_bytes);
             let vals = rec.add(head);
-            let mut blk = [_mm256_setzero_ps(); TILE];
-            // One half block (four chunks, one activation scale) at a time, so that the
-            // chunks and the tile's sums stay in registers.
+            let dw = _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()));
             for h in 0..2 {
-                let aw: [__m256i; 4] =
-                    std::array::from_fn(|c| _mm256_abs_epi8(_mm256_loadu_si256(vals.add(32 * (4 * h + c)).cast())));
-                for (t, blk) in blk[..R].iter_mut().enumerate() {
-                    let xb = (first + t) * blocks + b;
-                    let x = xq.q.as_ptr().add(xb * QB + QH * h);
-                    let mut s = _mm256_setzero_si256();
-                    for (c, aw) in aw.iter().enumerate() {
-                        let w = _mm256_loadu_si256(vals.add(32 * (4 * h + c)).cast());
-                        let prod = _mm256_maddubs_epi16(*aw, _mm256_sign_epi8(bcast(x.add(4 * c)), w));
-                        s = _mm256_add_epi32(s, _mm256_madd_epi16(prod, ones));
+                let mut s = [_mm256_setzero_si256(); TILE];
+                for c in 0..4 {
+                    let w = _mm256_loadu_si256(vals.add(32 * (4 * h + c)).cast());
+                    let aw = _mm256_abs_epi8(w);
+                    for (t, s) in s[..R].iter_mut().enumerate() {
+                        let x = xq.q.as_ptr().add(((first + t) * blocks + b) * QB + QH * h + 4 * c);
+                        let prod = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(bcast(x), w));
+                        *s = _mm256_add_epi32(*s, _mm256_madd_epi16(prod, ones));
                     }
-                    let dx = _mm256_set1_ps(*xq.d.get_unchecked(2 * xb + h));
-                    *blk = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), dx, *blk);
+                }
+                for (t, (acc, s)) in acc[..R].iter_mut().zip(&s).enumerate() {
+                    let dx = _mm256_set1_ps(*xq.d.get_unchecked(2 * ((first + t) * blocks + b) + h));
+                    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(*s), _mm256_mul_ps(dw, dx), *acc);
                 }
             }
-            weigh::<R>(rec, &blk, &mut acc);
         }
         store(&acc, out, R);
     }
