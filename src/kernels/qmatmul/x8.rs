@@ -302,18 +302,18 @@ mod avx2 {
     }
 
     #[inline(always)]
-    unsafe fn store(acc: &[__m256; TILE], out: &mut [[f32; GROUP]; TILE], rows: usize) {
-        for t in 0..rows {
-            _mm256_storeu_ps(out[t].as_mut_ptr(), acc[t]);
+    unsafe fn store<const R: usize>(acc: &[__m256; R], out: &mut [[f32; GROUP]; TILE]) {
+        for (out, acc) in out.iter_mut().zip(acc) {
+            _mm256_storeu_ps(out.as_mut_ptr(), *acc);
         }
     }
 
     /// Adds a block's activation-scaled sums `blk` of the tile's rows, times the eight
     /// rows' weight scales (the first f16 field of the record at `rec`), to `acc`.
     #[inline(always)]
-    unsafe fn weigh<const R: usize>(rec: *const u8, blk: &[__m256; TILE], acc: &mut [__m256; TILE]) {
+    unsafe fn weigh<const R: usize>(rec: *const u8, blk: &[__m256; R], acc: &mut [__m256; R]) {
         let dw = _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()));
-        for (acc, &blk) in acc[..R].iter_mut().zip(blk) {
+        for (acc, &blk) in acc.iter_mut().zip(blk) {
             *acc = _mm256_fmadd_ps(dw, blk, *acc);
         }
     }
@@ -341,21 +341,21 @@ mod avx2 {
     ) {
         let (rec_bytes, head) = record(if OFFSET == 1 { GgmlType::Q4_1 } else { GgmlType::Q4_0 });
         let (ones, low4) = (_mm256_set1_epi16(1), _mm256_set1_epi8(0xF));
-        let mut acc = [_mm256_setzero_ps(); TILE];
+        let mut acc = [_mm256_setzero_ps(); R];
         for b in 0..blocks {
             let rec = p.add(b * rec_bytes);
             prefetch(rec, rec_bytes);
             // Each half block (the low nibbles, then the high ones) under its own
             // activation scale; its eight products of at most 2·15·127 fit in i16. The
             // halves are scaled and added first, then the weight scales once.
-            let mut blk = [_mm256_setzero_ps(); TILE];
+            let mut blk = [_mm256_setzero_ps(); R];
             for h in 0..2 {
                 // w[c]: values 16h + 4c..16h + 4c + 4 of every row.
                 let w: [__m256i; 4] = std::array::from_fn(|c| {
                     let v = _mm256_loadu_si256(rec.add(head + 32 * c).cast());
                     _mm256_and_si256(if h == 0 { v } else { _mm256_srli_epi16(v, 4) }, low4)
                 });
-                for (t, blk) in blk[..R].iter_mut().enumerate() {
+                for (t, blk) in blk.iter_mut().enumerate() {
                     let xb = (first + t) * blocks + b;
                     let x = xq.q.as_ptr().add(xb * QB + QH * h);
                     let mut s16 = _mm256_maddubs_epi16(w[0], bcast(x));
@@ -377,13 +377,13 @@ mod avx2 {
         if OFFSET == 1 {
             for b in 0..blocks {
                 let mw = _mm256_cvtph_ps(_mm_loadu_si128(p.add(b * rec_bytes + 16).cast()));
-                for (t, acc) in acc[..R].iter_mut().enumerate() {
+                for (t, acc) in acc.iter_mut().enumerate() {
                     let xb = (first + t) * blocks + b;
                     *acc = _mm256_fmadd_ps(mw, _mm256_set1_ps(*xq.dsum.get_unchecked(xb)), *acc);
                 }
             }
         }
-        store(&acc, out, R);
+        store(&acc, out);
     }
 
     /// Q8_0: signed weights, so `|w|` against `x` carrying `w`'s sign. Each chunk loads
@@ -401,30 +401,30 @@ mod avx2 {
     ) {
         let (rec_bytes, head) = record(GgmlType::Q8_0);
         let ones = _mm256_set1_epi16(1);
-        let mut acc = [_mm256_setzero_ps(); TILE];
+        let mut acc = [_mm256_setzero_ps(); R];
         for b in 0..blocks {
             let rec = p.add(b * rec_bytes);
             prefetch(rec, rec_bytes);
             let vals = rec.add(head);
             let dw = _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()));
             for h in 0..2 {
-                let mut s = [_mm256_setzero_si256(); TILE];
+                let mut s = [_mm256_setzero_si256(); R];
                 for c in 0..4 {
                     let w = _mm256_loadu_si256(vals.add(32 * (4 * h + c)).cast());
                     let aw = _mm256_abs_epi8(w);
-                    for (t, s) in s[..R].iter_mut().enumerate() {
+                    for (t, s) in s.iter_mut().enumerate() {
                         let x = xq.q.as_ptr().add(((first + t) * blocks + b) * QB + QH * h + 4 * c);
                         let prod = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(bcast(x), w));
                         *s = _mm256_add_epi32(*s, _mm256_madd_epi16(prod, ones));
                     }
                 }
-                for (t, (acc, s)) in acc[..R].iter_mut().zip(&s).enumerate() {
+                for (t, (acc, s)) in acc.iter_mut().zip(&s).enumerate() {
                     let dx = _mm256_set1_ps(*xq.d.get_unchecked(2 * ((first + t) * blocks + b) + h));
                     *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(*s), _mm256_mul_ps(dw, dx), *acc);
                 }
             }
         }
-        store(&acc, out, R);
+        store(&acc, out);
     }
 
     /// A lane's 8-bit value at `p` (one per row) as the i16 pair `(v, v)`: `madd` with it
@@ -459,11 +459,11 @@ mod avx2 {
         out: &mut [[f32; GROUP]; TILE],
     ) {
         let rec_bytes = record(if FIVE { GgmlType::Q5K } else { GgmlType::Q4K }).0;
-        let mut acc = [_mm256_setzero_ps(); TILE];
+        let mut acc = [_mm256_setzero_ps(); R];
         for b in 0..blocks {
             let rec = p.add(b * rec_bytes);
             prefetch(rec, rec_bytes);
-            let mut blk = [_mm256_setzero_ps(); TILE];
+            let mut blk = [_mm256_setzero_ps(); R];
             let at = |t: usize| ((first + t) * blocks + b) * 8;
             for pair in 0..4 {
                 k_sub::<FIVE, R, 0>(rec, pair, xq, at, &mut blk);
@@ -472,7 +472,7 @@ mod avx2 {
             weigh::<R>(rec, &blk, &mut acc);
         }
         k_mins::<R>(p, rec_bytes, xq, first, blocks, &mut acc);
-        store(&acc, out, R);
+        store(&acc, out);
     }
 
     /// Sub-block `2·pair + H` of the [`k_tiled`] record at `rec` against tile row `t`'s
@@ -485,7 +485,7 @@ mod avx2 {
         pair: usize,
         xq: &QActs,
         at: impl Fn(usize) -> usize,
-        blk: &mut [__m256; TILE],
+        blk: &mut [__m256; R],
     ) {
         let head = record(if FIVE { GgmlType::Q5K } else { GgmlType::Q4K }).1;
         let nibbles = if FIVE { head + 256 } else { head };
@@ -496,7 +496,7 @@ mod avx2 {
         // Q4_K: one run of eight chunks, one scale; Q5_K: two of four, one scale each.
         let runs = if FIVE { 2 } else { 1 };
         for run in 0..runs {
-            let mut s16 = [_mm256_setzero_si256(); TILE];
+            let mut s16 = [_mm256_setzero_si256(); R];
             for c in 8 / runs * run..8 / runs * (run + 1) {
                 let v = _mm256_loadu_si256(rec.add(nibbles + pair * 256 + 32 * c).cast());
                 let mut w = _mm256_and_si256(if H == 0 { v } else { _mm256_srli_epi16(v, 4) }, low4);
@@ -505,12 +505,12 @@ mod avx2 {
                     let set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
                     w = _mm256_or_si256(w, _mm256_and_si256(set, fifth));
                 }
-                for (t, s) in s16[..R].iter_mut().enumerate() {
+                for (t, s) in s16.iter_mut().enumerate() {
                     let x = xq.q.as_ptr().add((at(t) + sub) * QB + 4 * c);
                     *s = _mm256_add_epi16(*s, _mm256_maddubs_epi16(w, bcast(x)));
                 }
             }
-            for (t, (blk, s16)) in blk[..R].iter_mut().zip(&s16).enumerate() {
+            for (t, (blk, s16)) in blk.iter_mut().zip(&s16).enumerate() {
                 let dot = _mm256_madd_epi16(*s16, sc);
                 let dx = _mm256_set1_ps(*xq.d.get_unchecked(2 * (at(t) + sub) + run));
                 *blk = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), dx, *blk);
@@ -528,7 +528,7 @@ mod avx2 {
         xq: &QActs,
         first: usize,
         blocks: usize,
-        acc: &mut [__m256; TILE],
+        acc: &mut [__m256; R],
     ) {
         for b in 0..blocks {
             let rec = p.add(b * rec_bytes);
@@ -536,7 +536,7 @@ mod avx2 {
             for sub in 0..8 {
                 let m = _mm256_cvtepu8_epi32(_mm_loadl_epi64(rec.add(96 + 8 * sub).cast()));
                 let dm = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(m));
-                for (t, acc) in acc[..R].iter_mut().enumerate() {
+                for (t, acc) in acc.iter_mut().enumerate() {
                     let xb = ((first + t) * blocks + b) * 8 + sub;
                     *acc = _mm256_fnmadd_ps(dm, _mm256_set1_ps(*xq.dsum.get_unchecked(xb)), *acc);
                 }
@@ -563,11 +563,11 @@ mod avx2 {
     ) {
         let (rec_bytes, head) = record(GgmlType::Q6K);
         let offs = xq.q6_offsets().as_ptr();
-        let mut acc = [_mm256_setzero_ps(); TILE];
+        let mut acc = [_mm256_setzero_ps(); R];
         for b in 0..blocks {
             let rec = p.add(b * rec_bytes);
             prefetch(rec, rec_bytes);
-            let mut blk = [_mm256_setzero_ps(); TILE];
+            let mut blk = [_mm256_setzero_ps(); R];
             let at = |t: usize| ((first + t) * blocks + b) * 8 * QB;
             let hb = |t: usize| 16 * ((first + t) * blocks + b);
             // The four outputs of each half are unrolled, so that their shifts are
@@ -580,7 +580,7 @@ mod avx2 {
             }
             weigh::<R>(rec, &blk, &mut acc);
         }
-        store(&acc, out, R);
+        store(&acc, out);
     }
 
     /// Output `i` of half `n` of the [`q6_k`] record at `rec` (values from `head`): its 32
@@ -598,7 +598,7 @@ mod avx2 {
         offs: *const i32,
         at: impl Fn(usize) -> usize,
         hb: impl Fn(usize) -> usize,
-        blk: &mut [__m256; TILE],
+        blk: &mut [__m256; R],
     ) {
         let (low4, two) = (_mm256_set1_epi8(0xF), _mm256_set1_epi8(0x30));
         let (vals, scales) = (rec.add(head), rec.add(16));
@@ -607,7 +607,7 @@ mod avx2 {
         // the activations' first), 4..8 the rest.
         for half in 0..2 {
             let sc = scale_pairs::<true>(scales.add(8 * (8 * n + 2 * i + half)));
-            let mut sums = [_mm256_setzero_si256(); TILE];
+            let mut sums = [_mm256_setzero_si256(); R];
             for pair in 0..2 {
                 let c0 = 4 * half + 2 * pair;
                 // (No closure here: this function is inlined into AVX2 code, a closure in
@@ -627,7 +627,7 @@ mod avx2 {
                 // Each lane: two products of unsigned 6-bit values (at most 2·63·127) per
                 // chunk; with the −32 of all four chunks, a sum of at most 8·32·127. The
                 // 16-bit adds wrap, so only that final sum needs to fit.
-                for (t, sum) in sums[..R].iter_mut().enumerate() {
+                for (t, sum) in sums.iter_mut().enumerate() {
                     let x = xq.q.as_ptr().add(at(t) + n * 128 + 32 * i + 4 * c0);
                     let s16 = _mm256_add_epi16(
                         _mm256_maddubs_epi16(w[0], bcast(x)),
@@ -636,7 +636,7 @@ mod avx2 {
                     *sum = _mm256_add_epi16(*sum, s16);
                 }
             }
-            for (t, (blk, &sum)) in blk[..R].iter_mut().zip(&sums).enumerate() {
+            for (t, (blk, &sum)) in blk.iter_mut().zip(&sums).enumerate() {
                 let off = _mm256_set1_epi32(*offs.add((at(t) + n * 128 + 32 * i + 16 * half) / QH));
                 let dot = _mm256_madd_epi16(_mm256_add_epi16(sum, off), sc);
                 let dx = _mm256_set1_ps(*xq.d.get_unchecked(hb(t) + 2 * (4 * n + i) + half));
