@@ -69,7 +69,7 @@ pub fn document() -> Value {
     chat["top_logprobs"] = int.clone();
     chat["max_completion_tokens"] = int.clone();
     let native = json!({"max_tokens": int, "temperature": num, "top_p": num, "top_k": {"type": "integer"}, "seed": int,
-        "stop": {"type": "array", "items": {"type": "string"}}, "stream": {"type": "boolean"}});
+        "stop": {"type": "array", "items": {"type": "string"}}, "stream": {"type": "boolean"}, "ignore_eos": {"type": "boolean"}});
     let mut generate = native.clone();
     generate["prompt"] = json!({"type": "string"});
     let mut batch = native;

@@ -256,9 +256,11 @@ pub struct NativeParams {
     pub seed: Option<u64>,
     pub stop: Option<Vec<String>>,
     pub stream: Option<bool>,
+    /// Generate `max_tokens` whatever the model says (throughput runs, as vLLM's).
+    pub ignore_eos: Option<bool>,
 }
 
-const NATIVE_KEYS: &[&str] = &["max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream"];
+const NATIVE_KEYS: &[&str] = &["max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "ignore_eos"];
 
 impl NativeParams {
     /// Engine requests for `prompts`, through the same checks as the OpenAI routes
@@ -271,6 +273,7 @@ impl NativeParams {
             top_k: self.top_k,
             seed: self.seed,
             stop: self.stop.clone().map(openai::OneOrMany::Many),
+            ignore_eos: self.ignore_eos,
             ..Default::default()
         };
         let req = CompletionRequest {

@@ -35,6 +35,9 @@ impl Server {
                 if let Some(addr) = line.strip_prefix("weft: listening on ") {
                     let _ = tx.send(addr.to_string());
                 }
+                // Into the test's captured output, shown when it fails (an engine panic
+                // behind a 500, say).
+                eprintln!("server: {line}");
             }
         });
         let base = rx.recv_timeout(Duration::from_secs(30)).expect("server printed its address");
