@@ -228,11 +228,11 @@ pub fn quantize_rows(x: &[f32], m: usize, k: usize, scales: ActScales, out: &mut
 fn quantize_blocks(x: &[f32], q: &mut [i8], d: &mut [f32], sums: &mut [i32], dsum: &mut [f32], per_block: bool) {
     let blocks = x.chunks_exact(QB).zip(q.chunks_exact_mut(QB)).zip(d.chunks_exact_mut(2));
     for (((x, q), d), (s, ds)) in blocks.zip(sums.chunks_exact_mut(2).zip(dsum)) {
-        let amax = |x: &[f32]| x.iter().fold(0f32, |a, v| a.max(v.abs()));
-        let block_max = amax(x);
+        let half_max: [f32; 2] =
+            std::array::from_fn(|h| x[h * QH..(h + 1) * QH].iter().fold(0f32, |a, v| a.max(v.abs())));
         for h in 0..2 {
             let (x, q) = (&x[h * QH..(h + 1) * QH], &mut q[h * QH..(h + 1) * QH]);
-            let amax = if per_block { block_max } else { amax(x) };
+            let amax = if per_block { half_max[0].max(half_max[1]) } else { half_max[h] };
             d[h] = amax / 127.0;
             let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
             for (q, &v) in q.iter_mut().zip(x) {
