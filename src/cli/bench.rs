@@ -423,14 +423,21 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
 
 /// Decode next to this machine's limits, measured now: weight bytes read per token and the
 /// bandwidth that makes at B=1 against a streaming read; matrix GFLOP/s at the largest
-/// batch against the FMA peak.
+/// batch against the peak of the arithmetic the matrices use (int8 multiply-adds for block
+/// formats, f32 FMA otherwise).
 fn print_limits(model: &crate::loaded::LoadedModel, rows: &[Value], threads: usize) -> Result<Value> {
     let pool = crate::engine::thread_pool(threads)?;
-    let (read_gbs, peak_gflops) = pool.install(|| (super::machine::read_bandwidth(), super::machine::fma_peak()));
+    let (read_gbs, fma_peak, int8_peak) =
+        pool.install(|| (super::machine::read_bandwidth(), super::machine::fma_peak(), super::machine::int8_peak()));
     let bytes = model.model.weight_bytes() as f64;
     let flops_per_token = 2.0 * model.model.config.matmul_params() as f64;
     let tok_s = |b: u64| rows.iter().find(|r| r["batch"] == b).and_then(|r| r["tg_tok_s"].as_f64());
-    let mut out = json!({"weight_bytes_per_token": bytes, "read_gb_s": read_gbs, "fma_peak_gflop_s": peak_gflops});
+    let mut out = json!({
+        "weight_bytes_per_token": bytes,
+        "read_gb_s": read_gbs,
+        "fma_peak_gflop_s": fma_peak,
+        "int8_peak_gop_s": int8_peak,
+    });
     println!("  weights read per decoded token at B=1: {:.1} MB", bytes / 1e6);
     if let Some(t) = tok_s(1) {
         let gbs = bytes * t / 1e9;
@@ -443,9 +450,13 @@ fn print_limits(model: &crate::loaded::LoadedModel, rows: &[Value], threads: usi
     if let Some(r) = rows.iter().max_by_key(|r| r["batch"].as_u64()) {
         let (b, t) = (r["batch"].as_u64().unwrap_or(0), r["tg_tok_s"].as_f64().unwrap_or(0.0));
         let gflops = flops_per_token * t / 1e9;
+        let (peak, what) = match int8_peak {
+            Some(p) if model.model.quantized() => (p, "int8 multiply-add peak (maddubs + accumulate)"),
+            _ => (fma_peak, "f32 FMA peak"),
+        };
         println!(
-            "  B={b}: {gflops:.1} GFLOP/s in matrix multiplies, {:.0}% of the f32 FMA peak ({peak_gflops:.0} GFLOP/s)",
-            100.0 * gflops / peak_gflops
+            "  B={b}: {gflops:.1} GFLOP/s-equivalent in matrix multiplies, {:.0}% of the {what} ({peak:.0})",
+            100.0 * gflops / peak
         );
         out["max_batch_gflop_s"] = json!(gflops);
     }

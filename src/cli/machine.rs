@@ -53,6 +53,45 @@ fn fma_chains(iters: usize, seed: f32) -> f32 {
     acc.iter().sum()
 }
 
+/// Integer multiply-add peak of all pool threads for the quantized kernels' inner step, one
+/// `maddubs` (32 unsigned × signed byte products, pairwise summed) and one 16-bit
+/// accumulate, in GOP/s counting a multiply-add as two operations like a FLOP. No kernel
+/// does less per product (they also decode weights and apply scales), so it bounds them
+/// all from above. `None` without AVX2.
+pub fn int8_peak() -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::matmul::avx2::available() {
+        const ITERS: usize = 1 << 21;
+        let threads = rayon::current_num_threads();
+        let t0 = Instant::now();
+        // SAFETY: AVX2 was detected.
+        let sink: i64 = (0..threads).into_par_iter().map(|i| unsafe { avx2_int8_chains(ITERS, i as i8) }).sum();
+        std::hint::black_box(sink);
+        // 12 chains, 32 products (64 operations) each per step.
+        return Some((threads * ITERS * 12 * 64) as f64 / t0.elapsed().as_secs_f64() / 1e9);
+    }
+    None
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn avx2_int8_chains(iters: usize, seed: i8) -> i64 {
+    use std::arch::x86_64::*;
+    let w = _mm256_set1_epi8(3);
+    let mut acc = [_mm256_set1_epi8(seed); 12];
+    for _ in 0..iters {
+        // Each chain's bytes are its next activations, so no product can be hoisted; twelve
+        // chains hide the latency.
+        for a in acc.iter_mut() {
+            *a = _mm256_add_epi16(*a, _mm256_maddubs_epi16(w, *a));
+        }
+    }
+    let mut out = [0i16; 16];
+    let sum = acc.iter().fold(_mm256_setzero_si256(), |s, &a| _mm256_add_epi16(s, a));
+    _mm256_storeu_si256(out.as_mut_ptr().cast(), sum);
+    out.iter().map(|&v| v as i64).sum()
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn avx2_chains(iters: usize, seed: f32) -> f32 {
