@@ -472,7 +472,7 @@ mod tests {
     /// A row's result is bit-identical alone or inside any batch.
     #[test]
     fn rows_are_bit_identical_whatever_the_batch() {
-        for dtype in [GgmlType::Q4_1, GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q8_0] {
+        for dtype in [GgmlType::Q4_1, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K, GgmlType::Q8_0] {
             let per = dtype.block().0;
             let (n, k) = (40, 2 * per.max(64));
             let w = QMatrix::new(k, vec![(dtype, n, random_blocks(dtype, n * k / per, 5))]).unwrap();

@@ -13,8 +13,12 @@
 //!   Q5_K the same with the fifth bits before the nibbles (1440 against 1408);
 //! - Q6_K `d[8] sc[16][8]`, low nibbles, high bits (1680, as the file).
 //!
-//! Each row of `X` is one chain of operations whatever the tile it is in, so results stay
-//! batch-invariant.
+//! With more than one tile of activation rows, the K-quants' values are decoded to a byte
+//! each once per chunk of groups and read by every tile (Q5_K_M 1B, 32 streams: decode
+//! +9 %, prefill +20 %), rather than unpacked again for each tile.
+//!
+//! Each row of `X` is one chain of operations whatever the tile it is in, and decoded
+//! values are the very bytes the kernels would unpack, so results stay batch-invariant.
 
 use super::{ActScales, Buf, Part, QActs, SharedOut, QB, QH};
 use crate::kernels::quant::{scale_min_k4, GgmlType};
@@ -29,6 +33,8 @@ const TASKS_PER_THREAD: usize = 4;
 const CHUNK_BYTES: usize = 256 << 10;
 /// Activation rows computed together against one group's decoded weights.
 const TILE: usize = 4;
+/// Bytes of one K-quant block's values decoded to a byte each, for the group's rows.
+const DECODED: usize = 256 * GROUP;
 
 /// Where a block format keeps its fields, for repacking.
 struct Shape {
@@ -77,6 +83,18 @@ impl Shape {
 pub fn supports(dtype: GgmlType) -> bool {
     use GgmlType::*;
     matches!(dtype, Q4_0 | Q4_1 | Q8_0 | Q4K | Q5K | Q6K)
+}
+
+/// Whether `dtype`'s values are decoded to bytes once per chunk of groups ([`decode`])
+/// when more than one tile of rows runs over them: the K-quants, whose bit unpacking
+/// would otherwise be repeated for every tile (Q6_K's costs a vector operation per
+/// `maddubs` at four rows).
+fn decodes(dtype: GgmlType) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::matmul::avx2::available() {
+        return matches!(dtype, GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K);
+    }
+    false
 }
 
 /// How the activations of `dtype`'s kernel are scaled: Q4_K's per 32 values, so that a
@@ -191,32 +209,68 @@ pub(super) unsafe fn groups_task(
     m: usize,
     y: SharedOut,
 ) {
-    let group_bytes = k / p.dtype.block().0 * record(p.dtype).0;
-    // Chunks of groups that fit in L2, then activation tiles, then the chunk's groups: the
-    // weights are read from memory once, and the tile stays in L1.
-    let chunk = (CHUNK_BYTES / group_bytes).max(1);
-    for first in groups.clone().step_by(chunk) {
-        for i in (0..m).step_by(TILE) {
-            let tile = TILE.min(m - i);
-            for g in first..(first + chunk).min(groups.end) {
-                let mut acc = [[0f32; GROUP]; TILE];
-                group(p.dtype, &p.data[g * group_bytes..(g + 1) * group_bytes], xq, i, tile, k, &mut acc);
-                for (t, row) in acc[..tile].iter().enumerate() {
-                    // SAFETY: the caller owns these eight columns of row `i + t`.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(row.as_ptr(), y.0.add((i + t) * n + col0 + g * GROUP), GROUP)
-                    };
+    let blocks = k / p.dtype.block().0;
+    let group_bytes = blocks * record(p.dtype).0;
+    // With more than one tile, K-quant values are decoded once per chunk, and every tile
+    // reads the bytes the kernel would have decoded: results do not change.
+    let decoded_bytes = if m > TILE && decodes(p.dtype) { blocks * DECODED } else { 0 };
+    // Chunks of groups that fit in L2 (with their decoded values), then activation tiles,
+    // then the chunk's groups: the weights are read from memory once, and the tile stays
+    // in L1.
+    let chunk = (CHUNK_BYTES / (group_bytes + decoded_bytes)).max(1);
+    let records = |g: usize| &p.data[g * group_bytes..(g + 1) * group_bytes];
+    DECODE_SCRATCH.with_borrow_mut(|scratch| {
+        for first in groups.clone().step_by(chunk) {
+            let last = (first + chunk).min(groups.end);
+            scratch.resize((last - first) * decoded_bytes, 0);
+            if decoded_bytes > 0 {
+                for (g, out) in (first..last).zip(scratch.chunks_exact_mut(decoded_bytes)) {
+                    decode(p.dtype, records(g), blocks, out);
+                }
+            }
+            for i in (0..m).step_by(TILE) {
+                let tile = TILE.min(m - i);
+                for g in first..last {
+                    let vals = (decoded_bytes > 0).then(|| &scratch[(g - first) * decoded_bytes..][..decoded_bytes]);
+                    let mut acc = [[0f32; GROUP]; TILE];
+                    group(p.dtype, records(g), vals, xq, i, tile, k, &mut acc);
+                    for (t, row) in acc[..tile].iter().enumerate() {
+                        // SAFETY: the caller owns these eight columns of row `i + t`.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(row.as_ptr(), y.0.add((i + t) * n + col0 + g * GROUP), GROUP)
+                        };
+                    }
                 }
             }
         }
+    });
+}
+
+thread_local! {
+    /// Decoded values of a task's chunk of groups, kept between calls so that the step's
+    /// matrices do not each allocate (and fault in) a fresh buffer.
+    static DECODE_SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// One group's `blocks` records `data` of a K-quant, its values decoded to a byte each
+/// into `out` (`blocks × DECODED` bytes) in the order its kernel reads them.
+fn decode(dtype: GgmlType, data: &[u8], blocks: usize, out: &mut [u8]) {
+    assert!(decodes(dtype) && data.len() == blocks * record(dtype).0 && out.len() == blocks * DECODED);
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `decodes` checked for AVX2; the lengths were checked above.
+    unsafe {
+        avx2::decode(dtype, data.as_ptr(), blocks, out.as_mut_ptr())
     }
 }
 
-/// One group's records `data` against activation rows `first..first + tile`: the AVX2
-/// kernels where the CPU has them, else the portable fallback.
+/// One group's records `data` (and its values decoded by [`decode`], `vals`) against
+/// activation rows `first..first + tile`: the AVX2 kernels where the CPU has them, else
+/// the portable fallback.
+#[allow(clippy::too_many_arguments)]
 fn group(
     dtype: GgmlType,
     data: &[u8],
+    vals: Option<&[u8]>,
     xq: &QActs,
     first: usize,
     tile: usize,
@@ -225,9 +279,12 @@ fn group(
 ) {
     #[cfg(target_arch = "x86_64")]
     if crate::kernels::matmul::avx2::available() {
-        // SAFETY: AVX2, FMA and F16C were detected; `data` is one group's records.
-        return unsafe { avx2::group(dtype, data, xq, first, tile, k / dtype.block().0, acc) };
+        let src = avx2::Src { rec: data.as_ptr(), vals: vals.map_or(std::ptr::null(), |v| v.as_ptr()) };
+        // SAFETY: AVX2, FMA and F16C were detected; `data` is one group's records and
+        // `vals` (from `decode`) its values.
+        return unsafe { avx2::group(dtype, src, xq, first, tile, k / dtype.block().0, acc) };
     }
+    debug_assert!(vals.is_none(), "values are decoded ahead only for the AVX2 kernels");
     portable_group(dtype, data, xq, first, tile, k, acc)
 }
 
@@ -259,13 +316,23 @@ mod avx2 {
     use super::*;
     use std::arch::x86_64::*;
 
+    /// One group's weights as a kernel reads them: its records, and the K-quants' values
+    /// decoded ahead ([`decode`]) or null.
+    #[derive(Clone, Copy)]
+    pub struct Src {
+        pub rec: *const u8,
+        pub vals: *const u8,
+    }
+
     /// One group's records against activation rows `first..first + tile`.
     ///
     /// # Safety
-    /// AVX2, FMA and F16C must be available; `data` holds `blocks` records.
+    /// AVX2, FMA and F16C must be available; `src` holds `blocks` records, and `blocks`
+    /// decoded blocks unless its `vals` is null (always null for the formats without
+    /// [`decodes`]).
     pub unsafe fn group(
         dtype: GgmlType,
-        data: &[u8],
+        src: Src,
         xq: &QActs,
         first: usize,
         tile: usize,
@@ -273,26 +340,44 @@ mod avx2 {
         acc: &mut [[f32; GROUP]; TILE],
     ) {
         macro_rules! by_tile {
-            ($f:ident $(, $c:literal)?) => {
+            ($f:ident $(, $c:expr)*) => {
                 match tile {
-                    1 => $f::<$($c,)? 1>,
-                    2 => $f::<$($c,)? 2>,
-                    3 => $f::<$($c,)? 3>,
-                    _ => $f::<$($c,)? 4>,
+                    1 => $f::<$($c,)* 1>,
+                    2 => $f::<$($c,)* 2>,
+                    3 => $f::<$($c,)* 3>,
+                    _ => $f::<$($c,)* 4>,
                 }
             };
         }
-        let f = match dtype {
-            GgmlType::Q4_0 => by_tile!(legacy_q4, 0),
-            GgmlType::Q4_1 => by_tile!(legacy_q4, 1),
-            GgmlType::Q8_0 => by_tile!(q8_0),
-            GgmlType::Q4K => by_tile!(k_tiled, false),
-            GgmlType::Q5K => by_tile!(k_tiled, true),
-            GgmlType::Q6K => by_tile!(q6_k),
-            other => unreachable!("{other:?} is not interleaved"),
+        let f = match (dtype, !src.vals.is_null()) {
+            (GgmlType::Q4_0, false) => by_tile!(legacy_q4, 0),
+            (GgmlType::Q4_1, false) => by_tile!(legacy_q4, 1),
+            (GgmlType::Q8_0, false) => by_tile!(q8_0),
+            (GgmlType::Q4K, pre) => {
+                if pre {
+                    by_tile!(k_tiled, false, true)
+                } else {
+                    by_tile!(k_tiled, false, false)
+                }
+            }
+            (GgmlType::Q5K, pre) => {
+                if pre {
+                    by_tile!(k_tiled, true, true)
+                } else {
+                    by_tile!(k_tiled, true, false)
+                }
+            }
+            (GgmlType::Q6K, pre) => {
+                if pre {
+                    by_tile!(q6_k, true)
+                } else {
+                    by_tile!(q6_k, false)
+                }
+            }
+            other => unreachable!("{other:?}: no such interleaved kernel"),
         };
         debug_assert!((1..=TILE).contains(&tile));
-        f(data.as_ptr(), xq, first, blocks, acc)
+        f(src, xq, first, blocks, acc)
     }
 
     /// Four activation bytes at `x`, in every lane.
@@ -333,13 +418,14 @@ mod avx2 {
     /// The nibbles stay unsigned for `maddubs`; Q4_0's −8 is taken off the integer sum.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn legacy_q4<const OFFSET: usize, const R: usize>(
-        p: *const u8,
+        src: Src,
         xq: &QActs,
         first: usize,
         blocks: usize,
         out: &mut [[f32; GROUP]; TILE],
     ) {
         let (rec_bytes, head) = record(if OFFSET == 1 { GgmlType::Q4_1 } else { GgmlType::Q4_0 });
+        let p = src.rec;
         let (ones, low4) = (_mm256_set1_epi16(1), _mm256_set1_epi8(0xF));
         let mut acc = [_mm256_setzero_ps(); R];
         for b in 0..blocks {
@@ -392,14 +478,9 @@ mod avx2 {
     /// registers, not three (with a per-block sum as well, four rows spilled and ran
     /// slower than one).
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn q8_0<const R: usize>(
-        p: *const u8,
-        xq: &QActs,
-        first: usize,
-        blocks: usize,
-        out: &mut [[f32; GROUP]; TILE],
-    ) {
+    unsafe fn q8_0<const R: usize>(src: Src, xq: &QActs, first: usize, blocks: usize, out: &mut [[f32; GROUP]; TILE]) {
         let (rec_bytes, head) = record(GgmlType::Q8_0);
+        let p = src.rec;
         let ones = _mm256_set1_epi16(1);
         let mut acc = [_mm256_setzero_ps(); R];
         for b in 0..blocks {
@@ -445,29 +526,32 @@ mod avx2 {
     }
 
     /// Q4_K and Q5_K (`FIVE`) with each decoded chunk (nibbles, and Q5_K's fifth bits)
-    /// shared by the tile's rows, as [`legacy_q4`] does. One sub-block at a time (the low
-    /// nibbles of a pair, then the high ones: [`k_sub`]); its sums gather under their
-    /// activation scales (one per sub-block for Q4_K, [`ActScales::PerBlock`]; one per
-    /// half for Q5_K) and take the eight rows' weight scales once per block. The mins
-    /// follow in [`k_mins`].
+    /// shared by the tile's rows, as [`legacy_q4`] does; with `PRE`, the chunks are read
+    /// from the values decoded ahead. One sub-block at a time (the low nibbles of a pair,
+    /// then the high ones: [`k_sub`]); its sums gather under their activation scales (one
+    /// per sub-block for Q4_K, [`ActScales::PerBlock`]; one per half for Q5_K) and take
+    /// the eight rows' weight scales once per block. The mins follow in [`k_mins`].
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn k_tiled<const FIVE: bool, const R: usize>(
-        p: *const u8,
+    pub(super) unsafe fn k_tiled<const FIVE: bool, const PRE: bool, const R: usize>(
+        src: Src,
         xq: &QActs,
         first: usize,
         blocks: usize,
         out: &mut [[f32; GROUP]; TILE],
     ) {
-        let rec_bytes = record(if FIVE { GgmlType::Q5K } else { GgmlType::Q4K }).0;
+        let (p, rec_bytes) = (src.rec, record(if FIVE { GgmlType::Q5K } else { GgmlType::Q4K }).0);
         let mut acc = [_mm256_setzero_ps(); R];
         for b in 0..blocks {
             let rec = p.add(b * rec_bytes);
-            prefetch(rec, rec_bytes);
+            let vals = src.vals.wrapping_add(b * DECODED);
+            if !PRE {
+                prefetch(rec, rec_bytes);
+            }
             let mut blk = [_mm256_setzero_ps(); R];
             let at = |t: usize| ((first + t) * blocks + b) * 8;
             for pair in 0..4 {
-                k_sub::<FIVE, R, 0>(rec, pair, xq, at, &mut blk);
-                k_sub::<FIVE, R, 1>(rec, pair, xq, at, &mut blk);
+                k_sub::<FIVE, PRE, R, 0>(rec, vals, pair, xq, at, &mut blk);
+                k_sub::<FIVE, PRE, R, 1>(rec, vals, pair, xq, at, &mut blk);
             }
             weigh::<R>(rec, &blk, &mut acc);
         }
@@ -475,36 +559,49 @@ mod avx2 {
         store(&acc, out);
     }
 
-    /// Sub-block `2·pair + H` of the [`k_tiled`] record at `rec` against tile row `t`'s
-    /// activations from sub-block index `at(t)`, added to `blk`. Q4_K's eight products of
-    /// at most 2·15·127 per i16 gather before one `madd` applies the 6-bit scales, Q5_K's
-    /// (at most 2·31·127) four at a time with a `madd` each.
+    /// Chunk `c` of sub-block `2·pair + H` of the Q4_K/Q5_K (`FIVE`) record at `rec`: four
+    /// values of each of the eight rows, unsigned.
     #[inline(always)]
-    unsafe fn k_sub<const FIVE: bool, const R: usize, const H: usize>(
+    unsafe fn k_chunk<const FIVE: bool, const H: usize>(rec: *const u8, pair: usize, c: usize) -> __m256i {
+        let head = record(if FIVE { GgmlType::Q5K } else { GgmlType::Q4K }).1;
+        let nibbles = if FIVE { head + 256 } else { head };
+        let v = _mm256_loadu_si256(rec.add(nibbles + pair * 256 + 32 * c).cast());
+        let w = _mm256_and_si256(if H == 0 { v } else { _mm256_srli_epi16(v, 4) }, _mm256_set1_epi8(0xF));
+        if !FIVE {
+            return w;
+        }
+        let bit = _mm256_set1_epi8(1 << (2 * pair + H));
+        let qh = _mm256_loadu_si256(rec.add(head + 32 * c).cast());
+        let set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
+        _mm256_or_si256(w, _mm256_and_si256(set, _mm256_set1_epi8(0x10)))
+    }
+
+    /// Sub-block `2·pair + H` of the [`k_tiled`] record at `rec` (values decoded ahead at
+    /// `vals` with `PRE`) against tile row `t`'s activations from sub-block index `at(t)`,
+    /// added to `blk`. Q4_K's eight products of at most 2·15·127 per i16 gather before one
+    /// `madd` applies the 6-bit scales, Q5_K's (at most 2·31·127) four at a time with a
+    /// `madd` each.
+    #[inline(always)]
+    unsafe fn k_sub<const FIVE: bool, const PRE: bool, const R: usize, const H: usize>(
         rec: *const u8,
+        vals: *const u8,
         pair: usize,
         xq: &QActs,
         at: impl Fn(usize) -> usize,
         blk: &mut [__m256; R],
     ) {
-        let head = record(if FIVE { GgmlType::Q5K } else { GgmlType::Q4K }).1;
-        let nibbles = if FIVE { head + 256 } else { head };
-        let (low4, fifth) = (_mm256_set1_epi8(0xF), _mm256_set1_epi8(0x10));
         let sub = 2 * pair + H;
         let sc = scale_pairs::<false>(rec.add(32 + 8 * sub));
-        let bit = _mm256_set1_epi8(1 << sub);
         // Q4_K: one run of eight chunks, one scale; Q5_K: two of four, one scale each.
         let runs = if FIVE { 2 } else { 1 };
         for run in 0..runs {
             let mut s16 = [_mm256_setzero_si256(); R];
             for c in 8 / runs * run..8 / runs * (run + 1) {
-                let v = _mm256_loadu_si256(rec.add(nibbles + pair * 256 + 32 * c).cast());
-                let mut w = _mm256_and_si256(if H == 0 { v } else { _mm256_srli_epi16(v, 4) }, low4);
-                if FIVE {
-                    let qh = _mm256_loadu_si256(rec.add(head + 32 * c).cast());
-                    let set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
-                    w = _mm256_or_si256(w, _mm256_and_si256(set, fifth));
-                }
+                let w = if PRE {
+                    _mm256_loadu_si256(vals.add(32 * (8 * sub + c)).cast())
+                } else {
+                    k_chunk::<FIVE, H>(rec, pair, c)
+                };
                 for (t, s) in s16.iter_mut().enumerate() {
                     let x = xq.q.as_ptr().add((at(t) + sub) * QB + 4 * c);
                     *s = _mm256_add_epi16(*s, _mm256_maddubs_epi16(w, bcast(x)));
@@ -514,6 +611,42 @@ mod avx2 {
                 let dot = _mm256_madd_epi16(*s16, sc);
                 let dx = _mm256_set1_ps(*xq.d.get_unchecked(2 * (at(t) + sub) + run));
                 *blk = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), dx, *blk);
+            }
+        }
+    }
+
+    /// A group's `blocks` K-quant records at `p`, their values decoded to bytes at `out` in
+    /// the order [`k_sub`] and [`q6_out`] read them: per block, 32-byte chunks by
+    /// sub-block (Q6_K: by output) and then chunk.
+    ///
+    /// # Safety
+    /// AVX2 must be available; `p` holds `blocks` records, `out` room for `blocks` decoded.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn decode(dtype: GgmlType, p: *const u8, blocks: usize, out: *mut u8) {
+        let (rec_bytes, head) = record(dtype);
+        for b in 0..blocks {
+            let (rec, out) = (p.add(b * rec_bytes), out.add(b * DECODED));
+            let put = |i: usize, c: usize, w: __m256i| _mm256_storeu_si256(out.add(32 * (8 * i + c)).cast(), w);
+            match dtype {
+                GgmlType::Q4K => (0..32).for_each(|j| {
+                    let (pair, c) = (j / 8, j % 8);
+                    put(2 * pair, c, k_chunk::<false, 0>(rec, pair, c));
+                    put(2 * pair + 1, c, k_chunk::<false, 1>(rec, pair, c));
+                }),
+                GgmlType::Q5K => (0..32).for_each(|j| {
+                    let (pair, c) = (j / 8, j % 8);
+                    put(2 * pair, c, k_chunk::<true, 0>(rec, pair, c));
+                    put(2 * pair + 1, c, k_chunk::<true, 1>(rec, pair, c));
+                }),
+                // The four outputs written out, so that their shifts are constants and the
+                // chunks they share load once.
+                _ => (0..16).for_each(|j| {
+                    let (n, c, vals) = (j / 8, j % 8, rec.add(head));
+                    put(4 * n, c, q6_chunk(vals, n, 0, c));
+                    put(4 * n + 1, c, q6_chunk(vals, n, 1, c));
+                    put(4 * n + 2, c, q6_chunk(vals, n, 2, c));
+                    put(4 * n + 3, c, q6_chunk(vals, n, 3, c));
+                }),
             }
         }
     }
@@ -559,8 +692,8 @@ mod avx2 {
     /// under their activation scales and take the eight rows' weight scales once per
     /// block; a row's operations are the same whatever its tile.
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn q6_k<const R: usize>(
-        p: *const u8,
+    unsafe fn q6_k<const PRE: bool, const R: usize>(
+        src: Src,
         xq: &QActs,
         first: usize,
         blocks: usize,
@@ -570,32 +703,52 @@ mod avx2 {
         let offs = xq.q6_offsets().as_ptr();
         let mut acc = [_mm256_setzero_ps(); R];
         for b in 0..blocks {
-            let rec = p.add(b * rec_bytes);
-            prefetch(rec, rec_bytes);
+            let rec = src.rec.add(b * rec_bytes);
+            let vals = src.vals.wrapping_add(b * DECODED);
+            if !PRE {
+                prefetch(rec, rec_bytes);
+            }
             let mut blk = [_mm256_setzero_ps(); R];
             let at = |t: usize| ((first + t) * blocks + b) * 8 * QB;
             let hb = |t: usize| 16 * ((first + t) * blocks + b);
             // The four outputs of each half are unrolled, so that their shifts are
             // constants and the chunks they share load once.
             for n in 0..2 {
-                q6_out::<R>(rec, head, n, 0, xq, offs, at, hb, &mut blk);
-                q6_out::<R>(rec, head, n, 1, xq, offs, at, hb, &mut blk);
-                q6_out::<R>(rec, head, n, 2, xq, offs, at, hb, &mut blk);
-                q6_out::<R>(rec, head, n, 3, xq, offs, at, hb, &mut blk);
+                q6_out::<PRE, R>(rec, vals, head, n, 0, xq, offs, at, hb, &mut blk);
+                q6_out::<PRE, R>(rec, vals, head, n, 1, xq, offs, at, hb, &mut blk);
+                q6_out::<PRE, R>(rec, vals, head, n, 2, xq, offs, at, hb, &mut blk);
+                q6_out::<PRE, R>(rec, vals, head, n, 3, xq, offs, at, hb, &mut blk);
             }
             weigh::<R>(rec, &blk, &mut acc);
         }
         store(&acc, out);
     }
 
-    /// Output `i` of half `n` of the [`q6_k`] record at `rec` (values from `head`): its 32
-    /// values of each row from the low-nibble and 2-bit chunks, against tile row `t`'s
+    /// Chunk `c` of output `i` of half `n` of the Q6_K values at `vals`: four 6-bit values
+    /// of each of the eight rows (unsigned), from a low-nibble chunk and a 2-bit chunk.
+    #[inline(always)]
+    unsafe fn q6_chunk(vals: *const u8, n: usize, i: usize, c: usize) -> __m256i {
+        let (ql_at, qh_at) = (32 * (16 * n + 8 * (i & 1)), 1024 + 32 * 8 * n);
+        let ql = _mm256_loadu_si256(vals.add(ql_at + 32 * c).cast());
+        let qh = _mm256_loadu_si256(vals.add(qh_at + 32 * c).cast());
+        let (lo, hi) = match i {
+            0 => (ql, _mm256_slli_epi16(qh, 4)),
+            1 => (ql, _mm256_slli_epi16(qh, 2)),
+            2 => (_mm256_srli_epi16(ql, 4), qh),
+            _ => (_mm256_srli_epi16(ql, 4), _mm256_srli_epi16(qh, 2)),
+        };
+        _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi8(0xF)), _mm256_and_si256(hi, _mm256_set1_epi8(0x30)))
+    }
+
+    /// Output `i` of half `n` of the [`q6_k`] record at `rec` (values from `head`, or
+    /// decoded ahead at `pre` with `PRE`): its 32 values of each row, against tile row `t`'s
     /// activations from index `at(t)` (with their Q6_K offsets `offs`, one per 16), whose
     /// activation scales start at index `hb(t)`.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    unsafe fn q6_out<const R: usize>(
+    unsafe fn q6_out<const PRE: bool, const R: usize>(
         rec: *const u8,
+        pre: *const u8,
         head: usize,
         n: usize,
         i: usize,
@@ -605,9 +758,8 @@ mod avx2 {
         hb: impl Fn(usize) -> usize,
         blk: &mut [__m256; R],
     ) {
-        let (low4, two) = (_mm256_set1_epi8(0xF), _mm256_set1_epi8(0x30));
         let (vals, scales) = (rec.add(head), rec.add(16));
-        let (ql_at, qh_at) = (32 * (16 * n + 8 * (i & 1)), 1024 + 32 * 8 * n);
+        let pre = pre.wrapping_add(32 * 8 * (4 * n + i));
         // Chunks 0..4 hold the output's first 16 values (the sub-block's first scale and
         // the activations' first), 4..8 the rest.
         for half in 0..2 {
@@ -615,19 +767,13 @@ mod avx2 {
             let mut sums = [_mm256_setzero_si256(); R];
             for pair in 0..2 {
                 let c0 = 4 * half + 2 * pair;
-                // (No closure here: this function is inlined into AVX2 code, a closure in
-                // it would not be.)
                 let mut w = [_mm256_setzero_si256(); 2];
                 for (j, w) in w.iter_mut().enumerate() {
-                    let ql = _mm256_loadu_si256(vals.add(ql_at + 32 * (c0 + j)).cast());
-                    let qh = _mm256_loadu_si256(vals.add(qh_at + 32 * (c0 + j)).cast());
-                    let (lo, hi) = match i {
-                        0 => (ql, _mm256_slli_epi16(qh, 4)),
-                        1 => (ql, _mm256_slli_epi16(qh, 2)),
-                        2 => (_mm256_srli_epi16(ql, 4), qh),
-                        _ => (_mm256_srli_epi16(ql, 4), _mm256_srli_epi16(qh, 2)),
+                    *w = if PRE {
+                        _mm256_loadu_si256(pre.add(32 * (c0 + j)).cast())
+                    } else {
+                        q6_chunk(vals, n, i, c0 + j)
                     };
-                    *w = _mm256_or_si256(_mm256_and_si256(lo, low4), _mm256_and_si256(hi, two));
                 }
                 // Each lane: two products of unsigned 6-bit values (at most 2·63·127) per
                 // chunk; with the −32 of all four chunks, a sum of at most 8·32·127. The
@@ -686,6 +832,12 @@ mod tests {
         }
     }
 
+    /// A group's records, with no values decoded ahead.
+    #[cfg(target_arch = "x86_64")]
+    fn records(data: &[u8]) -> avx2::Src {
+        avx2::Src { rec: data.as_ptr(), vals: std::ptr::null() }
+    }
+
     /// Eight rows of one 256-value `block` against [`TILE`] rows of `x`, through the AVX2
     /// kernel: the group, its activations and the results.
     #[cfg(target_arch = "x86_64")]
@@ -696,7 +848,7 @@ mod tests {
         quantize_rows(&vec![x; TILE * k], TILE, k, act_scales(dtype), &mut xq);
         let mut out = [[0f32; GROUP]; TILE];
         // SAFETY: the callers checked for AVX2; `data` is one group's records.
-        unsafe { avx2::group(dtype, &data, &xq, 0, TILE, 1, &mut out) };
+        unsafe { avx2::group(dtype, records(&data), &xq, 0, TILE, 1, &mut out) };
         (data, xq, out)
     }
 
@@ -753,7 +905,7 @@ mod tests {
                 let (mut a, mut b) = ([[0f32; GROUP]; TILE], [[0f32; GROUP]; TILE]);
                 portable_group(dtype, data, xq, 0, tile, k, &mut a);
                 // SAFETY: AVX2 is present (checked by the helper); `data` is one group's records.
-                unsafe { avx2::group(dtype, data, xq, 0, tile, blocks, &mut b) };
+                unsafe { avx2::group(dtype, records(data), xq, 0, tile, blocks, &mut b) };
                 for (ra, rb) in a.iter().zip(&b).take(tile) {
                     for (va, vb) in ra.iter().zip(rb) {
                         assert!((va - vb).abs() <= 1e-4 * (1.0 + va.abs()), "{dtype:?} tile {tile}: {va} vs {vb}");
@@ -771,12 +923,62 @@ mod tests {
         each_format_on_avx2(3, 51, |dtype, _, blocks, data, xq| {
             let mut tiled = [[0f32; GROUP]; TILE];
             // SAFETY: AVX2 is present (checked by the helper); `data` is one group's records.
-            unsafe { avx2::group(dtype, data, xq, 0, TILE, blocks, &mut tiled) };
+            unsafe { avx2::group(dtype, records(data), xq, 0, TILE, blocks, &mut tiled) };
             for (t, want) in tiled.iter().enumerate() {
                 let mut alone = [[0f32; GROUP]; TILE];
                 // SAFETY: as above.
-                unsafe { avx2::group(dtype, data, xq, t, 1, blocks, &mut alone) };
+                unsafe { avx2::group(dtype, records(data), xq, t, 1, blocks, &mut alone) };
                 assert_eq!(alone[0], *want, "{dtype:?} row {t}");
+            }
+        });
+    }
+
+    /// Values decoded ahead give every K-quant kernel, at every tile height, the very
+    /// results it computes from the records, and the decoded bytes are the file's values.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn decoded_values_change_nothing() {
+        each_format_on_avx2(3, 71, |dtype, k, blocks, data, xq| {
+            if !decodes(dtype) {
+                return;
+            }
+            let mut vals = vec![0u8; blocks * DECODED];
+            decode(dtype, data, blocks, &mut vals);
+            for tile in 1..=TILE {
+                let (mut want, mut got) = ([[0f32; GROUP]; TILE], [[0f32; GROUP]; TILE]);
+                let src = avx2::Src { rec: data.as_ptr(), vals: vals.as_ptr() };
+                // SAFETY: AVX2 is present (checked by the helper); `data` is one group's
+                // records and `vals` their decoded values.
+                unsafe {
+                    avx2::group(dtype, records(data), xq, 0, tile, blocks, &mut want);
+                    avx2::group(dtype, src, xq, 0, tile, blocks, &mut got);
+                }
+                assert_eq!(got, want, "{dtype:?} tile {tile}");
+            }
+            // Each decoded byte is a row's value with its format's offset left in (the
+            // nibble, or the 6-bit value before Q6_K's −32).
+            let raw: Vec<Vec<u8>> = (0..GROUP).map(|r| raw_row(dtype, data, r, k)).collect();
+            let value = |r: usize, j: usize| -> u8 {
+                let blk = &raw[r][j / 256 * dtype.block().1..];
+                let (sub, i) = (j % 256 / 32, j % 32);
+                match dtype {
+                    GgmlType::Q4K => (blk[16 + sub / 2 * 32 + i] >> (4 * (sub % 2))) & 0xF,
+                    GgmlType::Q5K => {
+                        let low = (blk[48 + sub / 2 * 32 + i] >> (4 * (sub % 2))) & 0xF;
+                        low | ((blk[16 + i] >> sub) & 1) << 4
+                    }
+                    _ => {
+                        let (n, l) = (j % 256 / 128, j % 128);
+                        let (ql, qh) = (&blk[64 * n..], &blk[128 + 32 * n..]);
+                        let low = if l < 64 { ql[l] & 0xF } else { ql[l - 64] >> 4 };
+                        low | ((qh[l % 32] >> (2 * (l / 32))) & 3) << 4
+                    }
+                }
+            };
+            for (at, &v) in vals.iter().enumerate() {
+                // Block, then 32-value run (sub-block or output), then chunk, row, value.
+                let (b, run, c, r, i) = (at / DECODED, at % DECODED / 256, at % 256 / 32, at % 32 / 4, at % 4);
+                assert_eq!(v, value(r, 256 * b + 32 * run + 4 * c + i), "{dtype:?} byte {at}");
             }
         });
     }
