@@ -626,27 +626,41 @@ mod avx2 {
         let (rec_bytes, head) = record(dtype);
         for b in 0..blocks {
             let (rec, out) = (p.add(b * rec_bytes), out.add(b * DECODED));
-            let put = |i: usize, c: usize, w: __m256i| _mm256_storeu_si256(out.add(32 * (8 * i + c)).cast(), w);
             match dtype {
-                GgmlType::Q4K => (0..32).for_each(|j| {
-                    let (pair, c) = (j / 8, j % 8);
-                    put(2 * pair, c, k_chunk::<false, 0>(rec, pair, c));
-                    put(2 * pair + 1, c, k_chunk::<false, 1>(rec, pair, c));
-                }),
-                GgmlType::Q5K => (0..32).for_each(|j| {
-                    let (pair, c) = (j / 8, j % 8);
-                    put(2 * pair, c, k_chunk::<true, 0>(rec, pair, c));
-                    put(2 * pair + 1, c, k_chunk::<true, 1>(rec, pair, c));
-                }),
-                // The four outputs written out, so that their shifts are constants and the
-                // chunks they share load once.
-                _ => (0..16).for_each(|j| {
-                    let (n, c, vals) = (j / 8, j % 8, rec.add(head));
-                    put(4 * n, c, q6_chunk(vals, n, 0, c));
-                    put(4 * n + 1, c, q6_chunk(vals, n, 1, c));
-                    put(4 * n + 2, c, q6_chunk(vals, n, 2, c));
-                    put(4 * n + 3, c, q6_chunk(vals, n, 3, c));
-                }),
+                GgmlType::Q4K => decode_k::<false>(rec, out),
+                GgmlType::Q5K => decode_k::<true>(rec, out),
+                _ => decode_q6(rec.add(head), out),
+            }
+        }
+    }
+
+    /// Chunk `c` of run `i` (a sub-block, or a Q6_K output) of a decoded block at `out`.
+    #[inline(always)]
+    unsafe fn put(out: *mut u8, i: usize, c: usize, w: __m256i) {
+        _mm256_storeu_si256(out.add(32 * (8 * i + c)).cast(), w);
+    }
+
+    /// One Q4_K/Q5_K (`FIVE`) record's values, decoded for [`decode`].
+    #[inline(always)]
+    unsafe fn decode_k<const FIVE: bool>(rec: *const u8, out: *mut u8) {
+        for pair in 0..4 {
+            for c in 0..8 {
+                put(out, 2 * pair, c, k_chunk::<FIVE, 0>(rec, pair, c));
+                put(out, 2 * pair + 1, c, k_chunk::<FIVE, 1>(rec, pair, c));
+            }
+        }
+    }
+
+    /// One Q6_K record's values (from `vals`), decoded for [`decode`]. The four outputs are
+    /// written out, so that their shifts are constants and the chunks they share load once.
+    #[inline(always)]
+    unsafe fn decode_q6(vals: *const u8, out: *mut u8) {
+        for n in 0..2 {
+            for c in 0..8 {
+                put(out, 4 * n, c, q6_chunk(vals, n, 0, c));
+                put(out, 4 * n + 1, c, q6_chunk(vals, n, 1, c));
+                put(out, 4 * n + 2, c, q6_chunk(vals, n, 2, c));
+                put(out, 4 * n + 3, c, q6_chunk(vals, n, 3, c));
             }
         }
     }
