@@ -474,7 +474,9 @@ mod tests {
     fn rows_are_bit_identical_whatever_the_batch() {
         for dtype in [GgmlType::Q4_1, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K, GgmlType::Q8_0] {
             let per = dtype.block().0;
-            let (n, k) = (40, 2 * per.max(64));
+            // 24 groups and a tail: with a few threads, tasks hold pairs of groups and odd
+            // ones ([`x8`]'s paired kernels), and a row-by-row part.
+            let (n, k) = (8 * 24 + 3, 2 * per.max(64));
             let w = QMatrix::new(k, vec![(dtype, n, random_blocks(dtype, n * k / per, 5))]).unwrap();
             let x = random_vec(9 * k, 6);
             let run = |rows: &[f32], m: usize| {
