@@ -19,7 +19,8 @@
 //! two groups side by side ([`pair`]), so that each broadcast of activations feeds two
 //! multiply-adds, and the next chunk's records are fetched while the tiles run over this
 //! one, so that decoding it does not wait on memory (Q4_K_M 1B, 32 streams, per step in
-//! one process: median 371 -> 338 ms).
+//! one process: median 371 -> 338 ms). Q6_K's sums start from its −32 offsets, so that
+//! applying them costs no add per row and 16 values.
 //!
 //! Each row of `X` is one chain of operations whatever the tile it is in, and decoded
 //! values are the very bytes the kernels would unpack, so results stay batch-invariant.
@@ -716,7 +717,7 @@ mod avx2 {
                 let row = (at(1) - at(0)) * QB;
                 // (`G - 1` is 1 here; it keeps the single-group copies in bounds.)
                 let w = |g: usize| vals[g.min(G - 1)].add(32 * (8 * sub + c0));
-                let sums = sums_4x2(w(0), w(1), x, row, c1 - c0);
+                let sums = sums_4x2(w(0), w(1), x, row, c1 - c0, [_mm256_setzero_si256(); 4]);
                 s16 = std::array::from_fn(|t| std::array::from_fn(|g| sums[t][g]));
             } else {
                 for c in c0..c1 {
@@ -747,13 +748,20 @@ mod avx2 {
 
     /// The 16-bit sums of `n` chunks of two groups' decoded values (at `w0`, `w1`, 32
     /// bytes a chunk) against four activation rows (from `x`, `row` bytes apart, 4 bytes
-    /// a chunk): `[row][group]`. Each broadcast of activations feeds both groups. Written
+    /// a chunk), from `init` (per row): `[row][group]`. Each broadcast of activations feeds both groups. Written
     /// out in assembly because LLVM hoists the weight loads of a whole run ahead of the
     /// multiply-adds and spills them; the sums are those of the intrinsic loop, since
     /// 16-bit adds that wrap give the same result in any order.
     #[target_feature(enable = "avx2")]
     #[inline]
-    unsafe fn sums_4x2(w0: *const u8, w1: *const u8, x: *const i8, row: usize, n: usize) -> [[__m256i; 2]; 4] {
+    unsafe fn sums_4x2(
+        w0: *const u8,
+        w1: *const u8,
+        x: *const i8,
+        row: usize,
+        n: usize,
+        init: [__m256i; 4],
+    ) -> [[__m256i; 2]; 4] {
         let (s00, s01, s10, s11, s20, s21, s30, s31): (
             __m256i,
             __m256i,
@@ -765,14 +773,6 @@ mod avx2 {
             __m256i,
         );
         std::arch::asm!(
-            "vpxor {s00:y}, {s00:y}, {s00:y}",
-            "vpxor {s01:y}, {s01:y}, {s01:y}",
-            "vpxor {s10:y}, {s10:y}, {s10:y}",
-            "vpxor {s11:y}, {s11:y}, {s11:y}",
-            "vpxor {s20:y}, {s20:y}, {s20:y}",
-            "vpxor {s21:y}, {s21:y}, {s21:y}",
-            "vpxor {s30:y}, {s30:y}, {s30:y}",
-            "vpxor {s31:y}, {s31:y}, {s31:y}",
             "2:",
             "vmovdqu {a:y}, ymmword ptr [{w0}]",
             "vmovdqu {b:y}, ymmword ptr [{w1}]",
@@ -807,14 +807,14 @@ mod avx2 {
             n = inout(reg) n => _,
             row = in(reg) row,
             row3 = in(reg) row * 3,
-            s00 = out(ymm_reg) s00,
-            s01 = out(ymm_reg) s01,
-            s10 = out(ymm_reg) s10,
-            s11 = out(ymm_reg) s11,
-            s20 = out(ymm_reg) s20,
-            s21 = out(ymm_reg) s21,
-            s30 = out(ymm_reg) s30,
-            s31 = out(ymm_reg) s31,
+            s00 = inout(ymm_reg) init[0] => s00,
+            s01 = inout(ymm_reg) init[0] => s01,
+            s10 = inout(ymm_reg) init[1] => s10,
+            s11 = inout(ymm_reg) init[1] => s11,
+            s20 = inout(ymm_reg) init[2] => s20,
+            s21 = inout(ymm_reg) init[2] => s21,
+            s30 = inout(ymm_reg) init[3] => s30,
+            s31 = inout(ymm_reg) init[3] => s31,
             a = out(ymm_reg) _,
             b = out(ymm_reg) _,
             x = out(ymm_reg) _,
@@ -1007,14 +1007,18 @@ mod avx2 {
         for half in 0..2 {
             let sc: [__m256i; G] =
                 std::array::from_fn(|g| scale_pairs::<true>(rec[g].add(16 + 8 * (8 * n + 2 * i + half))));
-            let mut sums = [[_mm256_setzero_si256(); G]; R];
+            // The −32 offsets start the sums.
+            let off: [__m256i; R] =
+                std::array::from_fn(|t| _mm256_set1_epi32(*offs.add((at(t) + n * 128 + 32 * i + 16 * half) / QH)));
+            let mut sums: [[__m256i; G]; R] = std::array::from_fn(|t| [off[t]; G]);
             // Each lane: two products of unsigned 6-bit values (at most 2·63·127) per
             // chunk; with the −32 of all four chunks, a sum of at most 8·32·127. The
             // 16-bit adds wrap, so only that final sum needs to fit.
             if PRE && G == 2 && R == 4 {
                 let x = xq.q.as_ptr().add(at(0) + n * 128 + 32 * i + 16 * half);
                 // (`G - 1` is 1 here; it keeps the single-group copies in bounds.)
-                let s = sums_4x2(pre[0].add(128 * half), pre[G - 1].add(128 * half), x, at(1) - at(0), 4);
+                let init = std::array::from_fn(|t| off[t.min(R - 1)]);
+                let s = sums_4x2(pre[0].add(128 * half), pre[G - 1].add(128 * half), x, at(1) - at(0), 4, init);
                 sums = std::array::from_fn(|t| std::array::from_fn(|g| s[t][g]));
             } else {
                 for pair in 0..2 {
@@ -1039,10 +1043,9 @@ mod avx2 {
                 }
             }
             for (t, (blk, sums)) in blk.iter_mut().zip(&sums).enumerate() {
-                let off = _mm256_set1_epi32(*offs.add((at(t) + n * 128 + 32 * i + 16 * half) / QH));
                 let dx = _mm256_set1_ps(*xq.d.get_unchecked(hb(t) + 2 * (4 * n + i) + half));
                 for ((blk, &sum), sc) in blk.iter_mut().zip(sums).zip(&sc) {
-                    let dot = _mm256_madd_epi16(_mm256_add_epi16(sum, off), *sc);
+                    let dot = _mm256_madd_epi16(sum, *sc);
                     *blk = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), dx, *blk);
                 }
             }
