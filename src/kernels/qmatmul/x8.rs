@@ -110,11 +110,12 @@ fn pairs(dtype: GgmlType) -> bool {
     decodes(dtype) && matches!(dtype, GgmlType::Q4K | GgmlType::Q6K)
 }
 
-/// How the activations of `dtype`'s kernel are scaled: Q4_K's per 32 values, so that a
-/// sub-block's sums stay integer until its scale (the others take either).
+/// How the activations of `dtype`'s kernel are scaled: Q4_K's and Q6_K's per 32 values,
+/// so that 32 values' sums stay integer until their activation scale (the others take
+/// either).
 pub fn act_scales(dtype: GgmlType) -> ActScales {
     match dtype {
-        GgmlType::Q4K => ActScales::PerBlock,
+        GgmlType::Q4K | GgmlType::Q6K => ActScales::PerBlock,
         _ => ActScales::PerHalf,
     }
 }
@@ -912,9 +913,9 @@ mod avx2 {
     /// chunks and a 2-bit chunk hold) is decoded at a time and shared by the tile's rows
     /// ([`q6_out`]), so that the tile's sums and the decoded values stay in registers
     /// (decoding all four outputs at once spilled them). `G` groups run side by side, as
-    /// in [`k_tiled`]. Each row's 16-value sums gather under their activation scales and
-    /// take the eight rows' weight scales once per block; a row's operations are the same
-    /// whatever its tile.
+    /// in [`k_tiled`]. Each row's 32-value sums gather under their activation scales
+    /// ([`ActScales::PerBlock`]) and take the eight rows' weight scales once per block; a
+    /// row's operations are the same whatever its tile.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn q6_k<const PRE: bool, const G: usize, const R: usize>(
         src: [Src; G],
@@ -923,6 +924,7 @@ mod avx2 {
         blocks: usize,
         out: &mut [[[f32; GROUP]; TILE]; G],
     ) {
+        debug_assert_eq!(xq.scales, ActScales::PerBlock, "Q6_K's halves share an activation scale");
         let (rec_bytes, head) = record(GgmlType::Q6K);
         let offs = xq.q6_offsets().as_ptr();
         let mut acc = [[_mm256_setzero_ps(); G]; R];
@@ -1002,8 +1004,10 @@ mod avx2 {
         blk: &mut [[__m256; G]; R],
     ) {
         let pre: [*const u8; G] = std::array::from_fn(|g| pre[g].wrapping_add(32 * 8 * (4 * n + i)));
-        // Chunks 0..4 hold the output's first 16 values (the sub-block's first scale and
-        // the activations' first), 4..8 the rest.
+        // Chunks 0..4 hold the output's first 16 values (the sub-block's first scale), 4..8
+        // the rest; both halves share one activation scale ([`ActScales::PerBlock`]), so
+        // their scaled sums add in i32 and convert once.
+        let mut dots = [[_mm256_setzero_si256(); G]; R];
         for half in 0..2 {
             let sc: [__m256i; G] =
                 std::array::from_fn(|g| scale_pairs::<true>(rec[g].add(16 + 8 * (8 * n + 2 * i + half))));
@@ -1042,12 +1046,16 @@ mod avx2 {
                     }
                 }
             }
-            for (t, (blk, sums)) in blk.iter_mut().zip(&sums).enumerate() {
-                let dx = _mm256_set1_ps(*xq.d.get_unchecked(hb(t) + 2 * (4 * n + i) + half));
-                for ((blk, &sum), sc) in blk.iter_mut().zip(sums).zip(&sc) {
-                    let dot = _mm256_madd_epi16(sum, *sc);
-                    *blk = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), dx, *blk);
+            for (dots, sums) in dots.iter_mut().zip(&sums) {
+                for ((dot, &sum), sc) in dots.iter_mut().zip(sums).zip(&sc) {
+                    *dot = _mm256_add_epi32(*dot, _mm256_madd_epi16(sum, *sc));
                 }
+            }
+        }
+        for (t, (blk, dots)) in blk.iter_mut().zip(&dots).enumerate() {
+            let dx = _mm256_set1_ps(*xq.d.get_unchecked(hb(t) + 2 * (4 * n + i)));
+            for (blk, &dot) in blk.iter_mut().zip(dots) {
+                *blk = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), dx, *blk);
             }
         }
     }
