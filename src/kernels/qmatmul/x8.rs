@@ -669,7 +669,10 @@ mod avx2 {
             }
         }
         for (src, out) in src.iter().zip(out) {
-            let mut acc: [__m256; R] = std::array::from_fn(|t| _mm256_loadu_ps(out[t].as_ptr()));
+            let mut acc = [_mm256_setzero_ps(); R];
+            for (acc, out) in acc.iter_mut().zip(out.iter()) {
+                *acc = _mm256_loadu_ps(out.as_ptr());
+            }
             k_mins::<R>(src.rec, rec_bytes, xq, first, blocks, &mut acc);
             store(&acc, out);
         }
@@ -707,7 +710,12 @@ mod avx2 {
         blk: &mut [[__m256; G]; R],
     ) {
         let sub = 2 * pair + H;
-        let sc: [__m256i; G] = std::array::from_fn(|g| scale_pairs::<false>(rec[g].add(32 + 8 * sub)));
+        // Plain loops, not `array::from_fn`: a closure does not take this function's target
+        // features, and the intrinsics in it were called out of line.
+        let mut sc = [_mm256_setzero_si256(); G];
+        for (sc, rec) in sc.iter_mut().zip(rec) {
+            *sc = scale_pairs::<false>(rec.add(32 + 8 * sub));
+        }
         // Q4_K: one run of eight chunks, one scale; Q5_K: two of four, one scale each.
         let runs = if FIVE { 2 } else { 1 };
         for run in 0..runs {
@@ -719,16 +727,19 @@ mod avx2 {
                 // (`G - 1` is 1 here; it keeps the single-group copies in bounds.)
                 let w = |g: usize| vals[g.min(G - 1)].add(32 * (8 * sub + c0));
                 let sums = sums_4x2(w(0), w(1), x, row, c1 - c0, [_mm256_setzero_si256(); 4]);
-                s16 = std::array::from_fn(|t| std::array::from_fn(|g| sums[t][g]));
+                for (s16, sums) in s16.iter_mut().zip(sums) {
+                    s16.copy_from_slice(&sums[..G]);
+                }
             } else {
                 for c in c0..c1 {
-                    let w: [__m256i; G] = std::array::from_fn(|g| {
-                        if PRE {
+                    let mut w = [_mm256_setzero_si256(); G];
+                    for g in 0..G {
+                        w[g] = if PRE {
                             _mm256_loadu_si256(vals[g].add(32 * (8 * sub + c)).cast())
                         } else {
                             k_chunk::<FIVE, H>(rec[g], pair, c)
-                        }
-                    });
+                        };
+                    }
                     for (t, s) in s16.iter_mut().enumerate() {
                         let x = bcast(xq.q.as_ptr().add((at(t) + sub) * QB + 4 * c));
                         for (s, &w) in s.iter_mut().zip(&w) {
@@ -953,7 +964,11 @@ mod avx2 {
             }
         }
         for (g, out) in out.iter_mut().enumerate() {
-            store(&std::array::from_fn::<_, R, _>(|t| acc[t][g]), out);
+            let mut col = [_mm256_setzero_ps(); R];
+            for (col, acc) in col.iter_mut().zip(&acc) {
+                *col = acc[g];
+            }
+            store(&col, out);
         }
     }
 
@@ -1009,33 +1024,43 @@ mod avx2 {
         // their scaled sums add in i32 and convert once.
         let mut dots = [[_mm256_setzero_si256(); G]; R];
         for half in 0..2 {
-            let sc: [__m256i; G] =
-                std::array::from_fn(|g| scale_pairs::<true>(rec[g].add(16 + 8 * (8 * n + 2 * i + half))));
+            // Plain loops, as in [`k_sub`].
+            let mut sc = [_mm256_setzero_si256(); G];
+            for (sc, rec) in sc.iter_mut().zip(rec) {
+                *sc = scale_pairs::<true>(rec.add(16 + 8 * (8 * n + 2 * i + half)));
+            }
             // The −32 offsets start the sums.
-            let off: [__m256i; R] =
-                std::array::from_fn(|t| _mm256_set1_epi32(*offs.add((at(t) + n * 128 + 32 * i + 16 * half) / QH)));
-            let mut sums: [[__m256i; G]; R] = std::array::from_fn(|t| [off[t]; G]);
+            let mut off = [_mm256_setzero_si256(); 4];
+            for (t, off) in off.iter_mut().enumerate().take(R) {
+                *off = _mm256_set1_epi32(*offs.add((at(t) + n * 128 + 32 * i + 16 * half) / QH));
+            }
+            let mut sums = [[_mm256_setzero_si256(); G]; R];
+            for (sums, &off) in sums.iter_mut().zip(&off) {
+                *sums = [off; G];
+            }
             // Each lane: two products of unsigned 6-bit values (at most 2·63·127) per
             // chunk; with the −32 of all four chunks, a sum of at most 8·32·127. The
             // 16-bit adds wrap, so only that final sum needs to fit.
             if PRE && G == 2 && R == 4 {
                 let x = xq.q.as_ptr().add(at(0) + n * 128 + 32 * i + 16 * half);
                 // (`G - 1` is 1 here; it keeps the single-group copies in bounds.)
-                let init = std::array::from_fn(|t| off[t.min(R - 1)]);
-                let s = sums_4x2(pre[0].add(128 * half), pre[G - 1].add(128 * half), x, at(1) - at(0), 4, init);
-                sums = std::array::from_fn(|t| std::array::from_fn(|g| s[t][g]));
+                let s = sums_4x2(pre[0].add(128 * half), pre[G - 1].add(128 * half), x, at(1) - at(0), 4, off);
+                for (sums, s) in sums.iter_mut().zip(s) {
+                    sums.copy_from_slice(&s[..G]);
+                }
             } else {
                 for pair in 0..2 {
                     let c0 = 4 * half + 2 * pair;
-                    let w: [[__m256i; 2]; G] = std::array::from_fn(|g| {
-                        std::array::from_fn(|j| {
-                            if PRE {
-                                _mm256_loadu_si256(pre[g].add(32 * (c0 + j)).cast())
+                    let mut w = [[_mm256_setzero_si256(); 2]; G];
+                    for (w, (&pre, &rec)) in w.iter_mut().zip(pre.iter().zip(&rec)) {
+                        for (j, w) in w.iter_mut().enumerate() {
+                            *w = if PRE {
+                                _mm256_loadu_si256(pre.add(32 * (c0 + j)).cast())
                             } else {
-                                q6_chunk(rec[g].add(head), n, i, c0 + j)
-                            }
-                        })
-                    });
+                                q6_chunk(rec.add(head), n, i, c0 + j)
+                            };
+                        }
+                    }
                     for (t, sums) in sums.iter_mut().enumerate() {
                         let x = xq.q.as_ptr().add(at(t) + n * 128 + 32 * i + 4 * c0);
                         let (x0, x1) = (bcast(x), bcast(x.add(4)));
