@@ -250,14 +250,15 @@ pub(super) unsafe fn groups_task(
                 }
             };
             let paired = decoded_bytes > 0 && pairs(p.dtype);
-            // While the tiles run over this chunk, the next chunk's records are asked for a
-            // slice per kernel call, so that its decoding does not wait on memory.
-            let next = &p.data[last * group_bytes..(last + chunk).min(groups.end) * group_bytes];
-            let ahead = if decoded_bytes > 0 {
-                next.len().div_ceil(m.div_ceil(TILE) * (last - first)).next_multiple_of(64)
+            // While the tiles run over this chunk, the next chunk's records (when it is to be
+            // decoded) are asked for a slice per kernel call, so that decoding it does not
+            // wait on memory.
+            let next: &[u8] = if decoded_bytes > 0 {
+                &p.data[last * group_bytes..(last + chunk).min(groups.end) * group_bytes]
             } else {
-                0
+                &[]
             };
+            let ahead = next.len().div_ceil(m.div_ceil(TILE) * (last - first)).next_multiple_of(64);
             let mut asked = 0;
             for i in (0..m).step_by(TILE) {
                 let tile = TILE.min(m - i);
