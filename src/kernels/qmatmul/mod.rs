@@ -1,9 +1,9 @@
 //! `Y = X · Wᵀ` with `W` kept in a GGML block format: each row of `X` is quantized to int8
-//! with one f32 scale per 16 values, or per 32 for Q4_K and Q6_K ([`ActScales`]), plus their integer
-//! sums for the formats with an offset; the dot products with `W`'s blocks are integer
-//! (`maddubs`/`madd` on AVX2) with f32 scales applied per activation scale. llama.cpp
-//! scales per 32 (per 256 for the K-quants); per 16 costs one more conversion and
-//! multiply-add per block and row, and pays where the weights are fine enough for the
+//! with one f32 scale per 16 values, or per 32 for Q6_K and 256 for Q4_K ([`ActScales`]), plus
+//! their integer sums for the formats with an offset; the dot products with `W`'s blocks
+//! are integer (`maddubs`/`madd` on AVX2) with f32 scales applied per activation scale.
+//! llama.cpp scales per 32 (per 256 for the K-quants); per 16 costs one more conversion
+//! and multiply-add per block and row, and pays where the weights are fine enough for the
 //! activations' rounding to show. The common formats run on eight interleaved rows at a
 //! time ([`x8`]); the rest, and tails of fewer than eight rows, one row at a time in the
 //! file's layout ([`rows`]).
@@ -96,15 +96,12 @@ impl QMatrix {
         dtype.block().0 >= QB
     }
 
-    /// How the activations this matrix takes are scaled: per 32 values when a part's
-    /// interleaved kernel needs it (Q4_K's), else per 16. Every kernel takes per 32.
+    /// How the activations this matrix takes are scaled: the coarsest its parts' kernels
+    /// need ([`x8::act_scales`]; the row-by-row kernels take any), since every kernel
+    /// reads coarser scales.
     pub fn act_scales(&self) -> ActScales {
-        let per_block = |p: &Part| p.layout == Layout::X8 && x8::act_scales(p.dtype) == ActScales::PerBlock;
-        if self.parts.iter().any(per_block) {
-            ActScales::PerBlock
-        } else {
-            ActScales::PerHalf
-        }
+        let need = |p: &Part| if p.layout == Layout::X8 { x8::act_scales(p.dtype) } else { ActScales::PerHalf };
+        self.parts.iter().map(need).max().unwrap_or_default()
     }
 
     /// Rows (`n`).
@@ -151,30 +148,42 @@ impl QMatrix {
 }
 
 /// How finely a row's int8 activations are scaled: the matrix that takes them chooses
-/// ([`QMatrix::act_scales`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// ([`QMatrix::act_scales`]). Scales are stored per 16 values whatever the choice (equal
+/// across the values that share one), so every kernel reads any of them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub enum ActScales {
     /// One scale per 16 values: an outlier coarsens 15 others, not 31. On SmolLM2 Q4_1 it
     /// halves the KL divergence from the f32 path (0.0029 → 0.0016) and lifts top-1
     /// agreement from 95.8% to 97.7%.
     #[default]
     PerHalf,
-    /// One per 32 (written for both halves), for Q4_K: a sub-block's 32 values then sum in
-    /// 16-bit integers under one activation scale, and its kernel converts and scales
-    /// once per sub-block instead of twice (four tile rows hot: 70 → 88 GMAC/s). Its
-    /// weights' own error dwarfs the difference: SmolLM2 in Q4_K, KL 0.0675 → 0.0678 and
-    /// top-1 agreement 82.2% either way. Also for Q6_K: the scaled sums of its two 16-value
-    /// sub-blocks add in i32 and convert once (one core, 32 rows: 72 → 78 GMAC/s), for
-    /// SmolLM2 in Q6_K KL 0.00672 → 0.00694 and top-1 93.4% → 93.2%. (Q5_K cannot sum 32
-    /// values in i16.)
+    /// One per 32, for Q6_K: the scaled sums of its two 16-value sub-blocks add in i32 and
+    /// convert once (one core, 32 rows: 72 → 78 GMAC/s), for SmolLM2 in Q6_K KL 0.00672 →
+    /// 0.00694 and top-1 93.4% → 93.2%.
     PerBlock,
+    /// One per 256, a K-quant super-block (llama.cpp's `q8_K`), for Q4_K and Q6_K: a
+    /// block's scaled sub-block sums then add in i32, and the kernel converts and scales
+    /// once per block and row instead of once per 32 values (Q5_K cannot sum 32 values in
+    /// i16 and reads its scales per 16).
+    PerSuper,
+}
+
+impl ActScales {
+    /// 16-value halves that share one scale.
+    fn halves(self) -> usize {
+        match self {
+            ActScales::PerHalf => 1,
+            ActScales::PerBlock => 2,
+            ActScales::PerSuper => 16,
+        }
+    }
 }
 
 /// `X`'s rows quantized for [`qmatmul`].
 #[derive(Default)]
 pub struct QActs {
     q: Vec<i8>,
-    /// One scale per 16 values (equal in pairs when `scales` is [`ActScales::PerBlock`]).
+    /// One scale per 16 values (equal across each run of [`ActScales::halves`]).
     d: Vec<f32>,
     /// Integer sums of each 16 values, for the formats with an offset.
     sums: Vec<i32>,
@@ -182,6 +191,8 @@ pub struct QActs {
     dsum: Vec<f32>,
     /// Per 16 values, formed on first use by a Q6_K kernel ([`QActs::q6_offsets`]).
     q6: std::sync::OnceLock<Vec<i32>>,
+    /// Per 64 values, formed on first use by a Q4_K kernel ([`QActs::pair_sums`]).
+    pairs: std::sync::OnceLock<Vec<i32>>,
     scales: ActScales,
 }
 
@@ -200,55 +211,78 @@ impl QActs {
                 .collect()
         })
     }
+
+    /// Per 64 values, the i16 pair of the integer sums of its two 32-value halves: `madd`
+    /// with a pair of Q4_K sub-block mins gives their terms in one instruction. Formed once
+    /// per quantization, on the first call.
+    pub(super) fn pair_sums(&self) -> &[i32] {
+        self.pairs.get_or_init(|| {
+            let half = |s: &[i32]| (s[0] + s[1]) as u16 as u32;
+            self.sums.chunks_exact(4).map(|s| (half(&s[..2]) | half(&s[2..]) << 16) as i32).collect()
+        })
+    }
 }
 
-/// Quantizes `m` rows of `k` values: per 16 (or 32, `scales`), `d = max|x| / 127`,
+/// Quantizes `m` rows of `k` values: per 16 (or 256, `scales`), `d = max|x| / 127`,
 /// `q = round(x / d)`.
 pub fn quantize_rows(x: &[f32], m: usize, k: usize, scales: ActScales, out: &mut QActs) {
     let blocks = m * k / QB;
-    let per_block = scales == ActScales::PerBlock;
+    let halves = scales.halves();
+    assert!(k.is_multiple_of(QH * halves), "quantize_rows: rows of {k} values are not whole runs of {halves} × {QH}");
     out.q6 = Default::default();
+    out.pairs = Default::default();
     out.scales = scales;
     out.q.resize(m * k, 0);
     out.d.resize(2 * blocks, 0.0);
     out.sums.resize(2 * blocks, 0);
     out.dsum.resize(blocks, 0.0);
+    // Chunks of 64 blocks: whole runs of every `halves`, since rows are.
     let work = x[..m * k].par_chunks(QB * 64).zip(out.q.par_chunks_mut(QB * 64));
     let work = work.zip(out.d.par_chunks_mut(128)).zip(out.sums.par_chunks_mut(128)).zip(out.dsum.par_chunks_mut(64));
     work.for_each(|((((x, q), d), sums), dsum)| {
         #[cfg(target_arch = "x86_64")]
         if super::matmul::avx2::available() {
             // SAFETY: AVX2 was detected.
-            return unsafe { avx2::quantize_blocks(x, q, d, sums, dsum, per_block) };
+            return unsafe { avx2::quantize_blocks(x, q, d, sums, dsum, halves) };
         }
-        quantize_blocks(x, q, d, sums, dsum, per_block)
+        quantize_blocks(x, q, d, sums, dsum, halves)
     });
 }
 
-/// [`quantize_rows`] over whole blocks: `x` and `q` hold `dsum.len()` blocks of 32, `d`
-/// and `sums` two entries per block; `per_block`: one scale per 32 values.
-fn quantize_blocks(x: &[f32], q: &mut [i8], d: &mut [f32], sums: &mut [i32], dsum: &mut [f32], per_block: bool) {
-    let blocks = x.chunks_exact(QB).zip(q.chunks_exact_mut(QB)).zip(d.chunks_exact_mut(2));
-    for (((x, q), d), (s, ds)) in blocks.zip(sums.chunks_exact_mut(2).zip(dsum)) {
-        let half_max: [f32; 2] =
-            std::array::from_fn(|h| x[h * QH..(h + 1) * QH].iter().fold(0f32, |a, v| a.max(v.abs())));
-        for h in 0..2 {
-            let (x, q) = (&x[h * QH..(h + 1) * QH], &mut q[h * QH..(h + 1) * QH]);
-            let amax = if per_block { half_max[0].max(half_max[1]) } else { half_max[h] };
-            d[h] = amax / 127.0;
-            let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
-            for (q, &v) in q.iter_mut().zip(x) {
-                *q = round_small(v * id) as i8;
-            }
-            s[h] = q.iter().map(|&v| v as i32).sum();
+/// Each 16 values' largest `|x|` in `amax` becomes its run's of `halves` of them.
+fn run_max(amax: &mut [f32], halves: usize) {
+    for run in amax.chunks_exact_mut(halves) {
+        let m = run.iter().fold(0f32, |a, &v| a.max(v));
+        run.fill(m);
+    }
+}
+
+/// [`quantize_rows`] over whole blocks: `x` and `q` hold `dsum.len()` blocks of 32 (at
+/// most 64), `d` and `sums` two entries per block; `halves`: 16-value halves per scale.
+fn quantize_blocks(x: &[f32], q: &mut [i8], d: &mut [f32], sums: &mut [i32], dsum: &mut [f32], halves: usize) {
+    assert!(x.len() <= 64 * QB && x.len() == q.len());
+    let mut amax = [0f32; 128];
+    for (a, h) in amax.iter_mut().zip(x.chunks_exact(QH)) {
+        *a = h.iter().fold(0f32, |a, v| a.max(v.abs()));
+    }
+    run_max(&mut amax[..x.len() / QH], halves);
+    let each = x.chunks_exact(QH).zip(q.chunks_exact_mut(QH)).zip(d.iter_mut().zip(sums.iter_mut()));
+    for (((x, q), (d, s)), &amax) in each.zip(&amax) {
+        *d = amax / 127.0;
+        let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+        for (q, &v) in q.iter_mut().zip(x) {
+            *q = round_small(v * id) as i8;
         }
+        *s = q.iter().map(|&v| v as i32).sum();
+    }
+    for ((ds, d), s) in dsum.iter_mut().zip(d.chunks_exact(2)).zip(sums.chunks_exact(2)) {
         *ds = d[0] * s[0] as f32 + d[1] * s[1] as f32;
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{QB, QH};
+    use super::{run_max, QB, QH};
     use std::arch::x86_64::*;
 
     /// [`super::quantize_blocks`] in vectors, with the same result bit for bit: the same
@@ -265,34 +299,39 @@ mod avx2 {
         d: &mut [f32],
         sums: &mut [i32],
         dsum: &mut [f32],
-        per_block: bool,
+        halves: usize,
     ) {
+        assert!(x.len() <= 64 * QB && x.len() == q.len() && d.len() * QH >= x.len() && sums.len() == d.len());
         let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
-        let load = |at: usize| (_mm256_loadu_ps(x[at..at + 8].as_ptr()), _mm256_loadu_ps(x[at + 8..at + 16].as_ptr()));
+        let halves_here = x.len() / QH;
+        let mut amax = [0f32; 128];
+        // Plain loops: intrinsics in a closure would not take this function's features.
+        for (h, a) in amax[..halves_here].iter_mut().enumerate() {
+            let lo = _mm256_loadu_ps(x[h * QH..h * QH + 8].as_ptr());
+            let hi = _mm256_loadu_ps(x[h * QH + 8..h * QH + 16].as_ptr());
+            let m = _mm256_max_ps(_mm256_and_ps(lo, abs_mask), _mm256_and_ps(hi, abs_mask));
+            let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+            let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+            *a = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+        }
+        run_max(&mut amax[..halves_here], halves);
+        for (h, &amax) in amax[..halves_here].iter().enumerate() {
+            let at = h * QH;
+            let lo = _mm256_loadu_ps(x[at..at + 8].as_ptr());
+            let hi = _mm256_loadu_ps(x[at + 8..at + 16].as_ptr());
+            d[h] = amax / 127.0;
+            let id = _mm256_set1_ps(if amax > 0.0 { 127.0 / amax } else { 0.0 });
+            let (il, ih) = (_mm256_cvtps_epi32(_mm256_mul_ps(lo, id)), _mm256_cvtps_epi32(_mm256_mul_ps(hi, id)));
+            // i16 in order, then i8 (every value is within ±127, so nothing saturates).
+            let w = _mm256_permute4x64_epi64(_mm256_packs_epi32(il, ih), 0b11_01_10_00);
+            let bytes = _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+            _mm_storeu_si128(q[at..at + 16].as_mut_ptr().cast(), bytes);
+            let t = _mm256_add_epi32(il, ih);
+            let t = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+            let t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0b01_00_11_10));
+            sums[h] = _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0b10_11_00_01)));
+        }
         for (b, ds) in dsum.iter_mut().enumerate() {
-            let halves = [load(b * QB), load(b * QB + QH)];
-            let amax: [f32; 2] = std::array::from_fn(|h| {
-                let (lo, hi) = halves[h];
-                let m = _mm256_max_ps(_mm256_and_ps(lo, abs_mask), _mm256_and_ps(hi, abs_mask));
-                let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-                let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-                _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)))
-            });
-            for (h, &(lo, hi)) in halves.iter().enumerate() {
-                let at = b * QB + h * QH;
-                let amax = if per_block { amax[0].max(amax[1]) } else { amax[h] };
-                d[2 * b + h] = amax / 127.0;
-                let id = _mm256_set1_ps(if amax > 0.0 { 127.0 / amax } else { 0.0 });
-                let (il, ih) = (_mm256_cvtps_epi32(_mm256_mul_ps(lo, id)), _mm256_cvtps_epi32(_mm256_mul_ps(hi, id)));
-                // i16 in order, then i8 (every value is within ±127, so nothing saturates).
-                let w = _mm256_permute4x64_epi64(_mm256_packs_epi32(il, ih), 0b11_01_10_00);
-                let bytes = _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
-                _mm_storeu_si128(q[at..at + 16].as_mut_ptr().cast(), bytes);
-                let t = _mm256_add_epi32(il, ih);
-                let t = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
-                let t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0b01_00_11_10));
-                sums[2 * b + h] = _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0b10_11_00_01)));
-            }
             *ds = d[2 * b] * sums[2 * b] as f32 + d[2 * b + 1] * sums[2 * b + 1] as f32;
         }
     }
@@ -311,7 +350,7 @@ fn round_small(v: f32) -> f32 {
 pub fn qmatmul(xq: &QActs, w: &QMatrix, y: &mut [f32], m: usize) {
     let (n, k) = (w.n, w.k);
     assert!(xq.q.len() >= m * k && y.len() >= m * n, "qmatmul: buffers too small");
-    assert_eq!(xq.scales, w.act_scales(), "qmatmul: activations scaled for another matrix");
+    assert!(xq.scales >= w.act_scales(), "qmatmul: activations scaled more finely than the kernels read");
     let out = SharedOut(y.as_mut_ptr());
     let mut first_row = 0;
     for p in &w.parts {
@@ -392,15 +431,22 @@ mod tests {
     /// quantized activations, dot in f64.
     #[test]
     fn matches_dequantize_then_dot_for_every_format() {
-        for dtype in TYPES {
+        let every = [ActScales::PerHalf, ActScales::PerBlock, ActScales::PerSuper];
+        // Each format under its matrix's activation scales and every coarser kind (as a
+        // Q6_K part beside Q4_K reads per-256 scales).
+        let cases = TYPES.iter().flat_map(|&dtype| every.iter().map(move |&scales| (dtype, scales)));
+        for (dtype, scales) in cases {
             let per = dtype.block().0;
-            let (m, n, k) = (5, 19, 2 * per.max(64));
+            let (m, n, k) = (5, 19, 2 * per.max(128));
             let raw = random_blocks(dtype, n * k / per, 3);
             let w = QMatrix::new(k, vec![(dtype, n, raw.clone())]).unwrap();
+            if scales < w.act_scales() {
+                continue;
+            }
             let wf = dequantize(dtype, &raw);
             let x = random_vec(m * k, 4);
             let mut xq = QActs::default();
-            quantize_rows(&x, m, k, w.act_scales(), &mut xq);
+            quantize_rows(&x, m, k, scales, &mut xq);
             let mut y = vec![0f32; m * n];
             qmatmul(&xq, &w, &mut y, m);
             for i in 0..m {
@@ -409,7 +455,8 @@ mod tests {
                         .map(|c| wf[j * k + c] as f64 * xq.q[i * k + c] as f64 * xq.d[(i * k + c) / QH] as f64)
                         .sum();
                     let got = y[i * n + j] as f64;
-                    assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()), "{dtype:?} [{i},{j}] {got} vs {want}");
+                    let close = (got - want).abs() <= 1e-4 * (1.0 + want.abs());
+                    assert!(close, "{dtype:?} {scales:?} [{i},{j}] {got} vs {want}");
                 }
             }
             // The int8 activations stay close to the f32 ones.
@@ -419,12 +466,15 @@ mod tests {
     }
 
     /// An outlier coarsens only its own 16 values: the other half keeps its own scale
-    /// (unless the scales are per block).
+    /// (unless the scales are per 256, where the whole run shares it).
     #[test]
     fn each_half_block_has_its_own_scale() {
-        let mut x: Vec<f32> = (0..QB).map(|i| 0.01 * (i as f32 - 15.5)).collect();
+        let mut x: Vec<f32> = (0..256).map(|i| 0.01 * (i as f32 % 32.0 - 15.5)).collect();
         x[3] = 100.0;
         let mut xq = QActs::default();
+        quantize_rows(&x, 1, 256, ActScales::PerSuper, &mut xq);
+        assert_eq!(xq.d, [100.0 / 127.0; 16]);
+        x.truncate(QB);
         quantize_rows(&x, 1, QB, ActScales::PerBlock, &mut xq);
         assert_eq!(xq.d, [100.0 / 127.0; 2]);
         quantize_rows(&x, 1, QB, ActScales::PerHalf, &mut xq);
@@ -452,16 +502,17 @@ mod tests {
         x[QH..QB].iter_mut().enumerate().for_each(|(i, v)| *v = i as f32 - 7.5);
         x[QH] = 127.0;
         x[40] = 1e30;
-        type Quantizer<'a> = &'a dyn Fn(&[f32], &mut [i8], &mut [f32], &mut [i32], &mut [f32], bool);
-        let run = |f: Quantizer<'_>, per_block| {
+        type Quantizer<'a> = &'a dyn Fn(&[f32], &mut [i8], &mut [f32], &mut [i32], &mut [f32], usize);
+        let run = |f: Quantizer<'_>, halves| {
             let (mut q, mut d, mut s, mut ds) = (vec![0i8; x.len()], vec![0f32; 128], vec![0i32; 128], vec![0f32; 64]);
-            f(&x, &mut q, &mut d, &mut s, &mut ds, per_block);
+            f(&x, &mut q, &mut d, &mut s, &mut ds, halves);
             (q, d, s, ds)
         };
-        for per_block in [false, true] {
+        for scales in [ActScales::PerHalf, ActScales::PerBlock, ActScales::PerSuper] {
+            let halves = scales.halves();
             // SAFETY: AVX2 was detected above.
-            let vector = run(&|x, q, d, s, ds, pb| unsafe { avx2::quantize_blocks(x, q, d, s, ds, pb) }, per_block);
-            assert_eq!(vector, run(&quantize_blocks, per_block), "per block: {per_block}");
+            let vector = run(&|x, q, d, s, ds, h| unsafe { avx2::quantize_blocks(x, q, d, s, ds, h) }, halves);
+            assert_eq!(vector, run(&quantize_blocks, halves), "{scales:?}");
         }
     }
 

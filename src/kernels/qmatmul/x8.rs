@@ -110,12 +110,16 @@ fn pairs(dtype: GgmlType) -> bool {
     decodes(dtype) && matches!(dtype, GgmlType::Q4K | GgmlType::Q6K)
 }
 
-/// How the activations of `dtype`'s kernel are scaled: Q4_K's and Q6_K's per 32 values,
-/// so that 32 values' sums stay integer until their activation scale (the others take
-/// either).
+/// The coarsest activation scales `dtype`'s kernel needs (every kernel reads coarser
+/// ones): Q4_K's per 256 values, so that a block's sums stay integer until their
+/// activation scale; Q6_K's per 32, so that a 32-value output's two scaled halves add in
+/// i32 (per 256 would convert once per block, not eight times, but for 4 % on the kernel
+/// it cost a quarter more KL divergence: SmolLM2 in Q6_K 0.0069 -> 0.0088); the others
+/// per 16.
 pub fn act_scales(dtype: GgmlType) -> ActScales {
     match dtype {
-        GgmlType::Q4K | GgmlType::Q6K => ActScales::PerBlock,
+        GgmlType::Q4K => ActScales::PerSuper,
+        GgmlType::Q6K => ActScales::PerBlock,
         _ => ActScales::PerHalf,
     }
 }
@@ -632,9 +636,10 @@ mod avx2 {
     /// from the values decoded ahead. `G` groups run side by side, so that each
     /// broadcast of activation bytes feeds `G` multiply-adds (a broadcast load costs about
     /// as much as a `maddubs`). One sub-block at a time (the low nibbles of a pair, then
-    /// the high ones: [`k_sub`]); its sums gather under their activation scales (one per
-    /// sub-block for Q4_K, [`ActScales::PerBlock`]; one per half for Q5_K) and take the
-    /// eight rows' weight scales once per block. The mins follow in [`k_mins`].
+    /// the high ones: [`k_sub`]); Q4_K's scaled sums add in i32 over the block and take
+    /// the product of the row's activation scale ([`ActScales::PerSuper`]) and the eight
+    /// rows' weight scales once; Q5_K's gather in f32 under their activation scales, one
+    /// per half sub-block, and take the weight scales once per block. The mins follow in [`k_mins`].
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn k_tiled<const FIVE: bool, const PRE: bool, const G: usize, const R: usize>(
         src: [Src; G],
@@ -655,16 +660,25 @@ mod avx2 {
             if !PRE {
                 rec.iter().for_each(|&r| prefetch(r, rec_bytes));
             }
+            // Q5_K's sums scaled per sub-block (f32), Q4_K's per block (i32).
             let mut blk = [[_mm256_setzero_ps(); G]; R];
+            let mut dots = [[_mm256_setzero_si256(); G]; R];
             let at = |t: usize| ((first + t) * blocks + b) * 8;
             for pair in 0..4 {
-                k_sub::<FIVE, PRE, G, R, 0>(rec, vals, pair, xq, at, &mut blk);
-                k_sub::<FIVE, PRE, G, R, 1>(rec, vals, pair, xq, at, &mut blk);
+                k_sub::<FIVE, PRE, G, R, 0>(rec, vals, pair, xq, at, &mut blk, &mut dots);
+                k_sub::<FIVE, PRE, G, R, 1>(rec, vals, pair, xq, at, &mut blk, &mut dots);
             }
             for (g, (&rec, out)) in rec.iter().zip(out.iter_mut()).enumerate() {
                 let dw = _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()));
-                for (out, blk) in out.iter_mut().zip(&blk) {
-                    let acc = _mm256_fmadd_ps(dw, blk[g], _mm256_loadu_ps(out.as_ptr()));
+                for (t, (out, (blk, dots))) in out.iter_mut().zip(blk.iter().zip(&dots)).enumerate() {
+                    let (scale, sums) = if FIVE {
+                        (dw, blk[g])
+                    } else {
+                        // One activation scale per block ([`ActScales::PerSuper`]).
+                        let dx = _mm256_set1_ps(*xq.d.get_unchecked(2 * at(t)));
+                        (_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(dots[g]))
+                    };
+                    let acc = _mm256_fmadd_ps(scale, sums, _mm256_loadu_ps(out.as_ptr()));
                     _mm256_storeu_ps(out.as_mut_ptr(), acc);
                 }
             }
@@ -674,7 +688,7 @@ mod avx2 {
             for (acc, out) in acc.iter_mut().zip(out.iter()) {
                 *acc = _mm256_loadu_ps(out.as_ptr());
             }
-            k_mins::<R>(src.rec, rec_bytes, xq, first, blocks, &mut acc);
+            k_mins::<FIVE, R>(src.rec, rec_bytes, xq, first, blocks, &mut acc);
             store(&acc, out);
         }
     }
@@ -697,10 +711,11 @@ mod avx2 {
     }
 
     /// Sub-block `2·pair + H` of the [`k_tiled`] records at `rec` (values decoded ahead at
-    /// `vals` with `PRE`) against tile row `t`'s activations from sub-block index `at(t)`,
-    /// added to `blk`. Q4_K's eight products of at most 2·15·127 per i16 gather before one
-    /// `madd` applies the 6-bit scales, Q5_K's (at most 2·31·127) four at a time with a
-    /// `madd` each.
+    /// `vals` with `PRE`) against tile row `t`'s activations from sub-block index `at(t)`.
+    /// Q4_K's eight products of at most 2·15·127 per i16 gather before one `madd` applies
+    /// the 6-bit scales, and add to the block's integer sums `dots` (at most 8 · 2 · 8 ·
+    /// 2·15·127 · 63 per lane); Q5_K's (at most 2·31·127) four at a time with a `madd`
+    /// each, converted and scaled into `blk` per half sub-block.
     #[inline(always)]
     unsafe fn k_sub<const FIVE: bool, const PRE: bool, const G: usize, const R: usize, const H: usize>(
         rec: [*const u8; G],
@@ -709,6 +724,7 @@ mod avx2 {
         xq: &QActs,
         at: impl Fn(usize) -> usize,
         blk: &mut [[__m256; G]; R],
+        dots: &mut [[__m256i; G]; R],
     ) {
         let sub = 2 * pair + H;
         // Plain loops, not `array::from_fn`: a closure does not take this function's target
@@ -748,6 +764,14 @@ mod avx2 {
                         }
                     }
                 }
+            }
+            if !FIVE {
+                for (dots, s16) in dots.iter_mut().zip(&s16) {
+                    for ((dot, s16), sc) in dots.iter_mut().zip(s16).zip(&sc) {
+                        *dot = _mm256_add_epi32(*dot, _mm256_madd_epi16(*s16, *sc));
+                    }
+                }
+                continue;
             }
             for (t, (blk, s16)) in blk.iter_mut().zip(&s16).enumerate() {
                 let dx = _mm256_set1_ps(*xq.d.get_unchecked(2 * (at(t) + sub) + run));
@@ -887,13 +911,16 @@ mod avx2 {
         }
     }
 
-    /// Q4_K/Q5_K's mins, `dmin·m · d_x·Σx` per sub-block, in a pass of their own after the
-    /// values, so that the value loop keeps its registers. A block's `Σ m · d_x·Σx` gathers
-    /// in two chains of four (even and odd sub-blocks) before `dmin` applies once: one
-    /// chain of eight multiply-adds per block and row made this pass latency-bound, a
-    /// tenth of the kernel's time at four rows and a fifth at one.
+    /// Q4_K/Q5_K's (`FIVE`) mins, `dmin·m · d_x·Σx` per sub-block, in a pass of their own
+    /// after the values, so that the value loop keeps its registers. Q4_K's activations
+    /// have one scale per block ([`ActScales::PerSuper`]), so a block's `Σ m · Σx` is
+    /// integer: four `madd`s of two sub-blocks' mins against the activations' pair sums
+    /// ([`QActs::pair_sums`]), then `dmin · d_x` once. Q5_K's `Σ m · d_x·Σx` gathers in
+    /// two chains of four (even and odd sub-blocks) before `dmin` applies once: one chain
+    /// of eight multiply-adds per block and row made this pass latency-bound, a tenth of
+    /// the kernel's time at four rows and a fifth at one.
     #[inline(always)]
-    unsafe fn k_mins<const R: usize>(
+    unsafe fn k_mins<const FIVE: bool, const R: usize>(
         p: *const u8,
         rec_bytes: usize,
         xq: &QActs,
@@ -901,8 +928,30 @@ mod avx2 {
         blocks: usize,
         acc: &mut [__m256; R],
     ) {
+        let pairs = if FIVE { std::ptr::null() } else { xq.pair_sums().as_ptr() };
         for b in 0..blocks {
             let rec = p.add(b * rec_bytes);
+            let dmin = _mm256_cvtph_ps(_mm_loadu_si128(rec.add(16).cast()));
+            if !FIVE {
+                // Lane r: the i16 pair of row r's mins of sub-blocks 2j and 2j + 1.
+                let mut m = [_mm256_setzero_si256(); 4];
+                for (j, m) in m.iter_mut().enumerate() {
+                    let even = _mm_loadl_epi64(rec.add(96 + 16 * j).cast());
+                    let odd = _mm_loadl_epi64(rec.add(104 + 16 * j).cast());
+                    *m = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(even, odd));
+                }
+                for (t, acc) in acc.iter_mut().enumerate() {
+                    let xb = (first + t) * blocks + b;
+                    let x = pairs.add(4 * xb);
+                    let mut s = _mm256_madd_epi16(m[0], _mm256_set1_epi32(*x));
+                    for (j, m) in m.iter().enumerate().skip(1) {
+                        s = _mm256_add_epi32(s, _mm256_madd_epi16(*m, _mm256_set1_epi32(*x.add(j))));
+                    }
+                    let dx = _mm256_set1_ps(*xq.d.get_unchecked(16 * xb));
+                    *acc = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(s), *acc);
+                }
+                continue;
+            }
             let mut part = [[_mm256_setzero_ps(); R]; 2];
             for sub in 0..8 {
                 let m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(rec.add(96 + 8 * sub).cast())));
@@ -911,7 +960,6 @@ mod avx2 {
                     *part = _mm256_fmadd_ps(m, _mm256_set1_ps(*xq.dsum.get_unchecked(xb)), *part);
                 }
             }
-            let dmin = _mm256_cvtph_ps(_mm_loadu_si128(rec.add(16).cast()));
             for (acc, (even, odd)) in acc.iter_mut().zip(part[0].iter().zip(&part[1])) {
                 *acc = _mm256_fnmadd_ps(dmin, _mm256_add_ps(*even, *odd), *acc);
             }
@@ -926,7 +974,7 @@ mod avx2 {
     /// ([`q6_out`]), so that the tile's sums and the decoded values stay in registers
     /// (decoding all four outputs at once spilled them). `G` groups run side by side, as
     /// in [`k_tiled`]. Each row's 32-value sums gather under their activation scales
-    /// ([`ActScales::PerBlock`]) and take the eight rows' weight scales once per block; a
+    /// ([`ActScales::PerBlock`], or per 256 beside Q4_K) and take the eight rows' weight scales once per block; a
     /// row's operations are the same whatever its tile.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn q6_k<const PRE: bool, const G: usize, const R: usize>(
@@ -936,7 +984,7 @@ mod avx2 {
         blocks: usize,
         out: &mut [[[f32; GROUP]; TILE]; G],
     ) {
-        debug_assert_eq!(xq.scales, ActScales::PerBlock, "Q6_K's halves share an activation scale");
+        debug_assert_ne!(xq.scales, ActScales::PerHalf, "Q6_K's halves share an activation scale");
         let (rec_bytes, head) = record(GgmlType::Q6K);
         let offs = xq.q6_offsets().as_ptr();
         let mut acc = [[_mm256_setzero_ps(); G]; R];
@@ -1021,7 +1069,7 @@ mod avx2 {
     ) {
         let pre: [*const u8; G] = std::array::from_fn(|g| pre[g].wrapping_add(32 * 8 * (4 * n + i)));
         // Chunks 0..4 hold the output's first 16 values (the sub-block's first scale), 4..8
-        // the rest; both halves share one activation scale ([`ActScales::PerBlock`]), so
+        // the rest; both halves share one activation scale (not [`ActScales::PerHalf`]), so
         // their scaled sums add in i32 and convert once.
         let mut dots = [[_mm256_setzero_si256(); G]; R];
         for half in 0..2 {
