@@ -149,7 +149,8 @@ impl QMatrix {
 
 /// How finely a row's int8 activations are scaled: the matrix that takes them chooses
 /// ([`QMatrix::act_scales`]). Scales are stored per 16 values whatever the choice (equal
-/// across the values that share one), so every kernel reads any of them.
+/// across the values that share one), so a kernel reads any scales as coarse as it needs
+/// or coarser (ordered from finest to coarsest).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub enum ActScales {
     /// One scale per 16 values: an outlier coarsens 15 others, not 31. On SmolLM2 Q4_1 it
@@ -161,10 +162,10 @@ pub enum ActScales {
     /// convert once (one core, 32 rows: 72 → 78 GMAC/s), for SmolLM2 in Q6_K KL 0.00672 →
     /// 0.00694 and top-1 93.4% → 93.2%.
     PerBlock,
-    /// One per 256, a K-quant super-block (llama.cpp's `q8_K`), for Q4_K and Q6_K: a
-    /// block's scaled sub-block sums then add in i32, and the kernel converts and scales
-    /// once per block and row instead of once per 32 values (Q5_K cannot sum 32 values in
-    /// i16 and reads its scales per 16).
+    /// One per 256, a K-quant super-block (llama.cpp's `q8_K`), for Q4_K: a block's
+    /// scaled sub-block sums then add in i32, and the kernel converts and scales once per
+    /// block and row instead of once per 32 values (Q6_K stays per 32 for its quality;
+    /// Q5_K cannot sum 32 values in i16 and reads its scales per 16).
     PerSuper,
 }
 

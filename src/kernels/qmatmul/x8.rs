@@ -639,7 +639,8 @@ mod avx2 {
     /// the high ones: [`k_sub`]); Q4_K's scaled sums add in i32 over the block and take
     /// the product of the row's activation scale ([`ActScales::PerSuper`]) and the eight
     /// rows' weight scales once; Q5_K's gather in f32 under their activation scales, one
-    /// per half sub-block, and take the weight scales once per block. The mins follow in [`k_mins`].
+    /// per half sub-block, and take the weight scales once per block. The mins follow in
+    /// [`k_mins`].
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn k_tiled<const FIVE: bool, const PRE: bool, const G: usize, const R: usize>(
         src: [Src; G],
@@ -648,6 +649,7 @@ mod avx2 {
         blocks: usize,
         out: &mut [[[f32; GROUP]; TILE]; G],
     ) {
+        debug_assert!(FIVE || xq.scales == ActScales::PerSuper, "a Q4_K block shares one activation scale");
         let rec_bytes = record(if FIVE { GgmlType::Q5K } else { GgmlType::Q4K }).0;
         // The running sums stay in `out` between blocks: in registers they crowd out the
         // sub-block's, and a block touches them only once.
@@ -974,8 +976,8 @@ mod avx2 {
     /// ([`q6_out`]), so that the tile's sums and the decoded values stay in registers
     /// (decoding all four outputs at once spilled them). `G` groups run side by side, as
     /// in [`k_tiled`]. Each row's 32-value sums gather under their activation scales
-    /// ([`ActScales::PerBlock`], or per 256 beside Q4_K) and take the eight rows' weight scales once per block; a
-    /// row's operations are the same whatever its tile.
+    /// ([`ActScales::PerBlock`], or per 256 beside Q4_K) and take the eight rows' weight
+    /// scales once per block; a row's operations are the same whatever its tile.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn q6_k<const PRE: bool, const G: usize, const R: usize>(
         src: [Src; G],
