@@ -235,7 +235,10 @@ pub(super) unsafe fn groups_task(
     // Chunks of groups that fit in L2 (with their decoded values), then activation tiles,
     // then the chunk's groups: the weights are read from memory once, and the tile stays
     // in L1.
-    let chunk = (CHUNK_BYTES / (group_bytes + decoded_bytes)).max(1);
+    // Paired formats take an even number of groups, so that none runs alone.
+    let paired = decoded_bytes > 0 && pairs(p.dtype);
+    let fit = CHUNK_BYTES / (group_bytes + decoded_bytes);
+    let chunk = if paired { (fit & !1).max(2) } else { fit.max(1) };
     let records = |g: usize| &p.data[g * group_bytes..(g + 1) * group_bytes];
     DECODE_SCRATCH.with_borrow_mut(|scratch| {
         for first in groups.clone().step_by(chunk) {
@@ -253,16 +256,17 @@ pub(super) unsafe fn groups_task(
                     std::ptr::copy_nonoverlapping(row.as_ptr(), y.0.add((i + t) * n + col0 + g * GROUP), GROUP)
                 }
             };
-            let paired = decoded_bytes > 0 && pairs(p.dtype);
             // While the tiles run over this chunk, the next chunk's records (when it is to be
             // decoded) are asked for a slice per kernel call, so that decoding it does not
-            // wait on memory.
+            // wait on memory. After a task's last chunk that is the next task's first, which
+            // this thread usually runs next (rayon splits the task range in halves).
             let next: &[u8] = if decoded_bytes > 0 {
-                &p.data[last * group_bytes..(last + chunk).min(groups.end) * group_bytes]
+                &p.data[last * group_bytes..(last + chunk).min(p.rows / GROUP) * group_bytes]
             } else {
                 &[]
             };
-            let ahead = next.len().div_ceil(m.div_ceil(TILE) * (last - first)).next_multiple_of(64);
+            let calls_per_tile = if paired { (last - first).div_ceil(2) } else { last - first };
+            let ahead = next.len().div_ceil(m.div_ceil(TILE) * calls_per_tile).next_multiple_of(64);
             let mut asked = 0;
             for i in (0..m).step_by(TILE) {
                 let tile = TILE.min(m - i);
