@@ -526,15 +526,16 @@ mod tests {
     /// A row's result is bit-identical alone or inside any batch.
     #[test]
     fn rows_are_bit_identical_whatever_the_batch() {
-        let short = [GgmlType::Q4_1, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K, GgmlType::Q8_0].map(|d| (d, 24, 0));
+        let short = [GgmlType::Q4_1, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K, GgmlType::Q8_0]
+            .map(|d| (d, 2 * d.block().0.max(64)));
         // Rows so long that one group and its decoded values outgrow a chunk: the paired
         // formats then take two groups a chunk, and a task's last may run alone.
-        let long = [(GgmlType::Q4K, 24, 16384), (GgmlType::Q6K, 24, 16384)];
-        for (dtype, groups, k) in short.into_iter().chain(long) {
+        let long = [(GgmlType::Q4K, 16384), (GgmlType::Q6K, 16384)];
+        for (dtype, k) in short.into_iter().chain(long) {
             let per = dtype.block().0;
-            // Groups and a tail: with a few threads, tasks hold pairs of groups and odd
+            // 24 groups and a tail: with a few threads, tasks hold pairs of groups and odd
             // ones ([`x8`]'s paired kernels), and a row-by-row part.
-            let (n, k) = (8 * groups + 3, if k > 0 { k } else { 2 * per.max(64) });
+            let n = 8 * 24 + 3;
             let w = QMatrix::new(k, vec![(dtype, n, random_blocks(dtype, n * k / per, 5))]).unwrap();
             let x = random_vec(9 * k, 6);
             let run = |rows: &[f32], m: usize| {
