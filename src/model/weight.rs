@@ -87,10 +87,12 @@ impl Weight {
         for (name, shape) in parts {
             match src.load_blocks(name, shape)? {
                 Some((t, raw)) => blocks.push((t, shape[0], raw)),
-                None => return Ok(None),
+                None => break,
             }
         }
-        Ok(Some(QMatrix::new(parts[0].1[1], blocks)?))
+        let stacked = (blocks.len() == parts.len()).then(|| QMatrix::new(parts[0].1[1], blocks)).transpose();
+        parts.iter().for_each(|(name, _)| src.release(name));
+        stacked
     }
 
     /// `parts` read as f32 and quantized to the format `dtype` asks for, when it asks for
@@ -110,7 +112,7 @@ impl Weight {
             blocks.push((
                 target,
                 shape[0],
-                quantize_matrix(target, k, shape[0], |r| Cow::Borrowed(&data[r.start * k..r.end * k])),
+                quantize_matrix(target, k, shape[0], |r| Cow::Borrowed(&data[r.start * k..r.end * k])).into(),
             ));
         }
         Ok(Some(QMatrix::new(k, blocks)?))
@@ -246,7 +248,7 @@ mod tests {
         let w = random_vec(n * k, 1);
         let raw = quantize(GgmlType::Q8_0, &w);
         let wq = dequantize(GgmlType::Q8_0, &raw);
-        let head = Weight::Quant(QMatrix::new(k, vec![(GgmlType::Q8_0, n, raw)]).unwrap());
+        let head = Weight::Quant(QMatrix::new(k, vec![(GgmlType::Q8_0, n, raw.into())]).unwrap());
         let x = random_vec(m * k, 2);
         let mut y = vec![0.0; m * n];
         head.matmul(&x, &mut QActs::default(), &mut y, m);

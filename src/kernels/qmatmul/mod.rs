@@ -17,6 +17,7 @@
 use super::buffer::Buf;
 use super::quant::{dequantize, GgmlType};
 use rayon::prelude::*;
+use std::borrow::Cow;
 
 mod rows;
 mod x8;
@@ -68,7 +69,7 @@ pub struct QMatrix {
 impl QMatrix {
     /// Stacks parts `(format, rows, raw bytes)` of `k` columns each, interleaving what
     /// [`x8`] computes (a tail of fewer than eight rows stays row by row).
-    pub fn new(k: usize, parts: Vec<(GgmlType, usize, Vec<u8>)>) -> anyhow::Result<Self> {
+    pub fn new(k: usize, parts: Vec<(GgmlType, usize, Cow<'_, [u8]>)>) -> anyhow::Result<Self> {
         let mut out = Vec::with_capacity(parts.len());
         for (dtype, rows, data) in parts {
             let (per_block, block_bytes) = dtype.block();
@@ -440,7 +441,7 @@ mod tests {
             let per = dtype.block().0;
             let (m, n, k) = (5, 19, 2 * per.max(128));
             let raw = random_blocks(dtype, n * k / per, 3);
-            let w = QMatrix::new(k, vec![(dtype, n, raw.clone())]).unwrap();
+            let w = QMatrix::new(k, vec![(dtype, n, (&raw[..]).into())]).unwrap();
             if scales < w.act_scales() {
                 continue;
             }
@@ -536,7 +537,7 @@ mod tests {
             // 24 groups and a tail: with a few threads, tasks hold pairs of groups and odd
             // ones ([`x8`]'s paired kernels), and a row-by-row part.
             let n = 8 * 24 + 3;
-            let w = QMatrix::new(k, vec![(dtype, n, random_blocks(dtype, n * k / per, 5))]).unwrap();
+            let w = QMatrix::new(k, vec![(dtype, n, random_blocks(dtype, n * k / per, 5).into())]).unwrap();
             let x = random_vec(9 * k, 6);
             let run = |rows: &[f32], m: usize| {
                 let mut xq = QActs::default();
@@ -558,7 +559,8 @@ mod tests {
         let k = 256;
         let a = random_blocks(GgmlType::Q4K, 3, 8);
         let b = random_blocks(GgmlType::Q6K, 2, 9);
-        let w = QMatrix::new(k, vec![(GgmlType::Q4K, 3, a.clone()), (GgmlType::Q6K, 2, b.clone())]).unwrap();
+        let w =
+            QMatrix::new(k, vec![(GgmlType::Q4K, 3, (&a[..]).into()), (GgmlType::Q6K, 2, (&b[..]).into())]).unwrap();
         let x = random_vec(k, 10);
         let mut xq = QActs::default();
         quantize_rows(&x, 1, k, w.act_scales(), &mut xq);
@@ -566,7 +568,7 @@ mod tests {
         qmatmul(&xq, &w, &mut y, 1);
         let single = |dtype, raw: Vec<u8>, rows| {
             let mut out = vec![0f32; rows];
-            qmatmul(&xq, &QMatrix::new(k, vec![(dtype, rows, raw)]).unwrap(), &mut out, 1);
+            qmatmul(&xq, &QMatrix::new(k, vec![(dtype, rows, raw.into())]).unwrap(), &mut out, 1);
             out
         };
         assert_eq!(y[..3], single(GgmlType::Q4K, a.clone(), 3)[..]);
@@ -574,7 +576,7 @@ mod tests {
         let mut row = vec![0f32; k];
         w.row_into(4, &mut row);
         // Rows of no values are refused, not divided by.
-        assert!(QMatrix::new(0, vec![(GgmlType::Q4_0, 8, Vec::new())]).is_err());
+        assert!(QMatrix::new(0, vec![(GgmlType::Q4_0, 8, Vec::new().into())]).is_err());
         assert_eq!(row, dequantize(GgmlType::Q6K, &b[210..]));
     }
 }

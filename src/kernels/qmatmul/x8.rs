@@ -168,8 +168,14 @@ fn fill_record<'a>(s: &Shape, head: usize, rec: &mut [u8], block: impl Fn(usize)
         for j in 0..s.bytes.1 {
             rec[base + j * GROUP + r] = blk[s.bytes.0 + j];
         }
-        for (ch, from) in s.chunks().enumerate() {
-            rec[head + ch * 32 + r * 4..head + ch * 32 + r * 4 + 4].copy_from_slice(&blk[from..from + 4]);
+    }
+    // The values, chunk by chunk across the rows: most of a load's own work, so each row's
+    // block is sliced once and every chunk's 32 bytes are written together.
+    let blocks: [&[u8]; GROUP] = std::array::from_fn(&block);
+    for (ch, from) in s.chunks().enumerate() {
+        let to: &mut [u8; 32] = (&mut rec[head + ch * 32..head + ch * 32 + 32]).try_into().unwrap();
+        for (to, blk) in to.chunks_exact_mut(4).zip(blocks) {
+            to.copy_from_slice(&blk[from..from + 4]);
         }
     }
 }

@@ -8,6 +8,7 @@ use crate::kernels::quant::GgmlType;
 use crate::model::config::{Arch, ModelConfig};
 use crate::model::gguf::{GgufFile, TensorInfo};
 use anyhow::{Context, Result};
+use std::borrow::Cow;
 
 pub struct GgufWeights<'a> {
     file: &'a GgufFile,
@@ -88,15 +89,6 @@ fn move_rows<T: Copy + Default>(data: &[T], heads: usize, cols: usize, to_gguf: 
     out
 }
 
-/// `src` copied in parallel: a large tensor's copy out of the map is mostly page faults
-/// (reading the file's pages, zeroing the new ones), which both cores can take.
-fn par_copy(src: &[u8]) -> Vec<u8> {
-    use rayon::prelude::*;
-    let mut out = vec![0u8; src.len()];
-    out.par_chunks_mut(1 << 20).zip(src.par_chunks(1 << 20)).for_each(|(o, s)| o.copy_from_slice(s));
-    out
-}
-
 impl GgufWeights<'_> {
     fn info(&self, name: &str, shape: &[usize]) -> Result<&TensorInfo> {
         let gname = gguf_name(self.arch, name).with_context(|| format!("no GGUF name for tensor {name}"))?;
@@ -111,14 +103,22 @@ impl GgufWeights<'_> {
 
     /// llama.cpp's q/k row order undone (weights and biases); `cols` elements per row.
     fn hf_rows<T: Copy + Default>(&self, name: &str, data: Vec<T>, cols: usize) -> Vec<T> {
+        match self.permuted_heads(name) {
+            Some(heads) => unpermute_rows(&data, heads, cols),
+            None => data,
+        }
+    }
+
+    /// The heads whose rows llama.cpp's converter reordered in tensor `name`, if it did.
+    fn permuted_heads(&self, name: &str) -> Option<usize> {
         if self.arch != Arch::Llama {
-            data
+            None
         } else if name.contains(".q_proj.") {
-            unpermute_rows(&data, self.num_heads, cols)
+            Some(self.num_heads)
         } else if name.contains(".k_proj.") {
-            unpermute_rows(&data, self.num_kv_heads, cols)
+            Some(self.num_kv_heads)
         } else {
-            data
+            None
         }
     }
 }
@@ -151,15 +151,25 @@ impl WeightSource for GgufWeights<'_> {
         Ok(Some((format, self.hf_rows(name, bits, shape[1..].iter().product()))))
     }
 
-    fn load_blocks(&self, name: &str, shape: &[usize]) -> Result<Option<(GgmlType, Vec<u8>)>> {
+    fn load_blocks(&self, name: &str, shape: &[usize]) -> Result<Option<(GgmlType, Cow<'_, [u8]>)>> {
         let info = self.info(name, shape)?;
         if !QMatrix::supports(info.dtype) || shape.len() != 2 {
             return Ok(None);
         }
-        let raw = par_copy(self.file.raw(info));
-        self.file.release(info);
-        let row_bytes = raw.len() / shape[0];
-        Ok(Some((info.dtype, self.hf_rows(name, raw, row_bytes))))
+        let raw = self.file.raw(info);
+        Ok(Some((
+            info.dtype,
+            match self.permuted_heads(name) {
+                Some(heads) => Cow::Owned(unpermute_rows(raw, heads, raw.len() / shape[0])),
+                None => Cow::Borrowed(raw),
+            },
+        )))
+    }
+
+    fn release(&self, name: &str) {
+        if let Some(info) = gguf_name(self.arch, name).and_then(|g| self.file.tensors.get(&g)) {
+            self.file.release(info);
+        }
     }
 }
 

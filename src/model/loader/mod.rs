@@ -11,16 +11,24 @@ use super::tensor::Tensor;
 use crate::kernels::matmul::Half;
 use crate::kernels::quant::GgmlType;
 use anyhow::Result;
+use std::borrow::Cow;
 
 pub trait WeightSource {
     /// The tensor `name`, checked to have `shape` (row-major, `[out, in]` for linear layers).
     fn load(&self, name: &str, shape: &[usize]) -> Result<Tensor>;
     fn contains(&self, name: &str) -> bool;
     /// The tensor's raw blocks when it is stored in a GGML block format (row-major rows of
-    /// whole blocks, in Hugging Face row order), so it can be computed without widening.
-    fn load_blocks(&self, _name: &str, _shape: &[usize]) -> Result<Option<(GgmlType, Vec<u8>)>> {
+    /// whole blocks, in Hugging Face row order), so it can be computed without widening:
+    /// borrowed from a mapped file where its rows need no reordering, so that repacking
+    /// reads the file's pages rather than a copy of them (a copy costs as many fresh pages
+    /// again, and zeroing fresh pages is most of a load). [`WeightSource::release`] it after.
+    fn load_blocks(&self, _name: &str, _shape: &[usize]) -> Result<Option<(GgmlType, Cow<'_, [u8]>)>> {
         Ok(None)
     }
+    /// `name`'s bytes handed out by [`WeightSource::load_blocks`] are no longer needed: a
+    /// mapped source drops its pages from this process, so that loading holds at most one
+    /// tensor of the file beside the weights built from it.
+    fn release(&self, _name: &str) {}
     /// The tensor's 16-bit float bit patterns (Hugging Face row order) when it is stored as
     /// f16 or bf16, so it can stay 16-bit.
     fn load_half(&self, _name: &str, _shape: &[usize]) -> Result<Option<(Half, Vec<u16>)>> {
