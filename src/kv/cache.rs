@@ -93,8 +93,11 @@ impl KvCache {
         head_dim: usize,
     ) -> Self {
         let len = num_blocks * block_size * kv_heads * head_dim;
+        // Layers in parallel: making a pool resident is mostly the kernel zeroing its
+        // pages, which both cores can do.
         fn pools<E: KvElem>(layers: usize, len: usize) -> Vec<(Buf<E>, Buf<E>)> {
-            (0..layers).map(|_| (Buf::zeroed_resident(len), Buf::zeroed_resident(len))).collect()
+            use rayon::prelude::*;
+            (0..layers).into_par_iter().map(|_| (Buf::zeroed_resident(len), Buf::zeroed_resident(len))).collect()
         }
         let layers = match dtype {
             KvDtype::F32 => Layers::F32(pools(num_layers, len)),
