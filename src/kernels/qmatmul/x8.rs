@@ -152,8 +152,8 @@ pub fn interleave(dtype: GgmlType, data: &[u8], k: usize) -> Buf<u8> {
 
 /// One record from the same block of the group's eight rows (`block(r)`, file layout).
 fn fill_record<'a>(s: &Shape, head: usize, rec: &mut [u8], block: impl Fn(usize) -> &'a [u8]) {
-    for r in 0..GROUP {
-        let blk = block(r);
+    let blocks: [&[u8]; GROUP] = std::array::from_fn(block);
+    for (r, blk) in blocks.iter().enumerate() {
         for (f, &h) in s.halves.iter().enumerate() {
             rec[f * 16 + r * 2..f * 16 + r * 2 + 2].copy_from_slice(&blk[h..h + 2]);
         }
@@ -169,9 +169,8 @@ fn fill_record<'a>(s: &Shape, head: usize, rec: &mut [u8], block: impl Fn(usize)
             rec[base + j * GROUP + r] = blk[s.bytes.0 + j];
         }
     }
-    // The values, chunk by chunk across the rows: most of a load's own work, so each row's
-    // block is sliced once and every chunk's 32 bytes are written together.
-    let blocks: [&[u8]; GROUP] = std::array::from_fn(&block);
+    // The values, chunk by chunk across the rows: most of a load's own work, so every
+    // chunk's 32 bytes are written together.
     for (ch, from) in s.chunks().enumerate() {
         let to: &mut [u8; 32] = (&mut rec[head + ch * 32..head + ch * 32 + 32]).try_into().unwrap();
         for (to, blk) in to.chunks_exact_mut(4).zip(blocks) {
