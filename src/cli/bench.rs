@@ -436,7 +436,7 @@ fn print_limits(model: &crate::loaded::LoadedModel, rows: &[Value], threads: usi
         "weight_bytes_per_token": bytes,
         "read_gb_s": read_gbs,
         "fma_peak_gflop_s": fma_peak,
-        "int8_peak_gop_s": int8_peak,
+        "int8_peak_gop_s": int8_peak.map(|(p, _)| p),
     });
     println!("  weights read per decoded token at B=1: {:.1} MB", bytes / 1e6);
     if let Some(t) = tok_s(1) {
@@ -451,8 +451,8 @@ fn print_limits(model: &crate::loaded::LoadedModel, rows: &[Value], threads: usi
         let (b, t) = (r["batch"].as_u64().unwrap_or(0), r["tg_tok_s"].as_f64().unwrap_or(0.0));
         let gflops = flops_per_token * t / 1e9;
         let (peak, what) = match int8_peak {
-            Some(p) if model.model.quantized() => (p, "int8 multiply-add peak (maddubs + accumulate)"),
-            _ => (fma_peak, "f32 FMA peak"),
+            Some((p, step)) if model.model.quantized() => (p, format!("int8 multiply-add peak ({step})")),
+            _ => (fma_peak, "f32 FMA peak".to_string()),
         };
         println!(
             "  B={b}: {gflops:.1} GFLOP/s-equivalent in matrix multiplies, {:.0}% of the {what} ({peak:.0})",

@@ -66,23 +66,35 @@ fn fma_chains(iters: usize, seed: f32) -> f32 {
     acc.iter().sum()
 }
 
-/// Integer multiply-add peak of all pool threads for the quantized kernels' inner step, one
-/// `maddubs` (32 unsigned × signed byte products, pairwise summed) and one 16-bit
-/// accumulate, in GOP/s counting a multiply-add as two operations like a FLOP. No kernel
-/// does less per product (they also decode weights and apply scales), so it bounds them
-/// all from above. `None` without AVX2.
-pub fn int8_peak() -> Option<f64> {
+/// Integer multiply-add peak of all pool threads for the quantized kernels' inner step, in
+/// GOP/s counting a multiply-add as two operations like a FLOP, and that step's name: one
+/// `vpdpbusd` (32 unsigned × signed byte products, summed by four into i32) where the
+/// kernels use VNNI, else one `maddubs` (pairwise summed) and one 16-bit accumulate. No
+/// kernel does less per product (they also decode weights and apply scales), so it bounds
+/// them all from above. `None` without AVX2.
+pub fn int8_peak() -> Option<(f64, &'static str)> {
     #[cfg(target_arch = "x86_64")]
     if crate::kernels::matmul::avx2::available() {
         const ITERS: usize = 1 << 21;
         let threads = rayon::current_num_threads();
-        return Some(best_rate(|| {
-            // SAFETY: AVX2 was detected.
-            let sink: i64 = (0..threads).into_par_iter().map(|i| unsafe { avx2_int8_chains(ITERS, i as i8) }).sum();
+        let vnni = crate::kernels::qmatmul::vnni();
+        let peak = best_rate(|| {
+            let chains = |i: usize| {
+                // SAFETY: AVX2 was detected, and AVX-512 VNNI where `vnni`.
+                unsafe {
+                    if vnni {
+                        vnni_int8_chains(ITERS, i as i8)
+                    } else {
+                        avx2_int8_chains(ITERS, i as i8)
+                    }
+                }
+            };
+            let sink: i64 = (0..threads).into_par_iter().map(chains).sum();
             std::hint::black_box(sink);
             // 12 chains, 32 products (64 operations) each per step.
             (threads * ITERS * 12 * 64) as f64 / 1e9
-        }));
+        });
+        return Some((peak, if vnni { "vpdpbusd" } else { "maddubs + accumulate" }));
     }
     None
 }
@@ -102,6 +114,24 @@ unsafe fn avx2_int8_chains(iters: usize, seed: i8) -> i64 {
     }
     let mut out = [0i16; 16];
     let sum = acc.iter().fold(_mm256_setzero_si256(), |s, &a| _mm256_add_epi16(s, a));
+    _mm256_storeu_si256(out.as_mut_ptr().cast(), sum);
+    out.iter().map(|&v| v as i64).sum()
+}
+
+/// [`avx2_int8_chains`] with one `vpdpbusd` a step.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn vnni_int8_chains(iters: usize, seed: i8) -> i64 {
+    use std::arch::x86_64::*;
+    let w = _mm256_set1_epi8(3);
+    let mut acc = [_mm256_set1_epi8(seed); 12];
+    for _ in 0..iters {
+        for a in acc.iter_mut() {
+            *a = _mm256_dpbusd_epi32(*a, w, *a);
+        }
+    }
+    let mut out = [0i32; 8];
+    let sum = acc.iter().fold(_mm256_setzero_si256(), |s, &a| _mm256_add_epi32(s, a));
     _mm256_storeu_si256(out.as_mut_ptr().cast(), sum);
     out.iter().map(|&v| v as i64).sum()
 }

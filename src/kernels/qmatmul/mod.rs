@@ -22,6 +22,8 @@ use std::borrow::Cow;
 mod rows;
 mod x8;
 
+pub use x8::vnni;
+
 /// Values per activation block (and per decoded weight block).
 const QB: usize = 32;
 /// Values per activation scale: half a block.
