@@ -265,7 +265,12 @@ pub(super) unsafe fn groups_task(
     DECODE_SCRATCH.with_borrow_mut(|scratch| {
         for first in groups.clone().step_by(chunk) {
             let last = (first + chunk).min(groups.end);
-            scratch.resize((last - first) * decoded_bytes, 0);
+            // Grown only: truncated for a shorter chunk or a smaller matrix, it would be
+            // zeroed again for the next longer one.
+            let need = (last - first) * decoded_bytes;
+            if scratch.len() < need {
+                scratch.resize(need, 0);
+            }
             if decoded_bytes > 0 {
                 for (g, out) in (first..last).zip(scratch.chunks_exact_mut(decoded_bytes)) {
                     decode(p.dtype, records(g), blocks, out);
