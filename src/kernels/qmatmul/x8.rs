@@ -970,12 +970,63 @@ mod avx2 {
         }
     }
 
+    /// The loop of [`sums_4x2`] and [`sums_4x2_vnni`] in assembly, its body per chunk
+    /// (after the loads of both groups' chunks into `a` and `b`) given as `$body`: the
+    /// broadcasts of the four rows' activations (into `x` or `t`) and their multiply-adds
+    /// into `s{row}{group}`.
+    macro_rules! sums_loop {
+        ($w0:expr, $w1:expr, $x:expr, $row:expr, $n:expr, $init:expr, $($body:literal),* $(,)?) => {{
+            let (s00, s01, s10, s11, s20, s21, s30, s31): (
+                __m256i,
+                __m256i,
+                __m256i,
+                __m256i,
+                __m256i,
+                __m256i,
+                __m256i,
+                __m256i,
+            );
+            let init: [__m256i; 4] = $init;
+            std::arch::asm!(
+                "2:",
+                "vmovdqu {a:y}, ymmword ptr [{w0}]",
+                "vmovdqu {b:y}, ymmword ptr [{w1}]",
+                $($body,)*
+                "add {w0}, 32",
+                "add {w1}, 32",
+                "add {x0}, 4",
+                "dec {n}",
+                "jnz 2b",
+                w0 = inout(reg) $w0 => _,
+                w1 = inout(reg) $w1 => _,
+                x0 = inout(reg) $x => _,
+                n = inout(reg) $n => _,
+                row = in(reg) $row,
+                row3 = in(reg) $row * 3,
+                s00 = inout(ymm_reg) init[0] => s00,
+                s01 = inout(ymm_reg) init[0] => s01,
+                s10 = inout(ymm_reg) init[1] => s10,
+                s11 = inout(ymm_reg) init[1] => s11,
+                s20 = inout(ymm_reg) init[2] => s20,
+                s21 = inout(ymm_reg) init[2] => s21,
+                s30 = inout(ymm_reg) init[3] => s30,
+                s31 = inout(ymm_reg) init[3] => s31,
+                a = out(ymm_reg) _,
+                b = out(ymm_reg) _,
+                x = out(ymm_reg) _,
+                t = out(ymm_reg) _,
+                options(pure, readonly, nostack),
+            );
+            [[s00, s01], [s10, s11], [s20, s21], [s30, s31]]
+        }};
+    }
+
     /// The 16-bit sums of `n` chunks of two groups' decoded values (at `w0`, `w1`, 32
     /// bytes a chunk) against four activation rows (from `x`, `row` bytes apart, 4 bytes
-    /// a chunk), from `init` (per row): `[row][group]`. Each broadcast of activations feeds both groups. Written
-    /// out in assembly because LLVM hoists the weight loads of a whole run ahead of the
-    /// multiply-adds and spills them; the sums are those of the intrinsic loop, since
-    /// 16-bit adds that wrap give the same result in any order.
+    /// a chunk), from `init` (per row): `[row][group]`. Each broadcast of activations feeds
+    /// both groups. Written out in assembly because LLVM hoists the weight loads of a whole
+    /// run ahead of the multiply-adds and spills them; the sums are those of the intrinsic
+    /// loop, since 16-bit adds that wrap give the same result in any order.
     #[target_feature(enable = "avx2")]
     #[inline]
     unsafe fn sums_4x2(
@@ -986,20 +1037,13 @@ mod avx2 {
         n: usize,
         init: [__m256i; 4],
     ) -> [[__m256i; 2]; 4] {
-        let (s00, s01, s10, s11, s20, s21, s30, s31): (
-            __m256i,
-            __m256i,
-            __m256i,
-            __m256i,
-            __m256i,
-            __m256i,
-            __m256i,
-            __m256i,
-        );
-        std::arch::asm!(
-            "2:",
-            "vmovdqu {a:y}, ymmword ptr [{w0}]",
-            "vmovdqu {b:y}, ymmword ptr [{w1}]",
+        sums_loop!(
+            w0,
+            w1,
+            x,
+            row,
+            n,
+            init,
             "vpbroadcastd {x:y}, dword ptr [{x0}]",
             "vpmaddubsw {t:y}, {a:y}, {x:y}",
             "vpaddw {s00:y}, {s00:y}, {t:y}",
@@ -1020,35 +1064,11 @@ mod avx2 {
             "vpaddw {s30:y}, {s30:y}, {t:y}",
             "vpmaddubsw {t:y}, {b:y}, {x:y}",
             "vpaddw {s31:y}, {s31:y}, {t:y}",
-            "add {w0}, 32",
-            "add {w1}, 32",
-            "add {x0}, 4",
-            "dec {n}",
-            "jnz 2b",
-            w0 = inout(reg) w0 => _,
-            w1 = inout(reg) w1 => _,
-            x0 = inout(reg) x => _,
-            n = inout(reg) n => _,
-            row = in(reg) row,
-            row3 = in(reg) row * 3,
-            s00 = inout(ymm_reg) init[0] => s00,
-            s01 = inout(ymm_reg) init[0] => s01,
-            s10 = inout(ymm_reg) init[1] => s10,
-            s11 = inout(ymm_reg) init[1] => s11,
-            s20 = inout(ymm_reg) init[2] => s20,
-            s21 = inout(ymm_reg) init[2] => s21,
-            s30 = inout(ymm_reg) init[3] => s30,
-            s31 = inout(ymm_reg) init[3] => s31,
-            a = out(ymm_reg) _,
-            b = out(ymm_reg) _,
-            x = out(ymm_reg) _,
-            t = out(ymm_reg) _,
-            options(pure, readonly, nostack),
-        );
-        [[s00, s01], [s10, s11], [s20, s21], [s30, s31]]
+        )
     }
 
-    /// [`sums_4x2`] with VNNI: the sums in i32, one `vpdpbusd` per chunk, group and row.
+    /// [`sums_4x2`] with VNNI: the sums in i32, one `vpdpbusd` per chunk, group and row
+    /// (the EVEX form, AVX512_VNNI with AVX512VL, which the callers checked for).
     #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
     unsafe fn sums_4x2_vnni(
@@ -1059,58 +1079,26 @@ mod avx2 {
         n: usize,
         init: [__m256i; 4],
     ) -> [[__m256i; 2]; 4] {
-        let (s00, s01, s10, s11, s20, s21, s30, s31): (
-            __m256i,
-            __m256i,
-            __m256i,
-            __m256i,
-            __m256i,
-            __m256i,
-            __m256i,
-            __m256i,
-        );
-        // The EVEX form (AVX512_VNNI with AVX512VL), which the callers checked for.
-        std::arch::asm!(
-            "2:",
-            "vmovdqu {a:y}, ymmword ptr [{w0}]",
-            "vmovdqu {b:y}, ymmword ptr [{w1}]",
+        sums_loop!(
+            w0,
+            w1,
+            x,
+            row,
+            n,
+            init,
             "vpbroadcastd {x:y}, dword ptr [{x0}]",
             "vpdpbusd {s00:y}, {a:y}, {x:y}",
             "vpdpbusd {s01:y}, {b:y}, {x:y}",
-            "vpbroadcastd {x:y}, dword ptr [{x0} + {row}]",
-            "vpdpbusd {s10:y}, {a:y}, {x:y}",
-            "vpdpbusd {s11:y}, {b:y}, {x:y}",
+            "vpbroadcastd {t:y}, dword ptr [{x0} + {row}]",
+            "vpdpbusd {s10:y}, {a:y}, {t:y}",
+            "vpdpbusd {s11:y}, {b:y}, {t:y}",
             "vpbroadcastd {x:y}, dword ptr [{x0} + {row} * 2]",
             "vpdpbusd {s20:y}, {a:y}, {x:y}",
             "vpdpbusd {s21:y}, {b:y}, {x:y}",
-            "vpbroadcastd {x:y}, dword ptr [{x0} + {row3}]",
-            "vpdpbusd {s30:y}, {a:y}, {x:y}",
-            "vpdpbusd {s31:y}, {b:y}, {x:y}",
-            "add {w0}, 32",
-            "add {w1}, 32",
-            "add {x0}, 4",
-            "dec {n}",
-            "jnz 2b",
-            w0 = inout(reg) w0 => _,
-            w1 = inout(reg) w1 => _,
-            x0 = inout(reg) x => _,
-            n = inout(reg) n => _,
-            row = in(reg) row,
-            row3 = in(reg) row * 3,
-            s00 = inout(ymm_reg) init[0] => s00,
-            s01 = inout(ymm_reg) init[0] => s01,
-            s10 = inout(ymm_reg) init[1] => s10,
-            s11 = inout(ymm_reg) init[1] => s11,
-            s20 = inout(ymm_reg) init[2] => s20,
-            s21 = inout(ymm_reg) init[2] => s21,
-            s30 = inout(ymm_reg) init[3] => s30,
-            s31 = inout(ymm_reg) init[3] => s31,
-            a = out(ymm_reg) _,
-            b = out(ymm_reg) _,
-            x = out(ymm_reg) _,
-            options(pure, readonly, nostack),
-        );
-        [[s00, s01], [s10, s11], [s20, s21], [s30, s31]]
+            "vpbroadcastd {t:y}, dword ptr [{x0} + {row3}]",
+            "vpdpbusd {s30:y}, {a:y}, {t:y}",
+            "vpdpbusd {s31:y}, {b:y}, {t:y}",
+        )
     }
 
     /// A group's `blocks` K-quant records at `p`, their values decoded to bytes at `out` in
