@@ -848,8 +848,10 @@ mod avx2 {
         dots: &mut [[__m256i; G]; R],
     ) {
         let sub = 2 * pair + H;
-        if V && !FIVE {
-            return k_sub_vnni::<PRE, G, R, H>(rec, vals, pair, xq, at, dots);
+        // VNNI runs over values decoded ahead only ([`group`] keeps the tiles that read the
+        // records on AVX2).
+        if V && PRE && !FIVE {
+            return k_sub_vnni::<G, R>(rec, vals, sub, xq, at, dots);
         }
         // Plain loops, not `array::from_fn`: a closure does not take this function's target
         // features, and the intrinsics in it were called out of line.
@@ -907,26 +909,25 @@ mod avx2 {
         }
     }
 
-    /// [`k_sub`] for Q4_K with VNNI: each row's sub-block sum gathers in i32, one
-    /// `vpdpbusd` a chunk, and takes its rows' 6-bit scales in one `mullo`. The same
-    /// integers as the 16-bit sums and `madd` of AVX2, which never saturate.
-    #[allow(clippy::too_many_arguments)]
+    /// [`k_sub`] for Q4_K with VNNI, over sub-block `sub` of the values decoded ahead at
+    /// `vals`: each row's sub-block sum gathers in i32, one `vpdpbusd` a chunk, and takes
+    /// its rows' 6-bit scales in one `mullo`. The same integers as the 16-bit sums and
+    /// `madd` of AVX2, which never saturate.
     #[inline(always)]
-    unsafe fn k_sub_vnni<const PRE: bool, const G: usize, const R: usize, const H: usize>(
+    unsafe fn k_sub_vnni<const G: usize, const R: usize>(
         rec: [*const u8; G],
         vals: [*const u8; G],
-        pair: usize,
+        sub: usize,
         xq: &QActs,
         at: impl Fn(usize) -> usize,
         dots: &mut [[__m256i; G]; R],
     ) {
-        let sub = 2 * pair + H;
         let mut sc = [_mm256_setzero_si256(); G];
         for (sc, rec) in sc.iter_mut().zip(rec) {
             *sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(rec.add(32 + 8 * sub).cast()));
         }
         let mut s32 = [[_mm256_setzero_si256(); G]; R];
-        if PRE && G == 2 && R == 4 {
+        if G == 2 && R == 4 {
             let x = xq.q.as_ptr().add((at(0) + sub) * QB);
             let row = (at(1) - at(0)) * QB;
             let w = |g: usize| vals[g.min(G - 1)].add(32 * 8 * sub);
@@ -941,12 +942,8 @@ mod avx2 {
             let mut part = [[[_mm256_setzero_si256(); G]; R]; 4];
             for c in 0..8 {
                 let mut w = [_mm256_setzero_si256(); G];
-                for g in 0..G {
-                    w[g] = if PRE {
-                        _mm256_loadu_si256(vals[g].add(32 * (8 * sub + c)).cast())
-                    } else {
-                        k_chunk::<false, H>(rec[g], pair, c)
-                    };
+                for (w, vals) in w.iter_mut().zip(vals) {
+                    *w = _mm256_loadu_si256(vals.add(32 * (8 * sub + c)).cast());
                 }
                 for (t, s) in part[c % parts].iter_mut().enumerate() {
                     let x = bcast(xq.q.as_ptr().add((at(t) + sub) * QB + 4 * c));
