@@ -295,8 +295,8 @@ pub(super) unsafe fn groups_task(
                 }
             };
             // While the tiles run over this chunk, the next chunk's records (when it is to be
-            // decoded) are asked for a slice per kernel call, so that decoding it does not
-            // wait on memory. After a task's last chunk that is the next task's first, which
+            // decoded) are asked for a slice per kernel call, into L2, so that decoding it
+            // does not wait on memory. After a task's last chunk that is the next task's first, which
             // this thread usually runs next (rayon splits the task range in halves).
             let next: &[u8] = if decoded_bytes > 0 {
                 &p.data[last * group_bytes..(last + chunk).min(p.rows / GROUP) * group_bytes]
@@ -311,7 +311,7 @@ pub(super) unsafe fn groups_task(
                 let mut g = first;
                 while g < last {
                     if asked < next.len() {
-                        crate::kernels::prefetch_lines(next[asked..].as_ptr(), ahead.min(next.len() - asked));
+                        crate::kernels::prefetch_lines_l2(next[asked..].as_ptr(), ahead.min(next.len() - asked));
                         asked += ahead;
                     }
                     if paired && g + 1 < last {
