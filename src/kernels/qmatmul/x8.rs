@@ -23,6 +23,11 @@
 //! one process: median 371 -> 338 ms). Q6_K's sums start from its −32 offsets, so that
 //! applying them costs no add per row and 16 values.
 //!
+//! The kernels that read records (one to four rows) ask for no lines ahead: a group's
+//! records stream in one ascending run, which the hardware prefetchers follow, and a
+//! `prefetcht0` per line ahead slowed them (one row, one thread: Q4_K 29 -> 22 GB/s, Q6_K
+//! 21 -> 16, Q8_0 32 -> 25; 1B Q8_0, one stream: 26.7–29.8 -> 36.1–41.9 tok/s).
+//!
 //! Each row of `X` is one chain of operations whatever the tile it is in, and decoded
 //! values are the very bytes the kernels would unpack, so results stay batch-invariant.
 //!
@@ -296,8 +301,9 @@ pub(super) unsafe fn groups_task(
             };
             // While the tiles run over this chunk, the next chunk's records (when it is to be
             // decoded) are asked for a slice per kernel call, into L2, so that decoding it
-            // does not wait on memory. After a task's last chunk that is the next task's first, which
-            // this thread usually runs next (rayon splits the task range in halves).
+            // does not wait on memory. After a task's last chunk that is the next task's
+            // first, which this thread usually runs next (rayon splits the task range in
+            // halves).
             let next: &[u8] = if decoded_bytes > 0 {
                 &p.data[last * group_bytes..(last + chunk).min(p.rows / GROUP) * group_bytes]
             } else {
@@ -611,11 +617,6 @@ mod avx2 {
             *acc = _mm256_fmadd_ps(dw, blk, *acc);
         }
     }
-
-    // The kernels that read records ask for no lines ahead: the weights stream in one
-    // ascending run per group, which the hardware prefetchers follow, and a `prefetcht0`
-    // per line ahead slowed them (one row, one thread: Q4_K 29 -> 22 GB/s, Q6_K 21 -> 16,
-    // Q8_0 32 -> 25; 1B Q8_0, one stream: 26.7–29.8 -> 36.1–41.9 tok/s).
 
     /// Q4_0 (`OFFSET = 0`: values are nibbles − 8) and Q4_1 (`OFFSET = 1`: `d·q + m`).
     /// The nibbles stay unsigned for `maddubs`; Q4_0's −8 is taken off the integer sum.
