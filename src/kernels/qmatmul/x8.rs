@@ -23,10 +23,11 @@
 //! one process: median 371 -> 338 ms). Q6_K's sums start from its −32 offsets, so that
 //! applying them costs no add per row and 16 values.
 //!
-//! The kernels that read records (one to four rows) ask for no lines ahead: a group's
-//! records stream in one ascending run, which the hardware prefetchers follow, and a
-//! `prefetcht0` per line ahead slowed them (one row, one thread: Q4_K 29 -> 22 GB/s, Q6_K
-//! 21 -> 16, Q8_0 32 -> 25; 1B Q8_0, one stream: 26.7–29.8 -> 36.1–41.9 tok/s).
+//! The kernels that read records (Q4_0, Q4_1 and Q8_0 at every tile, the K-quants' tiles
+//! of one to four rows) ask for no lines ahead: a group's records stream in one ascending
+//! run, which the hardware prefetchers follow, and a `prefetcht0` per line ahead slowed
+//! them (one row, one thread: Q4_K 29 -> 22 GB/s, Q6_K 21 -> 16, Q8_0 32 -> 25; 1B Q8_0,
+//! one stream: 26.7–29.8 -> 36.1–41.9 tok/s).
 //!
 //! Each row of `X` is one chain of operations whatever the tile it is in, and decoded
 //! values are the very bytes the kernels would unpack, so results stay batch-invariant.
