@@ -21,7 +21,11 @@
 //! multiply-adds, and the next chunk's records are fetched while the tiles run over this
 //! one, so that decoding it does not wait on memory (Q4_K_M 1B, 32 streams, per step in
 //! one process: median 371 -> 338 ms). Q6_K's sums start from its −32 offsets, so that
-//! applying them costs no add per row and 16 values.
+//! applying them costs no add per row and 16 values. With VNNI, Q4_K's pairs read the
+//! nibbles from the records instead: a chunk's low and high nibbles are masked in place
+//! and feed two sub-blocks' sums at once (16 of them, in AVX-512VL's 32 registers), one
+//! `and` per 8 `vpdpbusd`, so there is no decode pass (1B Q4_K_M, alternated: 32 streams
+//! 150–161 -> 161–173 tok/s, prefill 212–221 -> 238–254).
 //!
 //! The kernels that read records (Q4_0, Q4_1 and Q8_0 at every tile, the K-quants' tiles
 //! of one to four rows) ask for no lines ahead: a group's records stream in one ascending
@@ -38,8 +42,8 @@
 //! its weights go in as `w + 128`). The AVX2 sums never saturate, so both compute the
 //! same integers and the results are equal bit for bit. Same binary, alternated, 32
 //! streams: 1B Q4_K_M 115–124 -> 132–144 tok/s, Q8_0 77–81 -> 126–135, SmolLM2 Q4_1
-//! 572–701 -> 748–869. The K-quants' tiles read from the records (one to four rows,
-//! waiting on memory) keep AVX2, which ran faster there.
+//! 572–701 -> 748–869. The K-quants' tiles of one to four rows read from the records
+//! (waiting on memory) keep AVX2, which ran faster there.
 
 use super::{ActScales, Buf, Part, QActs, SharedOut, QB, QH};
 use crate::kernels::quant::{scale_min_k4, GgmlType};
@@ -124,11 +128,8 @@ pub fn supports(dtype: GgmlType) -> bool {
     matches!(dtype, Q4_0 | Q4_1 | Q8_0 | Q4K | Q5K | Q6K)
 }
 
-/// Whether `dtype`'s values are decoded to bytes once per chunk of groups ([`decode`])
-/// when more than one tile of rows runs over them: the K-quants, whose bit unpacking
-/// would otherwise be repeated for every tile (Q6_K's costs a vector operation per
-/// `maddubs` at four rows).
-fn decodes(dtype: GgmlType) -> bool {
+/// Whether `dtype` is a K-quant whose values [`decode`] can decode (on AVX2).
+fn k_quant(dtype: GgmlType) -> bool {
     #[cfg(target_arch = "x86_64")]
     if crate::kernels::matmul::avx2::available() {
         return matches!(dtype, GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K);
@@ -136,12 +137,21 @@ fn decodes(dtype: GgmlType) -> bool {
     false
 }
 
-/// Whether two groups of `dtype` run side by side over their decoded values ([`pair`]):
-/// every broadcast of activations then feeds two multiply-adds. One core, 32 rows, a
-/// 160 × 2048 matrix: Q4_K 79 -> 85 GMAC/s, Q6_K 61 -> 66; Q5_K, whose sums take their
-/// scales every four chunks, gained nothing and runs alone.
+/// Whether `dtype`'s values are decoded to bytes once per chunk of groups ([`decode`])
+/// when more than one tile of rows runs over them: the K-quants, whose bit unpacking
+/// would otherwise be repeated for every tile (Q6_K's costs a vector operation per
+/// `maddubs` at four rows). Not Q4_K with VNNI, whose paired kernel masks the nibbles in
+/// place, an `and` per chunk against 16 `vpdpbusd` ([`avx2::k_block_vnni`]).
+fn decodes(dtype: GgmlType) -> bool {
+    k_quant(dtype) && !(dtype == GgmlType::Q4K && vnni())
+}
+
+/// Whether two groups of `dtype` run side by side ([`pair`]) when more than one tile of
+/// rows runs over them: every broadcast of activations then feeds two multiply-adds. One
+/// core, 32 rows, a 160 × 2048 matrix: Q4_K 79 -> 85 GMAC/s, Q6_K 61 -> 66; Q5_K, whose
+/// sums take their scales every four chunks, gained nothing and runs alone.
 fn pairs(dtype: GgmlType) -> bool {
-    decodes(dtype) && matches!(dtype, GgmlType::Q4K | GgmlType::Q6K)
+    k_quant(dtype) && dtype != GgmlType::Q5K
 }
 
 /// The coarsest activation scales `dtype`'s kernel needs (every kernel reads coarser
@@ -275,7 +285,7 @@ pub(super) unsafe fn groups_task(
     // then the chunk's groups: the weights are read from memory once, and the tile stays
     // in L1.
     // Paired formats take an even number of groups, so that none runs alone.
-    let paired = decoded_bytes > 0 && pairs(p.dtype);
+    let paired = m > TILE && pairs(p.dtype);
     let fit = CHUNK_BYTES / (group_bytes + decoded_bytes);
     let chunk = if paired { (fit & !1).max(2) } else { fit.max(1) };
     let records = |g: usize| &p.data[g * group_bytes..(g + 1) * group_bytes];
@@ -305,7 +315,7 @@ pub(super) unsafe fn groups_task(
             // does not wait on memory. After a task's last chunk that is the next task's
             // first, which this thread usually runs next (rayon splits the task range in
             // halves).
-            let next: &[u8] = if decoded_bytes > 0 {
+            let next: &[u8] = if paired || decoded_bytes > 0 {
                 &p.data[last * group_bytes..(last + chunk).min(p.rows / GROUP) * group_bytes]
             } else {
                 &[]
@@ -348,9 +358,9 @@ thread_local! {
 /// One group's `blocks` records `data` of a K-quant, its values decoded to a byte each
 /// into `out` (`blocks × DECODED` bytes) in the order its kernel reads them.
 fn decode(dtype: GgmlType, data: &[u8], blocks: usize, out: &mut [u8]) {
-    assert!(decodes(dtype) && data.len() == blocks * record(dtype).0 && out.len() == blocks * DECODED);
+    assert!(k_quant(dtype) && data.len() == blocks * record(dtype).0 && out.len() == blocks * DECODED);
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: `decodes` checked for AVX2; the lengths were checked above.
+    // SAFETY: `k_quant` checked for AVX2; the lengths were checked above.
     unsafe {
         avx2::decode(dtype, data.as_ptr(), blocks, out.as_mut_ptr())
     }
@@ -373,7 +383,7 @@ fn pair(
     #[cfg(target_arch = "x86_64")]
     {
         let src =
-            |g: usize| avx2::Src { rec: data[g].as_ptr(), vals: vals[g].expect("paired groups are decoded").as_ptr() };
+            |g: usize| avx2::Src { rec: data[g].as_ptr(), vals: vals[g].map_or(std::ptr::null(), |v| v.as_ptr()) };
         // SAFETY: `pairs` implies AVX2, FMA and F16C; each group's records and decoded values.
         unsafe { avx2::pair(avx2::vnni(), dtype, [src(0), src(1)], xq, first, tile, k / dtype.block().0, acc) }
     }
@@ -497,12 +507,15 @@ mod avx2 {
             (GgmlType::Q8_0, true) => by_tile!(tile, q8_0_vnni),
             // The K-quants' tiles of up to four rows read the records themselves and wait on
             // memory, where the AVX2 copies ran faster (1B Q4_K_M, one stream: Q4_K 5 %
-            // and Q6_K 15 % more samples with VNNI); values decoded ahead take VNNI.
-            (GgmlType::Q4K, _) => match (pre, vnni) {
-                (false, _) => by_tile!(tile, k_one, false, false),
-                (true, false) => by_tile!(tile, k_one, false, true),
-                (true, true) => by_tile!(tile, k_one_vnni, false, true),
-            },
+            // and Q6_K 15 % more samples with VNNI). Q4_K's values are decoded ahead only
+            // without VNNI ([`decodes`]).
+            (GgmlType::Q4K, _) => {
+                if pre {
+                    by_tile!(tile, k_one, false, true)
+                } else {
+                    by_tile!(tile, k_one, false, false)
+                }
+            }
             // Q5_K sums four chunks under each of its scales and keeps to AVX2.
             (GgmlType::Q5K, _) => {
                 if pre {
@@ -519,7 +532,7 @@ mod avx2 {
             other => unreachable!("{other:?}: no such interleaved kernel"),
         };
         debug_assert!((1..=TILE).contains(&tile));
-        debug_assert!(!pre || decodes(dtype));
+        debug_assert!(!pre || k_quant(dtype));
         f(src, xq, first, blocks, acc)
     }
 
@@ -539,14 +552,17 @@ mod avx2 {
         blocks: usize,
         acc: &mut [[[f32; GROUP]; TILE]; 2],
     ) {
+        let pre = !src[0].vals.is_null();
         let f = match (dtype, vnni) {
-            (GgmlType::Q4K, false) => by_tile!(tile, k_two, true),
-            (GgmlType::Q4K, true) => by_tile!(tile, k_two_vnni, true),
+            // Q4_K's values are decoded ahead without VNNI, and read from the records with.
+            (GgmlType::Q4K, _) if pre => by_tile!(tile, k_two, true),
+            (GgmlType::Q4K, _) => by_tile!(tile, k_two_vnni, false),
             (GgmlType::Q6K, false) => by_tile!(tile, q6_two, true),
             (GgmlType::Q6K, true) => by_tile!(tile, q6_two_vnni, true),
             other => unreachable!("{other:?}: no paired kernel"),
         };
-        debug_assert!((1..=TILE).contains(&tile) && src.iter().all(|s| !s.vals.is_null()));
+        debug_assert!((1..=TILE).contains(&tile) && src.iter().all(|s| s.vals.is_null() != pre));
+        debug_assert!(pre || (dtype == GgmlType::Q4K && vnni), "only Q4_K with VNNI pairs from its records");
         f(src, xq, first, blocks, acc)
     }
 
@@ -569,9 +585,16 @@ mod avx2 {
         };
     }
 
-    twins!(k_one, k_one_vnni<FIVE: bool, PRE: bool, R: usize>
-        (src: Src, xq: &QActs, first: usize, blocks: usize, out: &mut [[f32; GROUP]; TILE]),
-        V => k_tiled::<V, FIVE, PRE, 1, R>([src], xq, first, blocks, std::array::from_mut(out)));
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn k_one<const FIVE: bool, const PRE: bool, const R: usize>(
+        src: Src,
+        xq: &QActs,
+        first: usize,
+        blocks: usize,
+        out: &mut [[f32; GROUP]; TILE],
+    ) {
+        k_tiled::<false, FIVE, PRE, 1, R>([src], xq, first, blocks, std::array::from_mut(out))
+    }
     twins!(k_two, k_two_vnni<PRE: bool, R: usize>
         (src: [Src; 2], xq: &QActs, first: usize, blocks: usize, out: &mut [[[f32; GROUP]; TILE]; 2]),
         V => k_tiled::<V, false, PRE, 2, R>(src, xq, first, blocks, out));
@@ -753,7 +776,8 @@ mod avx2 {
     /// from the values decoded ahead. `G` groups run side by side, so that each
     /// broadcast of activation bytes feeds `G` multiply-adds (a broadcast load costs about
     /// as much as a `maddubs`). One sub-block at a time (the low nibbles of a pair, then
-    /// the high ones: [`k_sub`]); Q4_K's scaled sums add in i32 over the block and take
+    /// the high ones: [`k_sub`]; Q4_K's two groups and four rows with VNNI, both at once
+    /// from the records: [`k_block_vnni`]); Q4_K's scaled sums add in i32 over the block and take
     /// the product of the row's activation scale ([`ActScales::PerSuper`]) and the eight
     /// rows' weight scales once; Q5_K's gather in f32 under their activation scales, one
     /// per half sub-block, and take the weight scales once per block. The mins follow in
@@ -780,9 +804,13 @@ mod avx2 {
             let mut blk = [[_mm256_setzero_ps(); G]; R];
             let mut dots = [[_mm256_setzero_si256(); G]; R];
             let at = |t: usize| ((first + t) * blocks + b) * 8;
-            for pair in 0..4 {
-                k_sub::<V, FIVE, PRE, G, R, 0>(rec, vals, pair, xq, at, &mut blk, &mut dots);
-                k_sub::<V, FIVE, PRE, G, R, 1>(rec, vals, pair, xq, at, &mut blk, &mut dots);
+            if V && !FIVE && !PRE && G == 2 && R == 4 {
+                k_block_vnni::<G, R>(rec, xq, at, &mut dots);
+            } else {
+                for pair in 0..4 {
+                    k_sub::<FIVE, PRE, G, R, 0>(rec, vals, pair, xq, at, &mut blk, &mut dots);
+                    k_sub::<FIVE, PRE, G, R, 1>(rec, vals, pair, xq, at, &mut blk, &mut dots);
+                }
             }
             for (g, (&rec, out)) in rec.iter().zip(out.iter_mut()).enumerate() {
                 let dw = _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()));
@@ -833,14 +861,7 @@ mod avx2 {
     /// 2·15·127 · 63 per lane); Q5_K's (at most 2·31·127) four at a time with a `madd`
     /// each, converted and scaled into `blk` per half sub-block.
     #[inline(always)]
-    unsafe fn k_sub<
-        const V: bool,
-        const FIVE: bool,
-        const PRE: bool,
-        const G: usize,
-        const R: usize,
-        const H: usize,
-    >(
+    unsafe fn k_sub<const FIVE: bool, const PRE: bool, const G: usize, const R: usize, const H: usize>(
         rec: [*const u8; G],
         vals: [*const u8; G],
         pair: usize,
@@ -850,11 +871,6 @@ mod avx2 {
         dots: &mut [[__m256i; G]; R],
     ) {
         let sub = 2 * pair + H;
-        // VNNI runs over values decoded ahead only ([`group`] keeps the tiles that read the
-        // records on AVX2).
-        if V && PRE && !FIVE {
-            return k_sub_vnni::<G, R>(rec, vals, sub, xq, at, dots);
-        }
         // Plain loops, not `array::from_fn`: a closure does not take this function's target
         // features, and the intrinsics in it were called out of line.
         let mut sc = [_mm256_setzero_si256(); G];
@@ -907,64 +923,6 @@ mod avx2 {
                     let dot = _mm256_madd_epi16(*s16, *sc);
                     *blk = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), dx, *blk);
                 }
-            }
-        }
-    }
-
-    /// [`k_sub`] for Q4_K with VNNI, over sub-block `sub` of the values decoded ahead at
-    /// `vals`: each row's sub-block sum gathers in i32, one `vpdpbusd` a chunk, and takes
-    /// its rows' 6-bit scales in one `mullo`. The same integers as the 16-bit sums and
-    /// `madd` of AVX2, which never saturate.
-    #[inline(always)]
-    unsafe fn k_sub_vnni<const G: usize, const R: usize>(
-        rec: [*const u8; G],
-        vals: [*const u8; G],
-        sub: usize,
-        xq: &QActs,
-        at: impl Fn(usize) -> usize,
-        dots: &mut [[__m256i; G]; R],
-    ) {
-        let mut sc = [_mm256_setzero_si256(); G];
-        for (sc, rec) in sc.iter_mut().zip(rec) {
-            *sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(rec.add(32 + 8 * sub).cast()));
-        }
-        let mut s32 = [[_mm256_setzero_si256(); G]; R];
-        if G == 2 && R == 4 {
-            let x = xq.q.as_ptr().add((at(0) + sub) * QB);
-            let row = (at(1) - at(0)) * QB;
-            let w = |g: usize| vals[g.min(G - 1)].add(32 * 8 * sub);
-            let sums = sums_4x2_vnni(w(0), w(1), x, row, 8, [_mm256_setzero_si256(); 4]);
-            for (s32, sums) in s32.iter_mut().zip(sums) {
-                s32.copy_from_slice(&sums[..G]);
-            }
-        } else {
-            // `vpdpbusd` waits for its sum: with fewer than four rows and groups, the chunks
-            // take turns over up to four sums per row, so that the chains overlap.
-            let parts = (4 / (R * G)).max(1);
-            let mut part = [[[_mm256_setzero_si256(); G]; R]; 4];
-            for c in 0..8 {
-                let mut w = [_mm256_setzero_si256(); G];
-                for (w, vals) in w.iter_mut().zip(vals) {
-                    *w = _mm256_loadu_si256(vals.add(32 * (8 * sub + c)).cast());
-                }
-                for (t, s) in part[c % parts].iter_mut().enumerate() {
-                    let x = bcast(xq.q.as_ptr().add((at(t) + sub) * QB + 4 * c));
-                    for (s, &w) in s.iter_mut().zip(&w) {
-                        *s = dot4(*s, w, x);
-                    }
-                }
-            }
-            for part in &part[..parts] {
-                for (s32, part) in s32.iter_mut().zip(part) {
-                    for (s, p) in s32.iter_mut().zip(part) {
-                        *s = _mm256_add_epi32(*s, *p);
-                    }
-                }
-            }
-        }
-        for (dots, s32) in dots.iter_mut().zip(&s32) {
-            for ((dot, s32), sc) in dots.iter_mut().zip(s32).zip(&sc) {
-                *dot = _mm256_add_epi32(*dot, _mm256_mullo_epi32(*s32, *sc));
             }
         }
     }
@@ -1098,6 +1056,72 @@ mod avx2 {
             "vpdpbusd {s30:y}, {a:y}, {t:y}",
             "vpdpbusd {s31:y}, {b:y}, {t:y}",
         )
+    }
+
+    /// One block of two groups' Q4_K records (`rec`) against four activation rows from
+    /// sub-block index `at(0)` (rows `at(1) - at(0)` apart): each row's scaled
+    /// integer sums of the block, added to `dots`, straight from the nibbles. A chunk of
+    /// nibbles feeds both of its sub-blocks: the low ones masked, the high ones masked in
+    /// place (16 times their value), so there is no shift and no decode pass; the low
+    /// sub-block's sums take 16 times their scale, and the block's sums, all multiples of
+    /// 16, are divided back exactly (at most 16 · 8 · 32 · 15 · 128 · 63 < 2³¹ per lane).
+    /// The same integers as [`k_sub`]'s.
+    #[inline(always)]
+    unsafe fn k_block_vnni<const G: usize, const R: usize>(
+        rec: [*const u8; G],
+        xq: &QActs,
+        at: impl Fn(usize) -> usize,
+        dots: &mut [[__m256i; G]; R],
+    ) {
+        debug_assert!(G == 2 && R == 4);
+        let head = record(GgmlType::Q4K).1;
+        let x = xq.q.as_ptr().add(at(0) * QB);
+        let row = (at(1) - at(0)) * QB;
+        let mut sums = [[_mm256_setzero_si256(); G]; R];
+        for pair in 0..4 {
+            let w = |g: usize| rec[g.min(G - 1)].add(head + 256 * pair);
+            let s = nibbles_4x2_vnni(w(0), w(1), x.add(2 * pair * QB), row);
+            for (g, &rec) in rec.iter().enumerate() {
+                let scale = |sub: usize| _mm256_cvtepu8_epi32(_mm_loadl_epi64(rec.add(32 + 8 * sub).cast()));
+                let (lo, hi) = (_mm256_slli_epi32(scale(2 * pair), 4), scale(2 * pair + 1));
+                for (sums, s) in sums.iter_mut().zip(&s) {
+                    let scaled = _mm256_add_epi32(_mm256_mullo_epi32(s[g][0], lo), _mm256_mullo_epi32(s[g][1], hi));
+                    sums[g] = _mm256_add_epi32(sums[g], scaled);
+                }
+            }
+        }
+        for (dots, sums) in dots.iter_mut().zip(&sums) {
+            for (dot, s) in dots.iter_mut().zip(sums) {
+                *dot = _mm256_add_epi32(*dot, _mm256_srai_epi32(*s, 4));
+            }
+        }
+    }
+
+    /// The i32 sums of two Q4_K sub-blocks (the low nibbles, then the high ones masked in
+    /// place) of two groups' records (nibbles at `w0`, `w1`, eight 32-byte chunks) against
+    /// four activation rows (from `x`, `row` bytes apart; the second sub-block's 32 bytes
+    /// on): `[row][group][sub-block]`. Sixteen sums, held in the registers of AVX-512VL.
+    #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    unsafe fn nibbles_4x2_vnni(w0: *const u8, w1: *const u8, x: *const i8, row: usize) -> [[[__m256i; 2]; 2]; 4] {
+        let (low, high) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0xF0u8 as i8));
+        let mut s = [[[_mm256_setzero_si256(); 2]; 2]; 4];
+        for c in 0..8 {
+            let (a, b) = (_mm256_loadu_si256(w0.add(32 * c).cast()), _mm256_loadu_si256(w1.add(32 * c).cast()));
+            let w = [
+                [_mm256_and_si256(a, low), _mm256_and_si256(a, high)],
+                [_mm256_and_si256(b, low), _mm256_and_si256(b, high)],
+            ];
+            for (t, s) in s.iter_mut().enumerate() {
+                for h in 0..2 {
+                    let x = bcast(x.add(t * row + 32 * h + 4 * c));
+                    for (s, w) in s.iter_mut().zip(&w) {
+                        s[h] = _mm256_dpbusd_epi32(s[h], w[h], x);
+                    }
+                }
+            }
+        }
+        s
     }
 
     /// A group's `blocks` K-quant records at `p`, their values decoded to bytes at `out` in
@@ -1478,9 +1502,16 @@ mod tests {
                 let mut block = vec![0xFFu8; dtype.block().1];
                 block[..2].copy_from_slice(&half::f16::from_f32(0.5).to_le_bytes());
                 block[2..4].fill(0);
-                let got = one_block_avx2(dtype, &block, x).2;
+                let (data, xq, got) = one_block_avx2(dtype, &block, x);
                 let want = 0.5 * 63.0 * top * x * 256.0;
                 assert!(got.iter().flatten().all(|&v| v == want), "{dtype:?} {x}: {:?} vs {want}", got[0]);
+                // Q4_K's paired VNNI kernel, whose sums run 16 times the value.
+                if dtype == GgmlType::Q4K && avx2::vnni() {
+                    let mut paired = [[[0f32; GROUP]; TILE]; 2];
+                    // SAFETY: VNNI is present; `data` is one group's records, paired with itself.
+                    unsafe { avx2::pair(true, dtype, [records(&data); 2], &xq, 0, TILE, 1, &mut paired) };
+                    assert!(paired.iter().flatten().flatten().all(|&v| v == want), "paired {x}: {:?}", paired[0][0]);
+                }
             }
         }
     }
@@ -1528,7 +1559,7 @@ mod tests {
     #[test]
     fn decoded_values_change_nothing() {
         each_format_on_avx2(3, 71, |dtype, k, blocks, data, xq| {
-            if !decodes(dtype) {
+            if !k_quant(dtype) {
                 return;
             }
             let mut vals = vec![0u8; blocks * DECODED];
@@ -1595,9 +1626,11 @@ mod tests {
                     v
                 })
                 .collect();
+            // As the step runs them: from decoded values, or Q4_K with VNNI from its records.
+            let paired_vals = if decodes(dtype) { [Some(&vals[0][..]), Some(&vals[1][..])] } else { [None, None] };
             for tile in 1..=TILE {
                 let mut paired = [[[0f32; GROUP]; TILE]; 2];
-                pair(dtype, [a, b], [Some(&vals[0][..]), Some(&vals[1][..])], &xq, 0, tile, k, &mut paired);
+                pair(dtype, [a, b], paired_vals, &xq, 0, tile, k, &mut paired);
                 for (g, d) in [a, b].into_iter().enumerate() {
                     let mut alone = [[0f32; GROUP]; TILE];
                     group(dtype, d, Some(&vals[g]), &xq, 0, tile, k, &mut alone);
@@ -1620,7 +1653,7 @@ mod tests {
         each_format_on_avx2(3, 91, |dtype, _, blocks, data, xq| {
             let mut vals = vec![0u8; blocks * DECODED];
             let mut srcs = vec![records(data)];
-            if decodes(dtype) {
+            if k_quant(dtype) {
                 decode(dtype, data, blocks, &mut vals);
                 srcs.push(avx2::Src { rec: data.as_ptr(), vals: vals.as_ptr() });
             }
@@ -1647,12 +1680,15 @@ mod tests {
             decode(dtype, b, blocks, vb);
             let src =
                 [avx2::Src { rec: a.as_ptr(), vals: va.as_ptr() }, avx2::Src { rec: b.as_ptr(), vals: vb.as_ptr() }];
+            // VNNI reads Q4_K's records, not decoded values ([`decodes`]).
+            let vnni_src = if decodes(dtype) { src } else { [records(a), records(b)] };
             for tile in 1..=TILE {
                 let (mut avx2, mut vnni) = ([[[0f32; GROUP]; TILE]; 2], [[[0f32; GROUP]; TILE]; 2]);
-                // SAFETY: as above, for two groups with their values decoded.
+                // SAFETY: as above, for two groups with their values decoded (or not, where
+                // VNNI reads the records).
                 unsafe {
                     avx2::pair(false, dtype, src, &xq, 0, tile, blocks, &mut avx2);
-                    avx2::pair(true, dtype, src, &xq, 0, tile, blocks, &mut vnni);
+                    avx2::pair(true, dtype, vnni_src, &xq, 0, tile, blocks, &mut vnni);
                 }
                 assert_eq!(avx2, vnni, "{dtype:?} paired, tile {tile}");
             }
