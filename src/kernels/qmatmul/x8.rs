@@ -927,57 +927,6 @@ mod avx2 {
         }
     }
 
-    /// The loop of [`sums_4x2`] and [`sums_4x2_vnni`] in assembly, its body per chunk
-    /// (after the loads of both groups' chunks into `a` and `b`) given as `$body`: the
-    /// broadcasts of the four rows' activations (into `x` or `t`) and their multiply-adds
-    /// into `s{row}{group}`.
-    macro_rules! sums_loop {
-        ($w0:expr, $w1:expr, $x:expr, $row:expr, $n:expr, $init:expr, $($body:literal),* $(,)?) => {{
-            let (s00, s01, s10, s11, s20, s21, s30, s31): (
-                __m256i,
-                __m256i,
-                __m256i,
-                __m256i,
-                __m256i,
-                __m256i,
-                __m256i,
-                __m256i,
-            );
-            let init: [__m256i; 4] = $init;
-            std::arch::asm!(
-                "2:",
-                "vmovdqu {a:y}, ymmword ptr [{w0}]",
-                "vmovdqu {b:y}, ymmword ptr [{w1}]",
-                $($body,)*
-                "add {w0}, 32",
-                "add {w1}, 32",
-                "add {x0}, 4",
-                "dec {n}",
-                "jnz 2b",
-                w0 = inout(reg) $w0 => _,
-                w1 = inout(reg) $w1 => _,
-                x0 = inout(reg) $x => _,
-                n = inout(reg) $n => _,
-                row = in(reg) $row,
-                row3 = in(reg) $row * 3,
-                s00 = inout(ymm_reg) init[0] => s00,
-                s01 = inout(ymm_reg) init[0] => s01,
-                s10 = inout(ymm_reg) init[1] => s10,
-                s11 = inout(ymm_reg) init[1] => s11,
-                s20 = inout(ymm_reg) init[2] => s20,
-                s21 = inout(ymm_reg) init[2] => s21,
-                s30 = inout(ymm_reg) init[3] => s30,
-                s31 = inout(ymm_reg) init[3] => s31,
-                a = out(ymm_reg) _,
-                b = out(ymm_reg) _,
-                x = out(ymm_reg) _,
-                t = out(ymm_reg) _,
-                options(pure, readonly, nostack),
-            );
-            [[s00, s01], [s10, s11], [s20, s21], [s30, s31]]
-        }};
-    }
-
     /// The 16-bit sums of `n` chunks of two groups' decoded values (at `w0`, `w1`, 32
     /// bytes a chunk) against four activation rows (from `x`, `row` bytes apart, 4 bytes
     /// a chunk), from `init` (per row): `[row][group]`. Each broadcast of activations feeds
@@ -994,68 +943,66 @@ mod avx2 {
         n: usize,
         init: [__m256i; 4],
     ) -> [[__m256i; 2]; 4] {
-        sums_loop!(
-            w0,
-            w1,
-            x,
-            row,
-            n,
-            init,
-            "vpbroadcastd {x:y}, dword ptr [{x0}]",
-            "vpmaddubsw {t:y}, {a:y}, {x:y}",
-            "vpaddw {s00:y}, {s00:y}, {t:y}",
-            "vpmaddubsw {t:y}, {b:y}, {x:y}",
-            "vpaddw {s01:y}, {s01:y}, {t:y}",
-            "vpbroadcastd {x:y}, dword ptr [{x0} + {row}]",
-            "vpmaddubsw {t:y}, {a:y}, {x:y}",
-            "vpaddw {s10:y}, {s10:y}, {t:y}",
-            "vpmaddubsw {t:y}, {b:y}, {x:y}",
-            "vpaddw {s11:y}, {s11:y}, {t:y}",
-            "vpbroadcastd {x:y}, dword ptr [{x0} + {row} * 2]",
-            "vpmaddubsw {t:y}, {a:y}, {x:y}",
-            "vpaddw {s20:y}, {s20:y}, {t:y}",
-            "vpmaddubsw {t:y}, {b:y}, {x:y}",
-            "vpaddw {s21:y}, {s21:y}, {t:y}",
-            "vpbroadcastd {x:y}, dword ptr [{x0} + {row3}]",
-            "vpmaddubsw {t:y}, {a:y}, {x:y}",
-            "vpaddw {s30:y}, {s30:y}, {t:y}",
-            "vpmaddubsw {t:y}, {b:y}, {x:y}",
-            "vpaddw {s31:y}, {s31:y}, {t:y}",
-        )
-    }
-
-    /// [`sums_4x2`] with VNNI: the sums in i32, one `vpdpbusd` per chunk, group and row
-    /// (the EVEX form, AVX512_VNNI with AVX512VL, which the callers checked for).
-    #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
-    #[inline]
-    unsafe fn sums_4x2_vnni(
-        w0: *const u8,
-        w1: *const u8,
-        x: *const i8,
-        row: usize,
-        n: usize,
-        init: [__m256i; 4],
-    ) -> [[__m256i; 2]; 4] {
-        sums_loop!(
-            w0,
-            w1,
-            x,
-            row,
-            n,
-            init,
-            "vpbroadcastd {x:y}, dword ptr [{x0}]",
-            "vpdpbusd {s00:y}, {a:y}, {x:y}",
-            "vpdpbusd {s01:y}, {b:y}, {x:y}",
-            "vpbroadcastd {t:y}, dword ptr [{x0} + {row}]",
-            "vpdpbusd {s10:y}, {a:y}, {t:y}",
-            "vpdpbusd {s11:y}, {b:y}, {t:y}",
-            "vpbroadcastd {x:y}, dword ptr [{x0} + {row} * 2]",
-            "vpdpbusd {s20:y}, {a:y}, {x:y}",
-            "vpdpbusd {s21:y}, {b:y}, {x:y}",
-            "vpbroadcastd {t:y}, dword ptr [{x0} + {row3}]",
-            "vpdpbusd {s30:y}, {a:y}, {t:y}",
-            "vpdpbusd {s31:y}, {b:y}, {t:y}",
-        )
+        let (s00, s01, s10, s11, s20, s21, s30, s31): (
+            __m256i,
+            __m256i,
+            __m256i,
+            __m256i,
+            __m256i,
+            __m256i,
+            __m256i,
+            __m256i,
+        );
+        std::arch::asm!(
+            "2:",
+            "vmovdqu {a}, ymmword ptr [{w0}]",
+            "vmovdqu {b}, ymmword ptr [{w1}]",
+            "vpbroadcastd {x}, dword ptr [{x0}]",
+            "vpmaddubsw {t}, {a}, {x}",
+            "vpaddw {s00}, {s00}, {t}",
+            "vpmaddubsw {t}, {b}, {x}",
+            "vpaddw {s01}, {s01}, {t}",
+            "vpbroadcastd {x}, dword ptr [{x0} + {row}]",
+            "vpmaddubsw {t}, {a}, {x}",
+            "vpaddw {s10}, {s10}, {t}",
+            "vpmaddubsw {t}, {b}, {x}",
+            "vpaddw {s11}, {s11}, {t}",
+            "vpbroadcastd {x}, dword ptr [{x0} + {row} * 2]",
+            "vpmaddubsw {t}, {a}, {x}",
+            "vpaddw {s20}, {s20}, {t}",
+            "vpmaddubsw {t}, {b}, {x}",
+            "vpaddw {s21}, {s21}, {t}",
+            "vpbroadcastd {x}, dword ptr [{x0} + {row3}]",
+            "vpmaddubsw {t}, {a}, {x}",
+            "vpaddw {s30}, {s30}, {t}",
+            "vpmaddubsw {t}, {b}, {x}",
+            "vpaddw {s31}, {s31}, {t}",
+            "add {w0}, 32",
+            "add {w1}, 32",
+            "add {x0}, 4",
+            "dec {n}",
+            "jnz 2b",
+            w0 = inout(reg) w0 => _,
+            w1 = inout(reg) w1 => _,
+            x0 = inout(reg) x => _,
+            n = inout(reg) n => _,
+            row = in(reg) row,
+            row3 = in(reg) row * 3,
+            s00 = inout(ymm_reg) init[0] => s00,
+            s01 = inout(ymm_reg) init[0] => s01,
+            s10 = inout(ymm_reg) init[1] => s10,
+            s11 = inout(ymm_reg) init[1] => s11,
+            s20 = inout(ymm_reg) init[2] => s20,
+            s21 = inout(ymm_reg) init[2] => s21,
+            s30 = inout(ymm_reg) init[3] => s30,
+            s31 = inout(ymm_reg) init[3] => s31,
+            a = out(ymm_reg) _,
+            b = out(ymm_reg) _,
+            x = out(ymm_reg) _,
+            t = out(ymm_reg) _,
+            options(pure, readonly, nostack),
+        );
+        [[s00, s01], [s10, s11], [s20, s21], [s30, s31]]
     }
 
     /// One block of two groups' Q4_K records (`rec`) against four activation rows from
@@ -1115,6 +1062,44 @@ mod avx2 {
             for (t, s) in s.iter_mut().enumerate() {
                 for h in 0..2 {
                     let x = bcast(x.add(t * row + 32 * h + 4 * c));
+                    for (s, w) in s.iter_mut().zip(&w) {
+                        s[h] = _mm256_dpbusd_epi32(s[h], w[h], x);
+                    }
+                }
+            }
+        }
+        s
+    }
+
+    /// The i32 sums of one Q6_K output (32 values, decoded ahead) of two groups (at `w0`,
+    /// `w1`: eight 32-byte chunks, the second 16 values' four from 128 bytes on) against
+    /// four activation rows (from `x`, `row` bytes apart; the second 16 values from 16
+    /// bytes on), from `init` (`[half][row]`, the −32 offsets): `[row][group][half]`.
+    /// Sixteen sums in AVX-512VL's registers, so that each chain of `vpdpbusd`s is four
+    /// long and 16 run side by side.
+    #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    unsafe fn q6_halves_vnni(
+        w0: *const u8,
+        w1: *const u8,
+        x: *const i8,
+        row: usize,
+        init: [[__m256i; 4]; 2],
+    ) -> [[[__m256i; 2]; 2]; 4] {
+        let mut s = [[[_mm256_setzero_si256(); 2]; 2]; 4];
+        for (t, s) in s.iter_mut().enumerate() {
+            for s in s.iter_mut() {
+                *s = [init[0][t], init[1][t]];
+            }
+        }
+        for c in 0..4 {
+            let mut w = [[_mm256_setzero_si256(); 2]; 2];
+            for (w, p) in w.iter_mut().zip([w0, w1]) {
+                *w = [_mm256_loadu_si256(p.add(32 * c).cast()), _mm256_loadu_si256(p.add(128 + 32 * c).cast())];
+            }
+            for (t, s) in s.iter_mut().enumerate() {
+                for h in 0..2 {
+                    let x = bcast(x.add(t * row + 16 * h + 4 * c));
                     for (s, w) in s.iter_mut().zip(&w) {
                         s[h] = _mm256_dpbusd_epi32(s[h], w[h], x);
                     }
@@ -1251,34 +1236,82 @@ mod avx2 {
         let (rec_bytes, head) = record(GgmlType::Q6K);
         // The −32 offsets: i16 pairs for AVX2's 16-bit sums, whole 16-value sums for VNNI's.
         let offs = if V { xq.sums.as_ptr() } else { xq.q6_offsets().as_ptr() };
-        let mut acc = [[_mm256_setzero_ps(); G]; R];
+        // The running sums stay in `out` between blocks, as in [`k_tiled`].
+        for out in out.iter_mut() {
+            out[..R].iter_mut().for_each(|row| *row = [0.0; GROUP]);
+        }
         for b in 0..blocks {
             let rec: [*const u8; G] = std::array::from_fn(|g| src[g].rec.add(b * rec_bytes));
             let vals: [*const u8; G] = std::array::from_fn(|g| src[g].vals.wrapping_add(b * DECODED));
             let mut blk = [[_mm256_setzero_ps(); G]; R];
             let at = |t: usize| ((first + t) * blocks + b) * 8 * QB;
             let hb = |t: usize| 16 * ((first + t) * blocks + b);
-            // The four outputs of each half are unrolled, so that their shifts are
-            // constants and the chunks they share load once.
-            for n in 0..2 {
-                q6_out::<V, PRE, G, R>(rec, vals, head, n, 0, xq, offs, at, hb, &mut blk);
-                q6_out::<V, PRE, G, R>(rec, vals, head, n, 1, xq, offs, at, hb, &mut blk);
-                q6_out::<V, PRE, G, R>(rec, vals, head, n, 2, xq, offs, at, hb, &mut blk);
-                q6_out::<V, PRE, G, R>(rec, vals, head, n, 3, xq, offs, at, hb, &mut blk);
+            if V && PRE && G == 2 && R == 4 {
+                q6_block_vnni::<G, R>(rec, vals, xq, offs, at, hb, &mut blk);
+            } else {
+                // The four outputs of each half are unrolled, so that their shifts are
+                // constants and the chunks they share load once.
+                for n in 0..2 {
+                    q6_out::<V, PRE, G, R>(rec, vals, head, n, 0, xq, offs, at, hb, &mut blk);
+                    q6_out::<V, PRE, G, R>(rec, vals, head, n, 1, xq, offs, at, hb, &mut blk);
+                    q6_out::<V, PRE, G, R>(rec, vals, head, n, 2, xq, offs, at, hb, &mut blk);
+                    q6_out::<V, PRE, G, R>(rec, vals, head, n, 3, xq, offs, at, hb, &mut blk);
+                }
             }
-            for (g, &rec) in rec.iter().enumerate() {
+            for (g, (&rec, out)) in rec.iter().zip(out.iter_mut()).enumerate() {
                 let dw = _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()));
-                for (acc, blk) in acc.iter_mut().zip(&blk) {
-                    acc[g] = _mm256_fmadd_ps(dw, blk[g], acc[g]);
+                for (out, blk) in out.iter_mut().zip(&blk) {
+                    let acc = _mm256_fmadd_ps(dw, blk[g], _mm256_loadu_ps(out.as_ptr()));
+                    _mm256_storeu_ps(out.as_mut_ptr(), acc);
                 }
             }
         }
-        for (g, out) in out.iter_mut().enumerate() {
-            let mut col = [_mm256_setzero_ps(); R];
-            for (col, acc) in col.iter_mut().zip(&acc) {
-                *col = acc[g];
+    }
+
+    /// [`q6_k`]'s block for two groups' values decoded ahead (`vals`) and four rows with
+    /// VNNI: output by output in a loop (unrolled, the outputs' sums, scales and pointers
+    /// crowded the registers and spilled), both 16-value halves of an output at once
+    /// ([`q6_halves_vnni`]); the same operations per row as [`q6_out`]. 1B Q4_K_M, 32
+    /// streams, perf samples in Q6_K's kernel per Q4_K's: 0.60–0.62 -> 0.57–0.59.
+    #[inline(always)]
+    unsafe fn q6_block_vnni<const G: usize, const R: usize>(
+        rec: [*const u8; G],
+        vals: [*const u8; G],
+        xq: &QActs,
+        offs: *const i32,
+        at: impl Fn(usize) -> usize,
+        hb: impl Fn(usize) -> usize,
+        blk: &mut [[__m256; G]; R],
+    ) {
+        let row = at(1) - at(0);
+        for o in 0..8 {
+            // Output `o` is `i = o % 4` of half `n = o / 4`: its values 32·o on, its scales
+            // `8·n + 2·i = 2·o` on.
+            let mut init = [[_mm256_setzero_si256(); 4]; 2];
+            for (half, init) in init.iter_mut().enumerate() {
+                for (t, init) in init.iter_mut().enumerate().take(R) {
+                    *init = _mm256_set1_epi32(-32 * *offs.add((at(t) + 32 * o + 16 * half) / QH));
+                }
             }
-            store(&col, out);
+            let s = q6_halves_vnni(
+                vals[0].add(256 * o),
+                vals[G - 1].add(256 * o),
+                xq.q.as_ptr().add(at(0) + 32 * o),
+                row,
+                init,
+            );
+            for (g, &rec) in rec.iter().enumerate() {
+                let sc = rec.add(16 + 16 * o);
+                let (lo, hi) = (
+                    _mm256_cvtepi8_epi32(_mm_loadl_epi64(sc.cast())),
+                    _mm256_cvtepi8_epi32(_mm_loadl_epi64(sc.add(8).cast())),
+                );
+                for (t, (blk, s)) in blk.iter_mut().zip(&s).enumerate() {
+                    let dot = _mm256_add_epi32(_mm256_mullo_epi32(s[g][0], lo), _mm256_mullo_epi32(s[g][1], hi));
+                    let dx = _mm256_set1_ps(*xq.d.get_unchecked(hb(t) + 2 * o));
+                    blk[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), dx, blk[g]);
+                }
+            }
         }
     }
 
@@ -1343,15 +1376,12 @@ mod avx2 {
             // Each lane: two products of unsigned 6-bit values (at most 2·63·127) per
             // chunk; with the −32 of all four chunks, a sum of at most 8·32·127. The
             // 16-bit adds wrap, so only that final sum needs to fit.
-            if PRE && G == 2 && R == 4 {
+            // (VNNI's paired tiles of four take [`q6_block_vnni`].)
+            if !V && PRE && G == 2 && R == 4 {
                 let x = xq.q.as_ptr().add(at(0) + n * 128 + 32 * i + 16 * half);
                 // (`G - 1` is 1 here; it keeps the single-group copies in bounds.)
                 let (w0, w1) = (pre[0].add(128 * half), pre[G - 1].add(128 * half));
-                let s = if V {
-                    sums_4x2_vnni(w0, w1, x, at(1) - at(0), 4, off)
-                } else {
-                    sums_4x2(w0, w1, x, at(1) - at(0), 4, off)
-                };
+                let s = sums_4x2(w0, w1, x, at(1) - at(0), 4, off);
                 for (sums, s) in sums.iter_mut().zip(s) {
                     sums.copy_from_slice(&s[..G]);
                 }
@@ -1482,6 +1512,14 @@ mod tests {
             let mut a = [[0f32; GROUP]; TILE];
             portable_group(GgmlType::Q6K, &data, &xq, 0, TILE, k, &mut a);
             assert_eq!(a, b, "values {q:#x}, activations {x}, scales {sc}");
+            // The paired kernel, over decoded values (its 16 sums with VNNI).
+            let mut vals = vec![0u8; DECODED];
+            decode(GgmlType::Q6K, &data, 1, &mut vals);
+            let src = avx2::Src { rec: data.as_ptr(), vals: vals.as_ptr() };
+            let mut paired = [[[0f32; GROUP]; TILE]; 2];
+            // SAFETY: AVX2 is present; `data` is one group's records and `vals` their values.
+            unsafe { avx2::pair(avx2::vnni(), GgmlType::Q6K, [src; 2], &xq, 0, TILE, 1, &mut paired) };
+            assert_eq!(paired, [a; 2], "paired: values {q:#x}, activations {x}, scales {sc}");
             let want = 0.5 * sc as f32 * if q == 0 { -32.0 } else { 31.0 } * x * k as f32;
             assert!((a[0][0] - want).abs() <= 1e-3 * want.abs(), "{} vs {want}", a[0][0]);
         }
