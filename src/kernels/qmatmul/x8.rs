@@ -42,8 +42,9 @@
 //! its weights go in as `w + 128`). The AVX2 sums never saturate, so both compute the
 //! same integers and the results are equal bit for bit. Same binary, alternated, 32
 //! streams: 1B Q4_K_M 115–124 -> 132–144 tok/s, Q8_0 77–81 -> 126–135, SmolLM2 Q4_1
-//! 572–701 -> 748–869. The K-quants' tiles of one to four rows read from the records
-//! (waiting on memory) keep AVX2, which ran faster there.
+//! 572–701 -> 748–869. Q4_K's and Q5_K's tiles of one to four rows, which read the
+//! records, keep AVX2 (for Q4_K a VNNI copy that masks both sub-blocks of a chunk in
+//! place ran no faster at one stream); Q6_K's take VNNI.
 
 use super::{ActScales, Buf, Part, QActs, SharedOut, QB, QH};
 use crate::kernels::quant::{scale_min_k4, GgmlType};
@@ -505,10 +506,12 @@ mod avx2 {
             (GgmlType::Q4_1, true) => by_tile!(tile, legacy_q4_vnni, 1),
             (GgmlType::Q8_0, false) => by_tile!(tile, q8_0),
             (GgmlType::Q8_0, true) => by_tile!(tile, q8_0_vnni),
-            // The K-quants' tiles of up to four rows read the records themselves and wait on
-            // memory, where the AVX2 copies ran faster (1B Q4_K_M, one stream: Q4_K 5 %
-            // and Q6_K 15 % more samples with VNNI). Q4_K's values are decoded ahead only
-            // without VNNI ([`decodes`]).
+            // The K-quants' tiles of up to four rows read the records themselves. Q4_K's
+            // AVX2 copy ran faster there (1B Q4_K_M, one stream: 5 % fewer samples); its
+            // values are decoded ahead only without VNNI ([`decodes`]). Q6_K's took 15 %
+            // more samples with VNNI while its records were in the file's order, and since
+            // they are in the order a row reads them, VNNI takes a little less (samples in
+            // Q6_K's kernel per Q4_K's, four alternated runs: 0.70–0.73 -> 0.68–0.69).
             (GgmlType::Q4K, _) => {
                 if pre {
                     by_tile!(tile, k_one, false, true)
@@ -525,7 +528,8 @@ mod avx2 {
                 }
             }
             (GgmlType::Q6K, _) => match (pre, vnni) {
-                (false, _) => by_tile!(tile, q6_one, false),
+                (false, false) => by_tile!(tile, q6_one, false),
+                (false, true) => by_tile!(tile, q6_one_vnni, false),
                 (true, false) => by_tile!(tile, q6_one, true),
                 (true, true) => by_tile!(tile, q6_one_vnni, true),
             },
