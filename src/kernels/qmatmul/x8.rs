@@ -589,6 +589,7 @@ mod avx2 {
         };
     }
 
+    /// One Q4_K or Q5_K group ([`k_tiled`]), on AVX2 only (why: [`group`]).
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn k_one<const FIVE: bool, const PRE: bool, const R: usize>(
         src: Src,
@@ -1063,16 +1064,25 @@ mod avx2 {
                 [_mm256_and_si256(a, low), _mm256_and_si256(a, high)],
                 [_mm256_and_si256(b, low), _mm256_and_si256(b, high)],
             ];
-            for (t, s) in s.iter_mut().enumerate() {
-                for h in 0..2 {
-                    let x = bcast(x.add(t * row + 32 * h + 4 * c));
-                    for (s, w) in s.iter_mut().zip(&w) {
-                        s[h] = _mm256_dpbusd_epi32(s[h], w[h], x);
-                    }
+            dots_4x2x2(&mut s, &w, x.add(4 * c), row, 32);
+        }
+        s
+    }
+
+    /// Adds one chunk of two groups' weights `w` (`[group][half]`) against four activation
+    /// rows (from `x`, `row` bytes apart; each row's second half `half` bytes on) to the
+    /// sums `s` (`[row][group][half]`), one `vpdpbusd` each. Inlined only into the
+    /// AVX-512 VNNI kernels.
+    #[inline(always)]
+    unsafe fn dots_4x2x2(s: &mut [[[__m256i; 2]; 2]; 4], w: &[[__m256i; 2]; 2], x: *const i8, row: usize, half: usize) {
+        for (t, s) in s.iter_mut().enumerate() {
+            for h in 0..2 {
+                let x = bcast(x.add(t * row + half * h));
+                for (s, w) in s.iter_mut().zip(w) {
+                    s[h] = dot4(s[h], w[h], x);
                 }
             }
         }
-        s
     }
 
     /// The i32 sums of one Q6_K output (32 values, decoded ahead) of two groups (at `w0`,
@@ -1101,14 +1111,7 @@ mod avx2 {
             for (w, p) in w.iter_mut().zip([w0, w1]) {
                 *w = [_mm256_loadu_si256(p.add(32 * c).cast()), _mm256_loadu_si256(p.add(128 + 32 * c).cast())];
             }
-            for (t, s) in s.iter_mut().enumerate() {
-                for h in 0..2 {
-                    let x = bcast(x.add(t * row + 16 * h + 4 * c));
-                    for (s, w) in s.iter_mut().zip(&w) {
-                        s[h] = _mm256_dpbusd_epi32(s[h], w[h], x);
-                    }
-                }
-            }
+            dots_4x2x2(&mut s, &w, x.add(4 * c), row, 16);
         }
         s
     }
