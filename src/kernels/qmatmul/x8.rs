@@ -150,9 +150,11 @@ fn decodes(dtype: GgmlType) -> bool {
 /// Whether two groups of `dtype` run side by side ([`pair`]) when more than one tile of
 /// rows runs over them: every broadcast of activations then feeds two multiply-adds. One
 /// core, 32 rows, a 160 × 2048 matrix: Q4_K 79 -> 85 GMAC/s, Q6_K 61 -> 66; Q5_K, whose
-/// sums take their scales every four chunks, gained nothing and runs alone.
+/// sums take their scales every four chunks, gained nothing and runs alone. Q8_0 pairs
+/// with VNNI, whose 32 registers hold both groups' sums (1B Q8_0, alternated: 32 streams
+/// 135–142 -> 151–161 tok/s, prefill 196–206 -> 215–227).
 fn pairs(dtype: GgmlType) -> bool {
-    k_quant(dtype) && dtype != GgmlType::Q5K
+    k_quant(dtype) && dtype != GgmlType::Q5K || dtype == GgmlType::Q8_0 && vnni()
 }
 
 /// The coarsest activation scales `dtype`'s kernel needs (every kernel reads coarser
@@ -561,12 +563,13 @@ mod avx2 {
             // Q4_K's values are decoded ahead without VNNI, and read from the records with.
             (GgmlType::Q4K, _) if pre => by_tile!(tile, k_two, true),
             (GgmlType::Q4K, _) => by_tile!(tile, k_two_vnni, false),
+            (GgmlType::Q8_0, true) => by_tile!(tile, q8_two_vnni),
             (GgmlType::Q6K, false) => by_tile!(tile, q6_two, true),
             (GgmlType::Q6K, true) => by_tile!(tile, q6_two_vnni, true),
             other => unreachable!("{other:?}: no paired kernel"),
         };
         debug_assert!((1..=TILE).contains(&tile) && src.iter().all(|s| s.vals.is_null() != pre));
-        debug_assert!(pre || (dtype == GgmlType::Q4K && vnni), "only Q4_K with VNNI pairs from its records");
+        debug_assert!(pre || vnni && matches!(dtype, GgmlType::Q4K | GgmlType::Q8_0), "only VNNI pairs from records");
         f(src, xq, first, blocks, acc)
     }
 
@@ -614,7 +617,18 @@ mod avx2 {
         V => legacy::<V, OFFSET, R>(src, xq, first, blocks, out));
     twins!(q8_0, q8_0_vnni<R: usize>
         (src: Src, xq: &QActs, first: usize, blocks: usize, out: &mut [[f32; GROUP]; TILE]),
-        V => q8::<V, R>(src, xq, first, blocks, out));
+        V => q8::<V, 1, R>([src], xq, first, blocks, std::array::from_mut(out)));
+    /// Two Q8_0 groups side by side, with VNNI only ([`pairs`]).
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn q8_two_vnni<const R: usize>(
+        src: [Src; 2],
+        xq: &QActs,
+        first: usize,
+        blocks: usize,
+        out: &mut [[[f32; GROUP]; TILE]; 2],
+    ) {
+        q8::<true, 2, R>(src, xq, first, blocks, out)
+    }
 
     /// `acc` plus, in each 32-bit lane, the four products of the unsigned bytes of `w` and
     /// the signed bytes of `x`: VNNI's `vpdpbusd`, where AVX2 takes a `maddubs`, an add
@@ -712,51 +726,68 @@ mod avx2 {
     /// once for the tile's rows; a row's half-block sums gather in i32 and go straight
     /// into its results under the product of the two scales, so that a row holds two
     /// registers, not three (with a per-block sum as well, four rows spilled and ran
-    /// slower than one).
+    /// slower than one). `G` groups run side by side, each broadcast of activations
+    /// feeding `G` multiply-adds (with VNNI only, whose 32 registers hold two groups'
+    /// sums: [`pairs`]); each group's operations are the same as alone.
     #[inline(always)]
-    unsafe fn q8<const V: bool, const R: usize>(
-        src: Src,
+    unsafe fn q8<const V: bool, const G: usize, const R: usize>(
+        src: [Src; G],
         xq: &QActs,
         first: usize,
         blocks: usize,
-        out: &mut [[f32; GROUP]; TILE],
+        out: &mut [[[f32; GROUP]; TILE]; G],
     ) {
         let (rec_bytes, head) = record(GgmlType::Q8_0);
-        let p = src.rec;
         let ones = _mm256_set1_epi16(1);
-        let mut acc = [_mm256_setzero_ps(); R];
+        let mut acc = [[_mm256_setzero_ps(); G]; R];
         for b in 0..blocks {
-            let rec = p.add(b * rec_bytes);
-            let vals = rec.add(head);
-            let dw = _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()));
+            let rec: [*const u8; G] = std::array::from_fn(|g| src[g].rec.add(b * rec_bytes));
+            let mut dw = [_mm256_setzero_ps(); G];
+            for (dw, rec) in dw.iter_mut().zip(rec) {
+                *dw = _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()));
+            }
             for h in 0..2 {
-                let mut s = [_mm256_setzero_si256(); R];
+                let mut s = [[_mm256_setzero_si256(); G]; R];
                 if V {
                     // `w + 128` is unsigned, and `Σ (w + 128)·x` starts from `−128 · Σx`.
                     for (t, s) in s.iter_mut().enumerate() {
-                        *s = _mm256_set1_epi32(-128 * xq.sums.get_unchecked(2 * ((first + t) * blocks + b) + h));
+                        *s = [_mm256_set1_epi32(-128 * xq.sums.get_unchecked(2 * ((first + t) * blocks + b) + h)); G];
                     }
                 }
                 for c in 0..4 {
-                    let w = _mm256_loadu_si256(vals.add(32 * (4 * h + c)).cast());
-                    let (aw, uw) = (_mm256_abs_epi8(w), _mm256_xor_si256(w, _mm256_set1_epi8(-128)));
+                    let (mut w, mut aw, mut uw) =
+                        ([_mm256_setzero_si256(); G], [_mm256_setzero_si256(); G], [_mm256_setzero_si256(); G]);
+                    for g in 0..G {
+                        w[g] = _mm256_loadu_si256(rec[g].add(head + 32 * (4 * h + c)).cast());
+                        (aw[g], uw[g]) = (_mm256_abs_epi8(w[g]), _mm256_xor_si256(w[g], _mm256_set1_epi8(-128)));
+                    }
                     for (t, s) in s.iter_mut().enumerate() {
-                        let x = xq.q.as_ptr().add(((first + t) * blocks + b) * QB + QH * h + 4 * c);
-                        *s = if V {
-                            dot4(*s, uw, bcast(x))
-                        } else {
-                            let prod = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(bcast(x), w));
-                            _mm256_add_epi32(*s, _mm256_madd_epi16(prod, ones))
-                        };
+                        let x = bcast(xq.q.as_ptr().add(((first + t) * blocks + b) * QB + QH * h + 4 * c));
+                        for g in 0..G {
+                            s[g] = if V {
+                                dot4(s[g], uw[g], x)
+                            } else {
+                                let prod = _mm256_maddubs_epi16(aw[g], _mm256_sign_epi8(x, w[g]));
+                                _mm256_add_epi32(s[g], _mm256_madd_epi16(prod, ones))
+                            };
+                        }
                     }
                 }
                 for (t, (acc, s)) in acc.iter_mut().zip(&s).enumerate() {
                     let dx = _mm256_set1_ps(*xq.d.get_unchecked(2 * ((first + t) * blocks + b) + h));
-                    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(*s), _mm256_mul_ps(dw, dx), *acc);
+                    for g in 0..G {
+                        acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[g]), _mm256_mul_ps(dw[g], dx), acc[g]);
+                    }
                 }
             }
         }
-        store(&acc, out);
+        for (g, out) in out.iter_mut().enumerate() {
+            let mut col = [_mm256_setzero_ps(); R];
+            for (col, acc) in col.iter_mut().zip(&acc) {
+                *col = acc[g];
+            }
+            store(&col, out);
+        }
     }
 
     /// A lane's 8-bit value at `p` (one per row) as the i16 pair `(v, v)`: `madd` with it
@@ -1658,27 +1689,31 @@ mod tests {
         }
         for dtype in FORMATS.into_iter().filter(|&d| pairs(d)) {
             let (k, rows) = (3 * 256, 2 * GROUP);
-            let blocks = k / 256;
+            let blocks = k / dtype.block().0;
             let data = interleave(dtype, &random_blocks(dtype, rows * blocks, 81), k);
             let (a, b) = data.split_at(data.len() / 2);
             let mut xq = QActs::default();
             quantize_rows(&random_vec(TILE * k, 82), TILE, k, act_scales(dtype), &mut xq);
-            let vals: Vec<Vec<u8>> = [a, b]
+            // Alone from decoded values where the format has them (else from the records);
+            // paired as the step runs them: from decoded values, or with VNNI (Q4_K, Q8_0)
+            // from the records.
+            let vals: Vec<Option<Vec<u8>>> = [a, b]
                 .iter()
                 .map(|d| {
                     let mut v = vec![0u8; blocks * DECODED];
-                    decode(dtype, d, blocks, &mut v);
-                    v
+                    k_quant(dtype).then(|| {
+                        decode(dtype, d, blocks, &mut v);
+                        v
+                    })
                 })
                 .collect();
-            // As the step runs them: from decoded values, or Q4_K with VNNI from its records.
-            let paired_vals = if decodes(dtype) { [Some(&vals[0][..]), Some(&vals[1][..])] } else { [None, None] };
+            let paired_vals = if decodes(dtype) { [vals[0].as_deref(), vals[1].as_deref()] } else { [None, None] };
             for tile in 1..=TILE {
                 let mut paired = [[[0f32; GROUP]; TILE]; 2];
                 pair(dtype, [a, b], paired_vals, &xq, 0, tile, k, &mut paired);
                 for (g, d) in [a, b].into_iter().enumerate() {
                     let mut alone = [[0f32; GROUP]; TILE];
-                    group(dtype, d, Some(&vals[g]), &xq, 0, tile, k, &mut alone);
+                    group(dtype, d, vals[g].as_deref(), &xq, 0, tile, k, &mut alone);
                     assert_eq!(paired[g][..tile], alone[..tile], "{dtype:?} tile {tile} group {g}");
                 }
             }
@@ -1714,12 +1749,28 @@ mod tests {
             }
         });
         for dtype in FORMATS.into_iter().filter(|&d| pairs(d)) {
-            let (k, blocks) = (3 * 256, 3);
+            let k = 3 * 256;
+            let blocks = k / dtype.block().0;
             let data = interleave(dtype, &random_blocks(dtype, 2 * GROUP * blocks, 93), k);
             let mut xq = QActs::default();
             quantize_rows(&random_vec(TILE * k, 94), TILE, k, act_scales(dtype), &mut xq);
-            let mut vals = vec![0u8; 2 * blocks * DECODED];
             let (a, b) = data.split_at(data.len() / 2);
+            if !k_quant(dtype) {
+                // Q8_0 pairs with VNNI only: against the AVX2 kernel alone.
+                for tile in 1..=TILE {
+                    let mut vnni = [[[0f32; GROUP]; TILE]; 2];
+                    // SAFETY: as above, for two groups' records.
+                    unsafe { avx2::pair(true, dtype, [records(a), records(b)], &xq, 0, tile, blocks, &mut vnni) };
+                    for (g, d) in [a, b].into_iter().enumerate() {
+                        let mut avx2 = [[0f32; GROUP]; TILE];
+                        // SAFETY: as above, one group's records.
+                        unsafe { avx2::group(false, dtype, records(d), &xq, 0, tile, blocks, &mut avx2) };
+                        assert_eq!(avx2, vnni[g], "{dtype:?} paired, tile {tile}, group {g}");
+                    }
+                }
+                continue;
+            }
+            let mut vals = vec![0u8; 2 * blocks * DECODED];
             let (va, vb) = vals.split_at_mut(blocks * DECODED);
             decode(dtype, a, blocks, va);
             decode(dtype, b, blocks, vb);
