@@ -314,10 +314,10 @@ pub(super) unsafe fn groups_task(
                 }
             };
             // While the tiles run over this chunk, the next chunk's records (when it is to be
-            // decoded) are asked for a slice per kernel call, into L2, so that decoding it
-            // does not wait on memory. After a task's last chunk that is the next task's
-            // first, which this thread usually runs next (rayon splits the task range in
-            // halves).
+            // decoded, or read by paired kernels) are asked for a slice per kernel call, into
+            // L2, so that its first pass does not wait on memory. After a task's last chunk
+            // that is the next task's first, which this thread usually runs next (rayon
+            // splits the task range in halves).
             let next: &[u8] = if paired || decoded_bytes > 0 {
                 &p.data[last * group_bytes..(last + chunk).min(p.rows / GROUP) * group_bytes]
             } else {
@@ -812,9 +812,9 @@ mod avx2 {
     /// from the values decoded ahead. `G` groups run side by side, so that each
     /// broadcast of activation bytes feeds `G` multiply-adds (a broadcast load costs about
     /// as much as a `maddubs`). One sub-block at a time (the low nibbles of a pair, then
-    /// the high ones: [`k_sub`]; Q4_K's two groups and four rows with VNNI, both at once
-    /// from the records: [`k_block_vnni`]); Q4_K's scaled sums add in i32 over the block and take
-    /// the product of the row's activation scale ([`ActScales::PerSuper`]) and the eight
+    /// the high ones: [`k_sub`]; Q4_K's two groups and four rows with VNNI, both at
+    /// once from the records: [`k_block_vnni`]); Q4_K's scaled sums add in i32 over the
+    /// block and take the product of the row's activation scale ([`ActScales::PerSuper`]) and the eight
     /// rows' weight scales once; Q5_K's gather in f32 under their activation scales, one
     /// per half sub-block, and take the weight scales once per block. The mins follow in
     /// [`k_mins`].
@@ -1065,8 +1065,10 @@ mod avx2 {
             let w = |g: usize| rec[g.min(G - 1)].add(head + 256 * pair);
             let s = nibbles_4x2_vnni(w(0), w(1), x.add(2 * pair * QB), row);
             for (g, &rec) in rec.iter().enumerate() {
-                let scale = |sub: usize| _mm256_cvtepu8_epi32(_mm_loadl_epi64(rec.add(32 + 8 * sub).cast()));
-                let (lo, hi) = (_mm256_slli_epi32(scale(2 * pair), 4), scale(2 * pair + 1));
+                // Plain loads, not a closure (see [`k_sub`]): sub-blocks `2·pair` and `2·pair + 1`.
+                let sc = rec.add(32 + 16 * pair);
+                let lo = _mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64(sc.cast())), 4);
+                let hi = _mm256_cvtepu8_epi32(_mm_loadl_epi64(sc.add(8).cast()));
                 for (sums, s) in sums.iter_mut().zip(&s) {
                     let scaled = _mm256_add_epi32(_mm256_mullo_epi32(s[g][0], lo), _mm256_mullo_epi32(s[g][1], hi));
                     sums[g] = _mm256_add_epi32(sums[g], scaled);
@@ -1700,8 +1702,8 @@ mod tests {
             let vals: Vec<Option<Vec<u8>>> = [a, b]
                 .iter()
                 .map(|d| {
-                    let mut v = vec![0u8; blocks * DECODED];
                     k_quant(dtype).then(|| {
+                        let mut v = vec![0u8; blocks * DECODED];
                         decode(dtype, d, blocks, &mut v);
                         v
                     })
