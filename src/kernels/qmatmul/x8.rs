@@ -27,11 +27,14 @@
 //! `and` per 8 `vpdpbusd`, so there is no decode pass (1B Q4_K_M, alternated: 32 streams
 //! 150–161 -> 161–173 tok/s, prefill 212–221 -> 238–254).
 //!
-//! The kernels that read records (Q4_0, Q4_1 and Q8_0 at every tile, the K-quants' tiles
-//! of one to four rows) ask for no lines ahead: a group's records stream in one ascending
-//! run, which the hardware prefetchers follow, and a `prefetcht0` per line ahead slowed
-//! them (one row, one thread: Q4_K 29 -> 22 GB/s, Q6_K 21 -> 16, Q8_0 32 -> 25; 1B Q8_0,
-//! one stream: 26.7–29.8 -> 36.1–41.9 tok/s).
+//! The kernels that read records one group at a time (Q4_0, Q4_1 and Q8_0 at every tile)
+//! ask for no lines ahead: a group's records stream in one ascending run, which the
+//! hardware prefetchers follow, and a `prefetcht0` per line ahead slowed them (one row,
+//! one thread: Q4_K 29 -> 22 GB/s, Q6_K 21 -> 16, Q8_0 32 -> 25; 1B Q8_0, one stream:
+//! 26.7–29.8 -> 36.1–41.9 tok/s; into L2, 12 KB ahead, Q8_0 still 34 -> 25). The
+//! K-quants' tiles of one to four rows are the exception ([`AHEAD`]): their loads jump
+//! about inside a record, and on this machine's fast-memory days the hardware left them
+//! well short of the streaming rate.
 //!
 //! Each row of `X` is one chain of operations whatever the tile it is in, and decoded
 //! values are the very bytes the kernels would unpack, so results stay batch-invariant.
@@ -61,6 +64,14 @@ const CHUNK_BYTES: usize = 256 << 10;
 const TILE: usize = 4;
 /// Bytes of one K-quant block's values decoded to a byte each, for the group's rows.
 const DECODED: usize = 256 * GROUP;
+/// How far ahead of the record in use the K-quants' one-group kernels ask for records,
+/// into L2, a record per block. `qmatmul` alone at one row over cold matrices, two
+/// threads, fast-memory regime: Q6_K 2048 × 8192 25 -> 53 GB/s, Q4_K 8192 × 2048
+/// 38 -> 54, 2048 × 2048 24 -> 38; Q6_K's LM head shape (128256 × 2048) 62 -> 61. 1B
+/// Q4_K_M, one stream, alternated: 50.2–52.8 -> 59.0–61.1 tok/s; in the slow-memory
+/// regime, where weft already reads at 85 % of the streaming rate, 40.5–41.1 -> 38.3–39.5.
+/// 8 KB ahead did about as well, 16 KB and more worse; every other line only, much worse.
+const AHEAD: usize = 12 << 10;
 
 /// Where a block format keeps its fields, for repacking.
 struct Shape {
@@ -638,6 +649,14 @@ mod avx2 {
         _mm256_dpbusd_epi32(acc, w, x)
     }
 
+    /// Asks for the record [`AHEAD`] bytes on from `rec` into L2: for the K-quant kernels
+    /// that run one group's records from memory (tiles of one to four rows). Past the end
+    /// of the weights it is a hint for nothing, and reads nothing.
+    #[inline(always)]
+    unsafe fn ask_ahead(rec: *const u8, rec_bytes: usize) {
+        crate::kernels::prefetch_lines_l2(rec.wrapping_add(AHEAD), rec_bytes)
+    }
+
     /// Four activation bytes at `x`, in every lane.
     #[inline(always)]
     unsafe fn bcast(x: *const i8) -> __m256i {
@@ -836,6 +855,9 @@ mod avx2 {
         for b in 0..blocks {
             let rec: [*const u8; G] = std::array::from_fn(|g| src[g].rec.add(b * rec_bytes));
             let vals: [*const u8; G] = std::array::from_fn(|g| src[g].vals.wrapping_add(b * DECODED));
+            if !PRE && G == 1 {
+                ask_ahead(rec[0], rec_bytes);
+            }
             // Q5_K's sums scaled per sub-block (f32), Q4_K's per block (i32).
             let mut blk = [[_mm256_setzero_ps(); G]; R];
             let mut dots = [[_mm256_setzero_si256(); G]; R];
@@ -1283,6 +1305,9 @@ mod avx2 {
         for b in 0..blocks {
             let rec: [*const u8; G] = std::array::from_fn(|g| src[g].rec.add(b * rec_bytes));
             let vals: [*const u8; G] = std::array::from_fn(|g| src[g].vals.wrapping_add(b * DECODED));
+            if !PRE && G == 1 {
+                ask_ahead(rec[0], rec_bytes);
+            }
             let mut blk = [[_mm256_setzero_ps(); G]; R];
             let at = |t: usize| ((first + t) * blocks + b) * 8 * QB;
             let hb = |t: usize| 16 * ((first + t) * blocks + b);
