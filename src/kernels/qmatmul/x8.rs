@@ -326,9 +326,12 @@ pub(super) unsafe fn groups_task(
             };
             // While the tiles run over this chunk, the next chunk's records (when it is to be
             // decoded, or read by paired kernels) are asked for a slice per kernel call, into
-            // L2, so that its first pass does not wait on memory. After a task's last chunk
-            // that is the next task's first, which this thread usually runs next (rayon
-            // splits the task range in halves).
+            // L2, so that its first pass does not wait on memory; a paired kernel spreads its
+            // slice over its blocks (`qmatmul` alone, 32 rows, cold: Q6_K 2048 × 8192
+            // 192 -> 224 GMAC/s, its LM head shape 193 -> 207; 1B, 32 streams, alternated:
+            // Q4_K_M 161–169 -> 170–185 tok/s in six of seven pairs, Q8_0 within the noise).
+            // After a task's last chunk that is the next task's first, which this thread
+            // usually runs next (rayon splits the task range in halves).
             let next: &[u8] = if paired || decoded_bytes > 0 {
                 &p.data[last * group_bytes..(last + chunk).min(p.rows / GROUP) * group_bytes]
             } else {
@@ -341,17 +344,17 @@ pub(super) unsafe fn groups_task(
                 let tile = TILE.min(m - i);
                 let mut g = first;
                 while g < last {
-                    if asked < next.len() {
-                        crate::kernels::prefetch_lines_l2(next[asked..].as_ptr(), ahead.min(next.len() - asked));
-                        asked += ahead;
-                    }
+                    let ask = &next[asked.min(next.len())..(asked + ahead).min(next.len())];
+                    asked += ahead;
                     if paired && g + 1 < last {
                         let mut acc = [[[0f32; GROUP]; TILE]; 2];
-                        pair(p.dtype, [records(g), records(g + 1)], [vals(g), vals(g + 1)], xq, i, tile, k, &mut acc);
+                        let (data, vals) = ([records(g), records(g + 1)], [vals(g), vals(g + 1)]);
+                        pair(p.dtype, data, vals, xq, i, tile, k, &mut acc, ask);
                         put(&acc[0], g, i, tile);
                         put(&acc[1], g + 1, i, tile);
                         g += 2;
                     } else {
+                        crate::kernels::prefetch_lines_l2(ask.as_ptr(), ask.len());
                         let mut acc = [[0f32; GROUP]; TILE];
                         group(p.dtype, records(g), vals(g), xq, i, tile, k, &mut acc);
                         put(&acc, g, i, tile);
@@ -381,7 +384,8 @@ fn decode(dtype: GgmlType, data: &[u8], blocks: usize, out: &mut [u8]) {
 }
 
 /// Two neighbouring groups' records and decoded values against activation rows
-/// `first..first + tile`, for the formats that [`pairs`].
+/// `first..first + tile`, for the formats that [`pairs`]; `ahead`: bytes of records to ask
+/// into L2 on the way ([`avx2::Ahead`]).
 #[allow(clippy::too_many_arguments)]
 fn pair(
     dtype: GgmlType,
@@ -392,17 +396,20 @@ fn pair(
     tile: usize,
     k: usize,
     acc: &mut [[[f32; GROUP]; TILE]; 2],
+    ahead: &[u8],
 ) {
     assert!(pairs(dtype) && (1..=TILE).contains(&tile));
     #[cfg(target_arch = "x86_64")]
     {
         let src =
             |g: usize| avx2::Src { rec: data[g].as_ptr(), vals: vals[g].map_or(std::ptr::null(), |v| v.as_ptr()) };
+        let blocks = k / dtype.block().0;
+        let ahead = avx2::Ahead::spread(ahead, blocks);
         // SAFETY: `pairs` implies AVX2, FMA and F16C; each group's records and decoded values.
-        unsafe { avx2::pair(avx2::vnni(), dtype, [src(0), src(1)], xq, first, tile, k / dtype.block().0, acc) }
+        unsafe { avx2::pair(avx2::vnni(), dtype, [src(0), src(1)], xq, first, tile, blocks, acc, ahead) }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (data, vals, xq, first, k, acc);
+    let _ = (data, vals, xq, first, k, acc, ahead);
 }
 
 /// One group's records `data` (and its values decoded by [`decode`], `vals`) against
@@ -464,6 +471,34 @@ mod avx2 {
     pub struct Src {
         pub rec: *const u8,
         pub vals: *const u8,
+    }
+
+    /// Bytes of the next chunk's records that a paired kernel asks into L2 as it runs,
+    /// `per_block` with each of its blocks ([`groups_task`]), rather than all at once
+    /// before it: asked in one burst, a call's share of lines held it up until they came.
+    #[derive(Clone, Copy)]
+    pub struct Ahead {
+        at: *const u8,
+        len: usize,
+        per_block: usize,
+    }
+
+    impl Ahead {
+        pub const NONE: Ahead = Ahead { at: std::ptr::null(), len: 0, per_block: 0 };
+
+        /// `bytes`, spread over a call of `blocks` blocks in whole lines.
+        pub fn spread(bytes: &[u8], blocks: usize) -> Self {
+            Ahead { at: bytes.as_ptr(), len: bytes.len(), per_block: bytes.len().div_ceil(blocks).next_multiple_of(64) }
+        }
+
+        /// Asks for block `b`'s share.
+        #[inline(always)]
+        fn block(&self, b: usize) {
+            let from = b * self.per_block;
+            if from < self.len {
+                crate::kernels::prefetch_lines_l2(self.at.wrapping_add(from), self.per_block.min(self.len - from))
+            }
+        }
     }
 
     /// Whether the CPU runs AVX-512 VNNI on 256-bit registers (`vpdpbusd`: AVX512_VNNI
@@ -568,6 +603,7 @@ mod avx2 {
         tile: usize,
         blocks: usize,
         acc: &mut [[[f32; GROUP]; TILE]; 2],
+        ahead: Ahead,
     ) {
         let pre = !src[0].vals.is_null();
         let f = match (dtype, vnni) {
@@ -581,7 +617,7 @@ mod avx2 {
         };
         debug_assert!((1..=TILE).contains(&tile) && src.iter().all(|s| s.vals.is_null() != pre));
         debug_assert!(pre || vnni && matches!(dtype, GgmlType::Q4K | GgmlType::Q8_0), "only VNNI pairs from records");
-        f(src, xq, first, blocks, acc)
+        f(src, xq, first, blocks, acc, ahead)
     }
 
     /// Each kernel body (`#[inline(always)]`, its const argument `$v` saying whether to
@@ -612,23 +648,23 @@ mod avx2 {
         blocks: usize,
         out: &mut [[f32; GROUP]; TILE],
     ) {
-        k_tiled::<false, FIVE, PRE, 1, R>([src], xq, first, blocks, std::array::from_mut(out))
+        k_tiled::<false, FIVE, PRE, 1, R>([src], xq, first, blocks, std::array::from_mut(out), Ahead::NONE)
     }
     twins!(k_two, k_two_vnni<PRE: bool, R: usize>
-        (src: [Src; 2], xq: &QActs, first: usize, blocks: usize, out: &mut [[[f32; GROUP]; TILE]; 2]),
-        V => k_tiled::<V, false, PRE, 2, R>(src, xq, first, blocks, out));
+        (src: [Src; 2], xq: &QActs, first: usize, blocks: usize, out: &mut [[[f32; GROUP]; TILE]; 2], ahead: Ahead),
+        V => k_tiled::<V, false, PRE, 2, R>(src, xq, first, blocks, out, ahead));
     twins!(q6_one, q6_one_vnni<PRE: bool, R: usize>
         (src: Src, xq: &QActs, first: usize, blocks: usize, out: &mut [[f32; GROUP]; TILE]),
-        V => q6_k::<V, PRE, 1, R>([src], xq, first, blocks, std::array::from_mut(out)));
+        V => q6_k::<V, PRE, 1, R>([src], xq, first, blocks, std::array::from_mut(out), Ahead::NONE));
     twins!(q6_two, q6_two_vnni<PRE: bool, R: usize>
-        (src: [Src; 2], xq: &QActs, first: usize, blocks: usize, out: &mut [[[f32; GROUP]; TILE]; 2]),
-        V => q6_k::<V, PRE, 2, R>(src, xq, first, blocks, out));
+        (src: [Src; 2], xq: &QActs, first: usize, blocks: usize, out: &mut [[[f32; GROUP]; TILE]; 2], ahead: Ahead),
+        V => q6_k::<V, PRE, 2, R>(src, xq, first, blocks, out, ahead));
     twins!(legacy_q4, legacy_q4_vnni<OFFSET: usize, R: usize>
         (src: Src, xq: &QActs, first: usize, blocks: usize, out: &mut [[f32; GROUP]; TILE]),
         V => legacy::<V, OFFSET, R>(src, xq, first, blocks, out));
     twins!(q8_0, q8_0_vnni<R: usize>
         (src: Src, xq: &QActs, first: usize, blocks: usize, out: &mut [[f32; GROUP]; TILE]),
-        V => q8::<V, 1, R>([src], xq, first, blocks, std::array::from_mut(out)));
+        V => q8::<V, 1, R>([src], xq, first, blocks, std::array::from_mut(out), Ahead::NONE));
     /// Two Q8_0 groups side by side, with VNNI only ([`pairs`]).
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     unsafe fn q8_two_vnni<const R: usize>(
@@ -637,8 +673,9 @@ mod avx2 {
         first: usize,
         blocks: usize,
         out: &mut [[[f32; GROUP]; TILE]; 2],
+        ahead: Ahead,
     ) {
-        q8::<true, 2, R>(src, xq, first, blocks, out)
+        q8::<true, 2, R>(src, xq, first, blocks, out, ahead)
     }
 
     /// `acc` plus, in each 32-bit lane, the four products of the unsigned bytes of `w` and
@@ -755,12 +792,14 @@ mod avx2 {
         first: usize,
         blocks: usize,
         out: &mut [[[f32; GROUP]; TILE]; G],
+        ahead: Ahead,
     ) {
         let (rec_bytes, head) = record(GgmlType::Q8_0);
         let ones = _mm256_set1_epi16(1);
         let mut acc = [[_mm256_setzero_ps(); G]; R];
         for b in 0..blocks {
             let rec: [*const u8; G] = std::array::from_fn(|g| src[g].rec.add(b * rec_bytes));
+            ahead.block(b);
             let mut dw = [_mm256_setzero_ps(); G];
             for (dw, rec) in dw.iter_mut().zip(rec) {
                 *dw = _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()));
@@ -844,6 +883,7 @@ mod avx2 {
         first: usize,
         blocks: usize,
         out: &mut [[[f32; GROUP]; TILE]; G],
+        ahead: Ahead,
     ) {
         debug_assert!(FIVE || xq.scales == ActScales::PerSuper, "a Q4_K block shares one activation scale");
         let rec_bytes = record(if FIVE { GgmlType::Q5K } else { GgmlType::Q4K }).0;
@@ -858,6 +898,7 @@ mod avx2 {
             if !PRE && G == 1 {
                 ask_ahead(rec[0], rec_bytes);
             }
+            ahead.block(b);
             // Q5_K's sums scaled per sub-block (f32), Q4_K's per block (i32).
             let mut blk = [[_mm256_setzero_ps(); G]; R];
             let mut dots = [[_mm256_setzero_si256(); G]; R];
@@ -1293,6 +1334,7 @@ mod avx2 {
         first: usize,
         blocks: usize,
         out: &mut [[[f32; GROUP]; TILE]; G],
+        ahead: Ahead,
     ) {
         debug_assert_ne!(xq.scales, ActScales::PerHalf, "Q6_K's halves share an activation scale");
         let (rec_bytes, head) = record(GgmlType::Q6K);
@@ -1308,6 +1350,7 @@ mod avx2 {
             if !PRE && G == 1 {
                 ask_ahead(rec[0], rec_bytes);
             }
+            ahead.block(b);
             let mut blk = [[_mm256_setzero_ps(); G]; R];
             let at = |t: usize| ((first + t) * blocks + b) * 8 * QB;
             let hb = |t: usize| 16 * ((first + t) * blocks + b);
@@ -1583,7 +1626,9 @@ mod tests {
             let src = avx2::Src { rec: data.as_ptr(), vals: vals.as_ptr() };
             let mut paired = [[[0f32; GROUP]; TILE]; 2];
             // SAFETY: AVX2 is present; `data` is one group's records and `vals` their values.
-            unsafe { avx2::pair(avx2::vnni(), GgmlType::Q6K, [src; 2], &xq, 0, TILE, 1, &mut paired) };
+            unsafe {
+                avx2::pair(avx2::vnni(), GgmlType::Q6K, [src; 2], &xq, 0, TILE, 1, &mut paired, avx2::Ahead::NONE)
+            };
             assert_eq!(paired, [a; 2], "paired: values {q:#x}, activations {x}, scales {sc}");
             let want = 0.5 * sc as f32 * if q == 0 { -32.0 } else { 31.0 } * x * k as f32;
             assert!((a[0][0] - want).abs() <= 1e-3 * want.abs(), "{} vs {want}", a[0][0]);
@@ -1612,7 +1657,9 @@ mod tests {
                 if dtype == GgmlType::Q4K && avx2::vnni() {
                     let mut paired = [[[0f32; GROUP]; TILE]; 2];
                     // SAFETY: VNNI is present; `data` is one group's records, paired with itself.
-                    unsafe { avx2::pair(true, dtype, [records(&data); 2], &xq, 0, TILE, 1, &mut paired) };
+                    unsafe {
+                        avx2::pair(true, dtype, [records(&data); 2], &xq, 0, TILE, 1, &mut paired, avx2::Ahead::NONE)
+                    };
                     assert!(paired.iter().flatten().flatten().all(|&v| v == want), "paired {x}: {:?}", paired[0][0]);
                 }
             }
@@ -1737,7 +1784,7 @@ mod tests {
             let paired_vals = if decodes(dtype) { [vals[0].as_deref(), vals[1].as_deref()] } else { [None, None] };
             for tile in 1..=TILE {
                 let mut paired = [[[0f32; GROUP]; TILE]; 2];
-                pair(dtype, [a, b], paired_vals, &xq, 0, tile, k, &mut paired);
+                pair(dtype, [a, b], paired_vals, &xq, 0, tile, k, &mut paired, &[]);
                 for (g, d) in [a, b].into_iter().enumerate() {
                     let mut alone = [[0f32; GROUP]; TILE];
                     group(dtype, d, vals[g].as_deref(), &xq, 0, tile, k, &mut alone);
@@ -1787,7 +1834,19 @@ mod tests {
                 for tile in 1..=TILE {
                     let mut vnni = [[[0f32; GROUP]; TILE]; 2];
                     // SAFETY: as above, for two groups' records.
-                    unsafe { avx2::pair(true, dtype, [records(a), records(b)], &xq, 0, tile, blocks, &mut vnni) };
+                    unsafe {
+                        avx2::pair(
+                            true,
+                            dtype,
+                            [records(a), records(b)],
+                            &xq,
+                            0,
+                            tile,
+                            blocks,
+                            &mut vnni,
+                            avx2::Ahead::NONE,
+                        )
+                    };
                     for (g, d) in [a, b].into_iter().enumerate() {
                         let mut avx2 = [[0f32; GROUP]; TILE];
                         // SAFETY: as above, one group's records.
@@ -1810,8 +1869,8 @@ mod tests {
                 // SAFETY: as above, for two groups with their values decoded (or not, where
                 // VNNI reads the records).
                 unsafe {
-                    avx2::pair(false, dtype, src, &xq, 0, tile, blocks, &mut avx2);
-                    avx2::pair(true, dtype, vnni_src, &xq, 0, tile, blocks, &mut vnni);
+                    avx2::pair(false, dtype, src, &xq, 0, tile, blocks, &mut avx2, avx2::Ahead::NONE);
+                    avx2::pair(true, dtype, vnni_src, &xq, 0, tile, blocks, &mut vnni, avx2::Ahead::NONE);
                 }
                 assert_eq!(avx2, vnni, "{dtype:?} paired, tile {tile}");
             }
