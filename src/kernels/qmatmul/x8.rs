@@ -326,12 +326,13 @@ pub(super) unsafe fn groups_task(
             };
             // While the tiles run over this chunk, the next chunk's records (when it is to be
             // decoded, or read by paired kernels) are asked for a slice per kernel call, into
-            // L2, so that its first pass does not wait on memory; a paired kernel spreads its
-            // slice over its blocks (`qmatmul` alone, 32 rows, cold: Q6_K 2048 × 8192
-            // 192 -> 224 GMAC/s, its LM head shape 193 -> 207; 1B, 32 streams, alternated:
-            // Q4_K_M 161–169 -> 170–185 tok/s in six of seven pairs, Q8_0 within the noise).
-            // After a task's last chunk that is the next task's first, which this thread
-            // usually runs next (rayon splits the task range in halves).
+            // L2, so that its first pass does not wait on memory. A paired K-quant kernel
+            // spreads its slice over its blocks (`qmatmul` alone, 32 rows, cold: Q6_K
+            // 2048 × 8192 192 -> 224 GMAC/s, its LM head shape 193 -> 207; 1B Q4_K_M,
+            // alternated: 32 streams 161–169 -> 170–185 tok/s in six of seven pairs, 8
+            // streams 104–107 -> 148–155). After a task's last chunk that is the next task's
+            // first, which this thread usually runs next (rayon splits the task range in
+            // halves).
             let next: &[u8] = if paired || decoded_bytes > 0 {
                 &p.data[last * group_bytes..(last + chunk).min(p.rows / GROUP) * group_bytes]
             } else {
@@ -346,15 +347,19 @@ pub(super) unsafe fn groups_task(
                 while g < last {
                     let ask = &next[asked.min(next.len())..(asked + ahead).min(next.len())];
                     asked += ahead;
+                    let spread = paired && g + 1 < last && k_quant(p.dtype);
+                    if !spread {
+                        crate::kernels::prefetch_lines_l2(ask.as_ptr(), ask.len());
+                    }
                     if paired && g + 1 < last {
                         let mut acc = [[[0f32; GROUP]; TILE]; 2];
                         let (data, vals) = ([records(g), records(g + 1)], [vals(g), vals(g + 1)]);
+                        let ask = if spread { ask } else { &[] };
                         pair(p.dtype, data, vals, xq, i, tile, k, &mut acc, ask);
                         put(&acc[0], g, i, tile);
                         put(&acc[1], g + 1, i, tile);
                         g += 2;
                     } else {
-                        crate::kernels::prefetch_lines_l2(ask.as_ptr(), ask.len());
                         let mut acc = [[0f32; GROUP]; TILE];
                         group(p.dtype, records(g), vals(g), xq, i, tile, k, &mut acc);
                         put(&acc, g, i, tile);
@@ -588,11 +593,12 @@ mod avx2 {
         f(src, xq, first, blocks, acc)
     }
 
-    /// Two groups' decoded K-quant values (`src`) against activation rows
-    /// `first..first + tile`, side by side ([`k_tiled`], [`q6_k`]).
+    /// Two neighbouring groups (`src`) against activation rows `first..first + tile`, side
+    /// by side ([`k_tiled`], [`q6_k`], [`q8`]), asking for `ahead` on the way.
     ///
     /// # Safety
-    /// As [`group`], for each group, with values decoded ahead.
+    /// As [`group`], for each group: values decoded ahead, except for Q4_K and Q8_0 with
+    /// VNNI, which read the records.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn pair(
         vnni: bool,
@@ -606,17 +612,23 @@ mod avx2 {
         ahead: Ahead,
     ) {
         let pre = !src[0].vals.is_null();
+        debug_assert!((1..=TILE).contains(&tile) && src.iter().all(|s| s.vals.is_null() != pre));
+        if dtype == GgmlType::Q8_0 {
+            // Q8_0's share of records is asked for before the call: a check per block of
+            // 32 values cost SmolLM2 Q4_1 (its LM head in Q8_0) 4 % at 32 streams.
+            debug_assert!(vnni && !pre && ahead.len == 0);
+            let f = by_tile!(tile, q8_two_vnni);
+            return f(src, xq, first, blocks, acc);
+        }
         let f = match (dtype, vnni) {
             // Q4_K's values are decoded ahead without VNNI, and read from the records with.
             (GgmlType::Q4K, _) if pre => by_tile!(tile, k_two, true),
             (GgmlType::Q4K, _) => by_tile!(tile, k_two_vnni, false),
-            (GgmlType::Q8_0, true) => by_tile!(tile, q8_two_vnni),
             (GgmlType::Q6K, false) => by_tile!(tile, q6_two, true),
             (GgmlType::Q6K, true) => by_tile!(tile, q6_two_vnni, true),
             other => unreachable!("{other:?}: no paired kernel"),
         };
-        debug_assert!((1..=TILE).contains(&tile) && src.iter().all(|s| s.vals.is_null() != pre));
-        debug_assert!(pre || vnni && matches!(dtype, GgmlType::Q4K | GgmlType::Q8_0), "only VNNI pairs from records");
+        debug_assert!(pre || vnni && dtype == GgmlType::Q4K, "only VNNI pairs from records");
         f(src, xq, first, blocks, acc, ahead)
     }
 
@@ -664,7 +676,7 @@ mod avx2 {
         V => legacy::<V, OFFSET, R>(src, xq, first, blocks, out));
     twins!(q8_0, q8_0_vnni<R: usize>
         (src: Src, xq: &QActs, first: usize, blocks: usize, out: &mut [[f32; GROUP]; TILE]),
-        V => q8::<V, 1, R>([src], xq, first, blocks, std::array::from_mut(out), Ahead::NONE));
+        V => q8::<V, 1, R>([src], xq, first, blocks, std::array::from_mut(out)));
     /// Two Q8_0 groups side by side, with VNNI only ([`pairs`]).
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     unsafe fn q8_two_vnni<const R: usize>(
@@ -673,9 +685,8 @@ mod avx2 {
         first: usize,
         blocks: usize,
         out: &mut [[[f32; GROUP]; TILE]; 2],
-        ahead: Ahead,
     ) {
-        q8::<true, 2, R>(src, xq, first, blocks, out, ahead)
+        q8::<true, 2, R>(src, xq, first, blocks, out)
     }
 
     /// `acc` plus, in each 32-bit lane, the four products of the unsigned bytes of `w` and
@@ -792,14 +803,12 @@ mod avx2 {
         first: usize,
         blocks: usize,
         out: &mut [[[f32; GROUP]; TILE]; G],
-        ahead: Ahead,
     ) {
         let (rec_bytes, head) = record(GgmlType::Q8_0);
         let ones = _mm256_set1_epi16(1);
         let mut acc = [[_mm256_setzero_ps(); G]; R];
         for b in 0..blocks {
             let rec: [*const u8; G] = std::array::from_fn(|g| src[g].rec.add(b * rec_bytes));
-            ahead.block(b);
             let mut dw = [_mm256_setzero_ps(); G];
             for (dw, rec) in dw.iter_mut().zip(rec) {
                 *dw = _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()));
