@@ -698,8 +698,9 @@ mod avx2 {
     }
 
     /// Asks for the record [`AHEAD`] bytes on from `rec` into L2: for the K-quant kernels
-    /// that run one group's records from memory (tiles of one to four rows). Past the end
-    /// of the weights it is a hint for nothing, and reads nothing.
+    /// that run one group's records from memory (tiles of one to four rows; also a paired
+    /// format's odd group, where each tile repeats the asks, cheaply since the lines are
+    /// in by then). Past the end of the weights it is a hint for nothing, and reads nothing.
     #[inline(always)]
     unsafe fn ask_ahead(rec: *const u8, rec_bytes: usize) {
         crate::kernels::prefetch_lines_l2(rec.wrapping_add(AHEAD), rec_bytes)
