@@ -347,11 +347,12 @@ pub(super) unsafe fn groups_task(
                 while g < last {
                     let ask = &next[asked.min(next.len())..(asked + ahead).min(next.len())];
                     asked += ahead;
-                    let spread = paired && g + 1 < last && k_quant(p.dtype);
+                    let two = paired && g + 1 < last;
+                    let spread = two && k_quant(p.dtype);
                     if !spread {
                         crate::kernels::prefetch_lines_l2(ask.as_ptr(), ask.len());
                     }
-                    if paired && g + 1 < last {
+                    if two {
                         let mut acc = [[[0f32; GROUP]; TILE]; 2];
                         let (data, vals) = ([records(g), records(g + 1)], [vals(g), vals(g + 1)]);
                         let ask = if spread { ask } else { &[] };
