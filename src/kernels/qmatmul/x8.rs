@@ -1349,8 +1349,8 @@ mod avx2 {
     ) {
         debug_assert_ne!(xq.scales, ActScales::PerHalf, "Q6_K's halves share an activation scale");
         let (rec_bytes, head) = record(GgmlType::Q6K);
-        // The −32 offsets: i16 pairs for AVX2's 16-bit sums, whole 16-value sums for VNNI's.
-        let offs = if V { xq.sums.as_ptr() } else { xq.q6_offsets().as_ptr() };
+        // The −32 offsets: i16 pairs for AVX2's 16-bit sums, `−32 · Σx` per 16 values for VNNI's.
+        let offs = if V { xq.q6_starts().as_ptr() } else { xq.q6_offsets().as_ptr() };
         // The running sums stay in `out` between blocks, as in [`k_tiled`].
         for out in out.iter_mut() {
             out[..R].iter_mut().for_each(|row| *row = [0.0; GROUP]);
@@ -1409,7 +1409,7 @@ mod avx2 {
             let mut init = [[_mm256_setzero_si256(); 4]; 2];
             for (half, init) in init.iter_mut().enumerate() {
                 for (t, init) in init.iter_mut().enumerate().take(R) {
-                    *init = _mm256_set1_epi32(-32 * *offs.add((at(t) + 32 * o + 16 * half) / QH));
+                    *init = _mm256_set1_epi32(*offs.add((at(t) + 32 * o + 16 * half) / QH));
                 }
             }
             let s = q6_halves_vnni(
@@ -1486,7 +1486,7 @@ mod avx2 {
             let mut off = [_mm256_setzero_si256(); 4];
             for (t, off) in off.iter_mut().enumerate().take(R) {
                 let o = *offs.add((at(t) + n * 128 + 32 * i + 16 * half) / QH);
-                *off = _mm256_set1_epi32(if V { -32 * o } else { o });
+                *off = _mm256_set1_epi32(o);
             }
             let mut sums = [[_mm256_setzero_si256(); G]; R];
             for (sums, &off) in sums.iter_mut().zip(&off) {
