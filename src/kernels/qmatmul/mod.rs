@@ -193,7 +193,7 @@ pub struct QActs {
     sums: Vec<i32>,
     /// `Σ d · (sum of the 16 values)` per 32, for the formats with one offset per block.
     dsum: Vec<f32>,
-    /// Per 16 values, formed on first use by a Q6_K kernel ([`QActs::q6_offsets`]).
+    /// Per 16 values, formed on first use by a Q6_K kernel without VNNI ([`QActs::q6_offsets`]).
     q6: std::sync::OnceLock<Vec<i32>>,
     /// Per 16 values, formed on first use by a Q6_K kernel with VNNI ([`QActs::q6_starts`]).
     q6_starts: std::sync::OnceLock<Vec<i32>>,
