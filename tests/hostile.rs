@@ -195,13 +195,17 @@ async fn a_failing_step_fails_its_requests_and_the_engine_restarts() {
         return;
     }
     // This test build panics on any step holding a prompt that starts with 300, 300, 300.
-    let s = Server::start_with_env(STORIES, &[], &[("WEFT_FAULT_PANIC_TOKEN", "300")]).await;
+    // SmolLM2, not stories260k: the bystander below must still be running when the poisoned
+    // request reaches a step, and stories260k finished its 400 tokens in 0.2 s, before a
+    // poisoned request delayed by a loaded CI machine arrived.
+    let s = Server::start_with_env(SMOL, &[], &[("WEFT_FAULT_PANIC_TOKEN", "300")]).await;
     let greedy = json!({"prompt": "Once upon a time", "max_tokens": 32, "temperature": 0, "ignore_eos": true});
     let (_, before) = s.post("/v1/completions", greedy.clone()).await;
     let poison = json!({"prompt": [300, 300, 300, 5], "max_tokens": 4});
 
     // A request running alongside the failing step fails with it (its KV state is suspect).
-    let long = json!({"prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": true});
+    // 2,000 tokens take SmolLM2 seconds on any machine; the failing step ends it early.
+    let long = json!({"prompt": "Once upon a time", "max_tokens": 2000, "ignore_eos": true});
     let bystander = {
         let (http, base) = (s.http.clone(), s.base.clone());
         tokio::spawn(async move {
