@@ -19,9 +19,8 @@ use weft::tokenizer::gguf_metadata;
 const FAMILIES: &[&str] =
     &["stories260k", "tiny-llama3", "tiny-qwen2", "tiny-qwen3", "tiny-mistral-swa", "tiny-phi3", "tiny-gemma2"];
 
-fn convert(dir: &Path, target: &str) -> PathBuf {
-    let out = std::env::temp_dir().join(format!("weft-convert-{}", std::process::id()));
-    std::fs::create_dir_all(&out).unwrap();
+/// `dir` converted to `target` in the scratch directory `out`.
+fn convert(dir: &Path, target: &str, out: &Path) -> PathBuf {
     let name = dir.file_name().unwrap().to_string_lossy();
     let path = out.join(format!("{name}.{target}.gguf"));
     let ft = parse_file_type_name(target).unwrap().pure();
@@ -78,9 +77,10 @@ fn assert_same_file(label: &str, ours: &GgufFile, theirs: &GgufFile) {
 #[test]
 fn converted_directories_match_llama_cpp_and_the_references() {
     let Some(models) = shared_models() else { return };
+    let out = tempfile::tempdir().unwrap();
     for family in FAMILIES {
         let dir = models.join(family);
-        let path = convert(&dir, "f32");
+        let path = convert(&dir, "f32", out.path());
         let theirs = GgufFile::open(&dir.join(format!("{family}.gguf"))).unwrap();
         assert_same_file(family, &GgufFile::open(&path).unwrap(), &theirs);
 
@@ -101,9 +101,10 @@ fn converted_directories_match_llama_cpp_and_the_references() {
 #[test]
 fn converted_blocks_equal_quantizing_at_load() {
     let Some(models) = shared_models() else { return };
+    let out = tempfile::tempdir().unwrap();
     for family in ["stories260k", "tiny-qwen2", "tiny-gemma2"] {
         let dir = models.join(family);
-        let file = LoadedModel::open(&convert(&dir, "q8_0"), WeightDtype::Auto).unwrap();
+        let file = LoadedModel::open(&convert(&dir, "q8_0", out.path()), WeightDtype::Auto).unwrap();
         let at_load = LoadedModel::open(&dir, WeightDtype::Quantize(weft::kernels::quant::GgmlType::Q8_0)).unwrap();
         assert_eq!(file.model.weight_bytes(), at_load.model.weight_bytes(), "{family}");
         let case = &reference(family)[0];
@@ -119,11 +120,10 @@ fn converted_blocks_equal_quantizing_at_load() {
 fn file_types_mix_as_llama_quantize() {
     let Some(models) = shared_models() else { return };
     let dir = models.join("tiny-llama3-q");
-    let out = std::env::temp_dir().join(format!("weft-mix-{}", std::process::id()));
-    std::fs::create_dir_all(&out).unwrap();
+    let out = tempfile::tempdir().unwrap();
     for name in ["Q4_0", "Q4_1", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0"] {
         let theirs = GgufFile::open(&dir.join(format!("tiny-llama3-q.{name}.gguf"))).unwrap();
-        let path = out.join(format!("{name}.gguf"));
+        let path = out.path().join(format!("{name}.gguf"));
         let ft = parse_file_type_name(name).unwrap();
         requantize(&dir.join("tiny-llama3-q.Q8_0.gguf"), &path, ft).unwrap();
         let ours = GgufFile::open(&path).unwrap();

@@ -335,7 +335,7 @@ pub(crate) mod tests {
     #[test]
     fn reads_metadata_and_tensors_and_rejects_truncation() {
         let dir = tempdir();
-        let path = dir.join("t.gguf");
+        let path = dir.path().join("t.gguf");
         let data: Vec<u8> = [1f32, 2.0, 3.0, 4.0, 5.0, 6.0].iter().flat_map(|x| x.to_le_bytes()).collect();
         write_gguf(
             &path,
@@ -357,15 +357,8 @@ pub(crate) mod tests {
         assert!(err.contains("bad magic"), "{err}");
     }
 
-    pub fn tempdir() -> PathBuf {
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "weft-test-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&p).unwrap();
-        p
+    /// A scratch directory, removed when dropped.
+    pub fn tempdir() -> tempfile::TempDir {
+        tempfile::Builder::new().prefix("weft-test-").tempdir().unwrap()
     }
 }

@@ -136,7 +136,7 @@ mod tests {
     #[test]
     fn writes_what_the_reader_reads() {
         let dir = crate::model::gguf::tests::tempdir();
-        let path = dir.join("w.gguf");
+        let path = dir.path().join("w.gguf");
         let meta = [
             ("a.u32", Meta::U32(7)),
             ("a.f32", Meta::F32(0.5)),
@@ -168,7 +168,8 @@ mod tests {
         assert_eq!(f.dequantize(&f.tensors["v"]), [1.0, 2.0, 3.0]);
         assert_eq!(f.tensors["m"].shape, [2, 32]);
         assert_eq!(f.raw(&f.tensors["m"]), &blobs[1][..]);
-        let short = write_file(&dir.join("x.gguf"), &[], 0, ALIGNMENT, &tensors[..1], |_| Ok(Cow::Owned(vec![0; 4])));
+        let short =
+            write_file(&dir.path().join("x.gguf"), &[], 0, ALIGNMENT, &tensors[..1], |_| Ok(Cow::Owned(vec![0; 4])));
         assert!(short.is_err(), "a tensor of the wrong size was written");
     }
 }
