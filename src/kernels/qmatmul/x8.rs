@@ -7,6 +7,8 @@
 //! values in 4-byte chunks, chunk-major:
 //!
 //! - Q4_0 `d[8]`, nibbles (144 bytes, as the file); Q4_1 `d[8] m[8]`, nibbles (160);
+//!   Q5_0 and Q5_1 the same with their fifth bits before the nibbles, rearranged into one
+//!   32-bit mask per chunk of nibbles (176 and 192, as the file: [`Shape::fifth`]);
 //!   Q8_0 `d[8]`, values (272);
 //! - Q4_K `d[8] dmin[8] sc[8 sub][8] m[8 sub][8]`, nibbles (1184 bytes against the file's
 //!   1152: the 6-bit scales are unpacked so a lane loads its row's with one instruction);
@@ -82,6 +84,11 @@ struct Shape {
     k_scales: bool,
     /// Offset and length of byte fields kept `[byte][8 rows]` (Q6_K's 16 scales).
     bytes: (usize, usize),
+    /// Q5_0/Q5_1's 32 fifth bits (offset of the `u32`), kept as eight 32-bit masks, one per
+    /// 4-byte chunk of nibbles (`j`: values `4j..4j + 4`, low nibbles for `j < 4`): bit
+    /// `4r + b` is value `4j + b`'s of row `r`, so that the mask matches the chunk's bytes
+    /// ([`fifth_masks`]).
+    fifth: Option<usize>,
     /// Offsets and lengths of the value arrays, each kept in 4-byte chunks, chunk-major.
     qs: &'static [(usize, usize)],
 }
@@ -97,14 +104,16 @@ const Q6_VALUES: &[(usize, usize)] =
     &[(0, 16), (128, 16), (16, 16), (144, 16), (32, 32), (64, 16), (160, 16), (80, 16), (176, 16), (96, 32)];
 
 fn shape(dtype: GgmlType) -> Shape {
-    let (none, k_scales) = ((0, 0), false);
+    let (none, k_scales, fifth) = ((0, 0), false, None);
     match dtype {
-        GgmlType::Q4_0 => Shape { halves: &[0], k_scales, bytes: none, qs: &[(2, 16)] },
-        GgmlType::Q4_1 => Shape { halves: &[0, 2], k_scales, bytes: none, qs: &[(4, 16)] },
-        GgmlType::Q8_0 => Shape { halves: &[0], k_scales, bytes: none, qs: &[(2, 32)] },
-        GgmlType::Q4K => Shape { halves: &[0, 2], k_scales: true, bytes: none, qs: &[(16, 128)] },
-        GgmlType::Q5K => Shape { halves: &[0, 2], k_scales: true, bytes: none, qs: &[(16, 32), (48, 128)] },
-        GgmlType::Q6K => Shape { halves: &[208], k_scales, bytes: (192, 16), qs: Q6_VALUES },
+        GgmlType::Q4_0 => Shape { halves: &[0], k_scales, bytes: none, fifth, qs: &[(2, 16)] },
+        GgmlType::Q4_1 => Shape { halves: &[0, 2], k_scales, bytes: none, fifth, qs: &[(4, 16)] },
+        GgmlType::Q5_0 => Shape { halves: &[0], k_scales, bytes: none, fifth: Some(2), qs: &[(6, 16)] },
+        GgmlType::Q5_1 => Shape { halves: &[0, 2], k_scales, bytes: none, fifth: Some(4), qs: &[(8, 16)] },
+        GgmlType::Q8_0 => Shape { halves: &[0], k_scales, bytes: none, fifth, qs: &[(2, 32)] },
+        GgmlType::Q4K => Shape { halves: &[0, 2], k_scales: true, bytes: none, fifth, qs: &[(16, 128)] },
+        GgmlType::Q5K => Shape { halves: &[0, 2], k_scales: true, bytes: none, fifth, qs: &[(16, 32), (48, 128)] },
+        GgmlType::Q6K => Shape { halves: &[208], k_scales, bytes: (192, 16), fifth, qs: Q6_VALUES },
         other => unreachable!("{other:?} is not interleaved"),
     }
 }
@@ -115,9 +124,14 @@ impl Shape {
         self.halves.len() * 2 * GROUP
     }
 
+    /// Where the fifth bits' masks start in a record.
+    fn fifth_at(&self) -> usize {
+        self.bytes_at() + if self.k_scales { 16 * GROUP } else { 0 } + self.bytes.1 * GROUP
+    }
+
     /// Where the values start in a record.
     fn values_at(&self) -> usize {
-        self.bytes_at() + if self.k_scales { 16 * GROUP } else { 0 } + self.bytes.1 * GROUP
+        self.fifth_at() + if self.fifth.is_some() { 32 } else { 0 }
     }
 
     /// Block offsets of the values' 4-byte chunks, in record order.
@@ -137,7 +151,7 @@ pub fn vnni() -> bool {
 /// Whether `dtype` has an interleaved kernel.
 pub fn supports(dtype: GgmlType) -> bool {
     use GgmlType::*;
-    matches!(dtype, Q4_0 | Q4_1 | Q8_0 | Q4K | Q5K | Q6K)
+    matches!(dtype, Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4K | Q5K | Q6K)
 }
 
 /// Whether `dtype` is a K-quant whose values [`decode`] can decode (on AVX2).
@@ -227,6 +241,12 @@ fn fill_record<'a>(s: &Shape, head: usize, rec: &mut [u8], block: impl Fn(usize)
             rec[base + j * GROUP + r] = blk[s.bytes.0 + j];
         }
     }
+    if let Some(at) = s.fifth {
+        let qh: [u32; GROUP] = std::array::from_fn(|r| u32::from_le_bytes(blocks[r][at..at + 4].try_into().unwrap()));
+        for (j, mask) in fifth_masks(qh).iter().enumerate() {
+            rec[s.fifth_at() + 4 * j..][..4].copy_from_slice(&mask.to_le_bytes());
+        }
+    }
     // The values, chunk by chunk across the rows: most of a load's own work, so every
     // chunk's 32 bytes are written together.
     for (ch, from) in s.chunks().enumerate() {
@@ -235,6 +255,12 @@ fn fill_record<'a>(s: &Shape, head: usize, rec: &mut [u8], block: impl Fn(usize)
             to.copy_from_slice(&blk[from..from + 4]);
         }
     }
+}
+
+/// Eight rows' fifth bits `qh` (bit `i`: value `i`'s) as [`Shape::fifth`] keeps them: mask
+/// `j` holds nibble `j` of each row, row `r`'s at bit `4r`.
+fn fifth_masks(qh: [u32; GROUP]) -> [u32; 8] {
+    std::array::from_fn(|j| qh.iter().enumerate().fold(0, |m, (r, &q)| m | ((q >> (4 * j)) & 0xF) << (4 * r)))
 }
 
 /// Row `r` of interleaved `data` back in the file's layout.
@@ -261,6 +287,11 @@ pub fn raw_row(dtype: GgmlType, data: &[u8], r: usize, k: usize) -> Vec<u8> {
         }
         for j in 0..s.bytes.1 {
             blk[s.bytes.0 + j] = rec[base + j * GROUP + r];
+        }
+        if let Some(at) = s.fifth {
+            let mask = |j: usize| u32::from_le_bytes(rec[s.fifth_at() + 4 * j..][..4].try_into().unwrap());
+            let qh = (0..8).fold(0u32, |qh, j| qh | ((mask(j) >> (4 * r)) & 0xF) << (4 * j));
+            blk[at..at + 4].copy_from_slice(&qh.to_le_bytes());
         }
         for (ch, to) in s.chunks().enumerate() {
             blk[to..to + 4].copy_from_slice(&rec[head + ch * 32 + r * 4..head + ch * 32 + r * 4 + 4]);
@@ -554,10 +585,14 @@ mod avx2 {
     ) {
         let pre = !src.vals.is_null();
         let f = match (dtype, vnni) {
-            (GgmlType::Q4_0, false) => by_tile!(tile, legacy_q4, 0),
-            (GgmlType::Q4_0, true) => by_tile!(tile, legacy_q4_vnni, 0),
-            (GgmlType::Q4_1, false) => by_tile!(tile, legacy_q4, 1),
-            (GgmlType::Q4_1, true) => by_tile!(tile, legacy_q4_vnni, 1),
+            (GgmlType::Q4_0, false) => by_tile!(tile, legacy_n, false, false),
+            (GgmlType::Q4_0, true) => by_tile!(tile, legacy_n_vnni, false, false),
+            (GgmlType::Q4_1, false) => by_tile!(tile, legacy_n, true, false),
+            (GgmlType::Q4_1, true) => by_tile!(tile, legacy_n_vnni, true, false),
+            (GgmlType::Q5_0, false) => by_tile!(tile, legacy_n, false, true),
+            (GgmlType::Q5_0, true) => by_tile!(tile, legacy_n_vnni, false, true),
+            (GgmlType::Q5_1, false) => by_tile!(tile, legacy_n, true, true),
+            (GgmlType::Q5_1, true) => by_tile!(tile, legacy_n_vnni, true, true),
             (GgmlType::Q8_0, false) => by_tile!(tile, q8_0),
             (GgmlType::Q8_0, true) => by_tile!(tile, q8_0_vnni),
             // The K-quants' tiles of up to four rows read the records themselves. Q4_K's
@@ -672,9 +707,9 @@ mod avx2 {
     twins!(q6_two, q6_two_vnni<PRE: bool, R: usize>
         (src: [Src; 2], xq: &QActs, first: usize, blocks: usize, out: &mut [[[f32; GROUP]; TILE]; 2], ahead: Ahead),
         V => q6_k::<V, PRE, 2, R>(src, xq, first, blocks, out, ahead));
-    twins!(legacy_q4, legacy_q4_vnni<OFFSET: usize, R: usize>
+    twins!(legacy_n, legacy_n_vnni<MIN: bool, FIVE: bool, R: usize>
         (src: Src, xq: &QActs, first: usize, blocks: usize, out: &mut [[f32; GROUP]; TILE]),
-        V => legacy::<V, OFFSET, R>(src, xq, first, blocks, out));
+        V => legacy::<V, MIN, FIVE, R>(src, xq, first, blocks, out));
     twins!(q8_0, q8_0_vnni<R: usize>
         (src: Src, xq: &QActs, first: usize, blocks: usize, out: &mut [[f32; GROUP]; TILE]),
         V => q8::<V, 1, R>([src], xq, first, blocks, std::array::from_mut(out)));
@@ -730,38 +765,49 @@ mod avx2 {
         }
     }
 
-    /// Q4_0 (`OFFSET = 0`: values are nibbles − 8) and Q4_1 (`OFFSET = 1`: `d·q + m`).
-    /// The nibbles stay unsigned for `maddubs`; Q4_0's −8 is taken off the integer sum.
+    /// The nibble formats: Q4_0 (values are nibbles − 8), Q4_1 (`MIN`: `d·q + m`), and with
+    /// `FIVE` their fifth bits, Q5_0 (− 16) and Q5_1. The values stay unsigned for
+    /// `maddubs`; Q4_0's and Q5_0's offsets are taken off the integer sum.
     #[inline(always)]
-    unsafe fn legacy<const V: bool, const OFFSET: usize, const R: usize>(
+    unsafe fn legacy<const V: bool, const MIN: bool, const FIVE: bool, const R: usize>(
         src: Src,
         xq: &QActs,
         first: usize,
         blocks: usize,
         out: &mut [[f32; GROUP]; TILE],
     ) {
-        let (rec_bytes, head) = record(if OFFSET == 1 { GgmlType::Q4_1 } else { GgmlType::Q4_0 });
+        let dtype = match (MIN, FIVE) {
+            (false, false) => GgmlType::Q4_0,
+            (true, false) => GgmlType::Q4_1,
+            (false, true) => GgmlType::Q5_0,
+            (true, true) => GgmlType::Q5_1,
+        };
+        let (rec_bytes, head) = record(dtype);
+        let (masks, offset) = (shape(dtype).fifth_at(), if FIVE { -16 } else { -8 });
         let p = src.rec;
         let (ones, low4) = (_mm256_set1_epi16(1), _mm256_set1_epi8(0xF));
         let mut acc = [_mm256_setzero_ps(); R];
         for b in 0..blocks {
             let rec = p.add(b * rec_bytes);
             // Each half block (the low nibbles, then the high ones) under its own
-            // activation scale; its eight products of at most 2·15·127 fit in i16. The
+            // activation scale; a lane's eight products of at most 31·127 sum in i16. The
             // halves are scaled and added first, then the weight scales once.
             let mut blk = [_mm256_setzero_ps(); R];
             for h in 0..2 {
                 // w[c]: values 16h + 4c..16h + 4c + 4 of every row.
-                let w: [__m256i; 4] = std::array::from_fn(|c| {
+                let mut w = [_mm256_setzero_si256(); 4];
+                for (c, w) in w.iter_mut().enumerate() {
                     let v = _mm256_loadu_si256(rec.add(head + 32 * c).cast());
-                    _mm256_and_si256(if h == 0 { v } else { _mm256_srli_epi16(v, 4) }, low4)
-                });
+                    *w = _mm256_and_si256(if h == 0 { v } else { _mm256_srli_epi16(v, 4) }, low4);
+                    if FIVE {
+                        *w = with_fifth::<V>(*w, rec.add(masks + 4 * (4 * h + c)).cast::<u32>().read_unaligned());
+                    }
+                }
                 for (t, blk) in blk.iter_mut().enumerate() {
                     let xb = (first + t) * blocks + b;
                     let x = xq.q.as_ptr().add(xb * QB + QH * h);
-                    // Q4_0's −8 · Σx, first or last: the same i32 sum either way.
-                    let offset =
-                        _mm256_set1_epi32(if OFFSET == 0 { -8 * xq.sums.get_unchecked(2 * xb + h) } else { 0 });
+                    // The −8 or −16 · Σx, first or last: the same i32 sum either way.
+                    let offset = _mm256_set1_epi32(if MIN { 0 } else { offset * xq.sums.get_unchecked(2 * xb + h) });
                     let s = if V {
                         w.iter().enumerate().fold(offset, |s, (c, w)| dot4(s, *w, bcast(x.add(4 * c))))
                     } else {
@@ -777,9 +823,10 @@ mod avx2 {
             }
             weigh::<R>(rec, &blk, &mut acc);
         }
-        // Q4_1's offsets, `m · d_x · Σx` per block, in a pass of their own: the group's
-        // records are in L1 by now, and the loop above keeps its registers for the values.
-        if OFFSET == 1 {
+        // Q4_1's and Q5_1's offsets, `m · d_x · Σx` per block, in a pass of their own: the
+        // group's records are in L1 by now, and the loop above keeps its registers for the
+        // values.
+        if MIN {
             for b in 0..blocks {
                 let mw = _mm256_cvtph_ps(_mm_loadu_si128(p.add(b * rec_bytes + 16).cast()));
                 for (t, acc) in acc.iter_mut().enumerate() {
@@ -789,6 +836,23 @@ mod avx2 {
             }
         }
         store(&acc, out);
+    }
+
+    /// A chunk of nibbles `w` with 16 added where `mask` ([`Shape::fifth`]) has the byte's
+    /// bit: one masked add with AVX-512 (`V`); AVX2 spreads the mask's bits over the bytes
+    /// (lane `r` takes its four from the mask's byte `r / 2`) and compares.
+    #[inline(always)]
+    unsafe fn with_fifth<const V: bool>(w: __m256i, mask: u32) -> __m256i {
+        let sixteen = _mm256_set1_epi8(16);
+        if V {
+            return _mm256_mask_add_epi8(w, mask, w, sixteen);
+        }
+        let at: [i8; 32] = std::array::from_fn(|i| (i / 8) as i8);
+        let bit: [u8; 32] = std::array::from_fn(|i| 1 << (i % 8));
+        let bit = _mm256_loadu_si256(bit.as_ptr().cast());
+        let spread = _mm256_shuffle_epi8(_mm256_set1_epi32(mask as i32), _mm256_loadu_si256(at.as_ptr().cast()));
+        let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+        _mm256_or_si256(w, _mm256_and_si256(set, sixteen))
     }
 
     /// Q8_0: signed weights, so `|w|` against `x` carrying `w`'s sign. Each chunk loads
@@ -877,7 +941,7 @@ mod avx2 {
     }
 
     /// Q4_K and Q5_K (`FIVE`) with each decoded chunk (nibbles, and Q5_K's fifth bits)
-    /// shared by the tile's rows, as [`legacy_q4`] does; with `PRE`, the chunks are read
+    /// shared by the tile's rows, as [`legacy`] does; with `PRE`, the chunks are read
     /// from the values decoded ahead. `G` groups run side by side, so that each
     /// broadcast of activation bytes feeds `G` multiply-adds (a broadcast load costs about
     /// as much as a `maddubs`). One sub-block at a time (the low nibbles of a pair, then
@@ -1566,8 +1630,16 @@ mod tests {
     use super::*;
     use crate::kernels::testing::random_vec;
 
-    const FORMATS: [GgmlType; 6] =
-        [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K];
+    const FORMATS: [GgmlType; 8] = [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+        GgmlType::Q4K,
+        GgmlType::Q5K,
+        GgmlType::Q6K,
+    ];
 
     /// One interleaved group of random `dtype` rows of `k` values (seed `seed`), and `rows`
     /// random activation rows quantized for it (seed `seed + 1`).
@@ -1672,6 +1744,41 @@ mod tests {
                         avx2::pair(true, dtype, [records(&data); 2], &xq, 0, TILE, 1, &mut paired, avx2::Ahead::NONE)
                     };
                     assert!(paired.iter().flatten().flatten().all(|&v| v == want), "paired {x}: {:?}", paired[0][0]);
+                }
+            }
+        }
+    }
+
+    /// The nibble formats' 16-bit sums at their extremes (every value at its largest, with
+    /// Q5's fifth bits; every activation ±127): the AVX2 kernels, and the VNNI ones where
+    /// the CPU has them, match the exact sum, nothing wraps.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn nibble_extremes_stay_in_range() {
+        if !crate::kernels::matmul::avx2::available() {
+            return;
+        }
+        let k = 256;
+        for (dtype, top) in
+            [(GgmlType::Q4_0, 7.0), (GgmlType::Q4_1, 15.0), (GgmlType::Q5_0, 15.0), (GgmlType::Q5_1, 31.0)]
+        {
+            // All bits set, then d = 0.5 and (Q4_1, Q5_1) m = 0.
+            let mut block = vec![0xFFu8; dtype.block().1];
+            block[..2].copy_from_slice(&half::f16::from_f32(0.5).to_le_bytes());
+            if matches!(dtype, GgmlType::Q4_1 | GgmlType::Q5_1) {
+                block[2..4].fill(0);
+            }
+            let data = interleave(dtype, &block.repeat(GROUP * k / 32), k);
+            for x in [1.0f32, -1.0] {
+                let mut xq = QActs::default();
+                quantize_rows(&vec![x; TILE * k], TILE, k, act_scales(dtype), &mut xq);
+                let want = 0.5 * top * x * k as f32;
+                for vnni in [false, avx2::vnni()] {
+                    let mut got = [[0f32; GROUP]; TILE];
+                    // SAFETY: AVX2 is present, and VNNI when asked for; `data` is one group.
+                    unsafe { avx2::group(vnni, dtype, records(&data), &xq, 0, TILE, k / 32, &mut got) };
+                    let near = |v: f32| (v - want).abs() <= 1e-5 * want.abs();
+                    assert!(got.iter().flatten().all(|&v| near(v)), "{dtype:?} {x} vnni {vnni}: {:?}", got[0]);
                 }
             }
         }
