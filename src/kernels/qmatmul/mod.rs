@@ -165,10 +165,10 @@ pub enum ActScales {
     /// convert once (one core, 32 rows: 72 → 78 GMAC/s), for SmolLM2 in Q6_K KL 0.00672 →
     /// 0.00694 and top-1 93.4% → 93.2%.
     PerBlock,
-    /// One per 256, a K-quant super-block (llama.cpp's `q8_K`), for Q4_K: a block's
-    /// scaled sub-block sums then add in i32, and the kernel converts and scales once per
-    /// block and row instead of once per 32 values (Q6_K stays per 32 for its quality;
-    /// Q5_K cannot sum 32 values in i16 and reads its scales per 16).
+    /// One per 256, a K-quant super-block (llama.cpp's `q8_K`), for Q4_K and Q5_K: a
+    /// block's scaled sub-block sums then add in i32, and the kernel converts and scales
+    /// once per block and row instead of once per 32 (or, Q5_K before, 16) values (Q6_K
+    /// stays per 32 for its quality).
     PerSuper,
 }
 

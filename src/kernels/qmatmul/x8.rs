@@ -174,23 +174,22 @@ fn decodes(dtype: GgmlType) -> bool {
 
 /// Whether two groups of `dtype` run side by side ([`pair`]) when more than one tile of
 /// rows runs over them: every broadcast of activations then feeds two multiply-adds. One
-/// core, 32 rows, a 160 × 2048 matrix: Q4_K 79 -> 85 GMAC/s, Q6_K 61 -> 66; Q5_K, whose
-/// sums take their scales every four chunks, gained nothing and runs alone. Q8_0 pairs
+/// core, 32 rows, a 160 × 2048 matrix: Q4_K 79 -> 85 GMAC/s, Q6_K 61 -> 66. Q8_0 pairs
 /// with VNNI, whose 32 registers hold both groups' sums (1B Q8_0, alternated: 32 streams
 /// 135–142 -> 151–161 tok/s, prefill 196–206 -> 215–227).
 fn pairs(dtype: GgmlType) -> bool {
-    k_quant(dtype) && dtype != GgmlType::Q5K || dtype == GgmlType::Q8_0 && vnni()
+    k_quant(dtype) || dtype == GgmlType::Q8_0 && vnni()
 }
 
 /// The coarsest activation scales `dtype`'s kernel needs (every kernel reads coarser
-/// ones): Q4_K's per 256 values, so that a block's sums stay integer until their
-/// activation scale; Q6_K's per 32, so that a 32-value output's two scaled halves add in
+/// ones): Q4_K's and Q5_K's per 256 values, so that a block's sums stay integer until
+/// their activation scale; Q6_K's per 32, so that a 32-value output's two scaled halves add in
 /// i32 (per 256 would convert once per block, not eight times, but for 4 % on the kernel
 /// it cost a quarter more KL divergence: SmolLM2 in Q6_K 0.0069 -> 0.0088); the others
 /// per 16.
 pub fn act_scales(dtype: GgmlType) -> ActScales {
     match dtype {
-        GgmlType::Q4K => ActScales::PerSuper,
+        GgmlType::Q4K | GgmlType::Q5K => ActScales::PerSuper,
         GgmlType::Q6K => ActScales::PerBlock,
         _ => ActScales::PerHalf,
     }
@@ -660,6 +659,8 @@ mod avx2 {
             // Q4_K's values are decoded ahead without VNNI, and read from the records with.
             (GgmlType::Q4K, _) if pre => by_tile!(tile, k_two, true),
             (GgmlType::Q4K, _) => by_tile!(tile, k_two_vnni, false),
+            (GgmlType::Q5K, false) => by_tile!(tile, k5_two),
+            (GgmlType::Q5K, true) => by_tile!(tile, k5_two_vnni),
             (GgmlType::Q6K, false) => by_tile!(tile, q6_two, true),
             (GgmlType::Q6K, true) => by_tile!(tile, q6_two_vnni, true),
             other => unreachable!("{other:?}: no paired kernel"),
@@ -701,6 +702,9 @@ mod avx2 {
     twins!(k_two, k_two_vnni<PRE: bool, R: usize>
         (src: [Src; 2], xq: &QActs, first: usize, blocks: usize, out: &mut [[[f32; GROUP]; TILE]; 2], ahead: Ahead),
         V => k_tiled::<V, false, PRE, 2, R>(src, xq, first, blocks, out, ahead));
+    twins!(k5_two, k5_two_vnni<R: usize>
+        (src: [Src; 2], xq: &QActs, first: usize, blocks: usize, out: &mut [[[f32; GROUP]; TILE]; 2], ahead: Ahead),
+        V => k_tiled::<V, true, true, 2, R>(src, xq, first, blocks, out, ahead));
     twins!(q6_one, q6_one_vnni<PRE: bool, R: usize>
         (src: Src, xq: &QActs, first: usize, blocks: usize, out: &mut [[f32; GROUP]; TILE]),
         V => q6_k::<V, PRE, 1, R>([src], xq, first, blocks, std::array::from_mut(out), Ahead::NONE));
@@ -946,11 +950,10 @@ mod avx2 {
     /// broadcast of activation bytes feeds `G` multiply-adds (a broadcast load costs about
     /// as much as a `maddubs`). One sub-block at a time (the low nibbles of a pair, then
     /// the high ones: [`k_sub`]; Q4_K's two groups and four rows with VNNI, both at
-    /// once from the records: [`k_block_vnni`]); Q4_K's scaled sums add in i32 over the
-    /// block and take the product of the row's activation scale ([`ActScales::PerSuper`]) and the eight
-    /// rows' weight scales once; Q5_K's gather in f32 under their activation scales, one
-    /// per half sub-block, and take the weight scales once per block. The mins follow in
-    /// [`k_mins`].
+    /// once from the records, and Q5_K's from its decoded values: [`k_block_vnni`]); the
+    /// scaled sums add in i32 over the block and take the product of the row's activation
+    /// scale ([`ActScales::PerSuper`]) and the eight rows' weight scales once. The mins
+    /// follow in [`k_mins`].
     #[inline(always)]
     unsafe fn k_tiled<const V: bool, const FIVE: bool, const PRE: bool, const G: usize, const R: usize>(
         src: [Src; G],
@@ -960,7 +963,7 @@ mod avx2 {
         out: &mut [[[f32; GROUP]; TILE]; G],
         ahead: Ahead,
     ) {
-        debug_assert!(FIVE || xq.scales == ActScales::PerSuper, "a Q4_K block shares one activation scale");
+        debug_assert!(xq.scales == ActScales::PerSuper, "a K-quant block shares one activation scale");
         let rec_bytes = record(if FIVE { GgmlType::Q5K } else { GgmlType::Q4K }).0;
         // The running sums stay in `out` between blocks: in registers they crowd out the
         // sub-block's, and a block touches them only once.
@@ -974,28 +977,24 @@ mod avx2 {
                 ask_ahead(rec[0], rec_bytes);
             }
             ahead.block(b);
-            // Q5_K's sums scaled per sub-block (f32), Q4_K's per block (i32).
-            let mut blk = [[_mm256_setzero_ps(); G]; R];
+            // The block's scaled integer sums.
             let mut dots = [[_mm256_setzero_si256(); G]; R];
             let at = |t: usize| ((first + t) * blocks + b) * 8;
-            if V && !FIVE && !PRE && G == 2 && R == 4 {
-                k_block_vnni::<G, R>(rec, xq, at, &mut dots);
+            // Q4_K from its records, Q5_K from its decoded values.
+            if V && G == 2 && R == 4 && FIVE == PRE {
+                k_block_vnni::<FIVE, G, R>(rec, vals, xq, at, &mut dots);
             } else {
                 for pair in 0..4 {
-                    k_sub::<FIVE, PRE, G, R, 0>(rec, vals, pair, xq, at, &mut blk, &mut dots);
-                    k_sub::<FIVE, PRE, G, R, 1>(rec, vals, pair, xq, at, &mut blk, &mut dots);
+                    k_sub::<FIVE, PRE, G, R, 0>(rec, vals, pair, xq, at, &mut dots);
+                    k_sub::<FIVE, PRE, G, R, 1>(rec, vals, pair, xq, at, &mut dots);
                 }
             }
             for (g, (&rec, out)) in rec.iter().zip(out.iter_mut()).enumerate() {
                 let dw = _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()));
-                for (t, (out, (blk, dots))) in out.iter_mut().zip(blk.iter().zip(&dots)).enumerate() {
-                    let (scale, sums) = if FIVE {
-                        (dw, blk[g])
-                    } else {
-                        // One activation scale per block ([`ActScales::PerSuper`]).
-                        let dx = _mm256_set1_ps(*xq.d.get_unchecked(2 * at(t)));
-                        (_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(dots[g]))
-                    };
+                for (t, (out, dots)) in out.iter_mut().zip(&dots).enumerate() {
+                    // One activation scale per block ([`ActScales::PerSuper`]).
+                    let dx = _mm256_set1_ps(*xq.d.get_unchecked(2 * at(t)));
+                    let (scale, sums) = (_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(dots[g]));
                     let acc = _mm256_fmadd_ps(scale, sums, _mm256_loadu_ps(out.as_ptr()));
                     _mm256_storeu_ps(out.as_mut_ptr(), acc);
                 }
@@ -1006,7 +1005,7 @@ mod avx2 {
             for (acc, out) in acc.iter_mut().zip(out.iter()) {
                 *acc = _mm256_loadu_ps(out.as_ptr());
             }
-            k_mins::<FIVE, R>(src.rec, rec_bytes, xq, first, blocks, &mut acc);
+            k_mins::<R>(src.rec, rec_bytes, xq, first, blocks, &mut acc);
             store(&acc, out);
         }
     }
@@ -1030,10 +1029,9 @@ mod avx2 {
 
     /// Sub-block `2·pair + H` of the [`k_tiled`] records at `rec` (values decoded ahead at
     /// `vals` with `PRE`) against tile row `t`'s activations from sub-block index `at(t)`.
-    /// Q4_K's eight products of at most 2·15·127 per i16 gather before one `madd` applies
-    /// the 6-bit scales, and add to the block's integer sums `dots` (at most 8 · 2 · 8 ·
-    /// 2·15·127 · 63 per lane); Q5_K's (at most 2·31·127) four at a time with a `madd`
-    /// each, converted and scaled into `blk` per half sub-block.
+    /// Q4_K's sixteen products of at most 15·127 per i16 gather before one `madd` applies
+    /// the 6-bit scales, Q5_K's eight of at most 31·127 before each of two; they add to
+    /// the block's integer sums `dots` (at most 8 · 32 · 31·127 · 63 per lane).
     #[inline(always)]
     unsafe fn k_sub<const FIVE: bool, const PRE: bool, const G: usize, const R: usize, const H: usize>(
         rec: [*const u8; G],
@@ -1041,7 +1039,6 @@ mod avx2 {
         pair: usize,
         xq: &QActs,
         at: impl Fn(usize) -> usize,
-        blk: &mut [[__m256; G]; R],
         dots: &mut [[__m256i; G]; R],
     ) {
         let sub = 2 * pair + H;
@@ -1083,19 +1080,9 @@ mod avx2 {
                     }
                 }
             }
-            if !FIVE {
-                for (dots, s16) in dots.iter_mut().zip(&s16) {
-                    for ((dot, s16), sc) in dots.iter_mut().zip(s16).zip(&sc) {
-                        *dot = _mm256_add_epi32(*dot, _mm256_madd_epi16(*s16, *sc));
-                    }
-                }
-                continue;
-            }
-            for (t, (blk, s16)) in blk.iter_mut().zip(&s16).enumerate() {
-                let dx = _mm256_set1_ps(*xq.d.get_unchecked(2 * (at(t) + sub) + run));
-                for ((blk, s16), sc) in blk.iter_mut().zip(s16).zip(&sc) {
-                    let dot = _mm256_madd_epi16(*s16, *sc);
-                    *blk = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), dx, *blk);
+            for (dots, s16) in dots.iter_mut().zip(&s16) {
+                for ((dot, s16), sc) in dots.iter_mut().zip(s16).zip(&sc) {
+                    *dot = _mm256_add_epi32(*dot, _mm256_madd_epi16(*s16, *sc));
                 }
             }
         }
@@ -1179,17 +1166,19 @@ mod avx2 {
         [[s00, s01], [s10, s11], [s20, s21], [s30, s31]]
     }
 
-    /// One block of two groups' Q4_K records (`rec`) against four activation rows from
-    /// sub-block index `at(0)` (rows `at(1) - at(0)` apart): each row's scaled
-    /// integer sums of the block, added to `dots`, straight from the nibbles. A chunk of
-    /// nibbles feeds both of its sub-blocks: the low ones masked, the high ones masked in
-    /// place (16 times their value), so there is no shift and no decode pass; the low
-    /// sub-block's sums take 16 times their scale, and the block's sums, all multiples of
-    /// 16, are divided back exactly (at most 16 · 8 · 32 · 15 · 128 · 63 < 2³¹ per lane).
-    /// The same integers as [`k_sub`]'s.
+    /// One block of two groups' Q4_K records (`rec`), or Q5_K values decoded ahead
+    /// (`vals`, with `FIVE`), against four activation rows from sub-block index `at(0)`
+    /// (rows `at(1) - at(0)` apart): each row's scaled integer sums of the block, added to
+    /// `dots`. Q4_K's come straight from the nibbles: a chunk of nibbles feeds both of its
+    /// sub-blocks, the low ones masked, the high ones masked in place (16 times their
+    /// value), so there is no shift and no decode pass; the low sub-block's sums take 16
+    /// times their scale, and the block's sums, all multiples of 16, are divided back
+    /// exactly (at most 16 · 8 · 32 · 15 · 127 · 63 < 2³¹ per lane). The same integers as
+    /// [`k_sub`]'s.
     #[inline(always)]
-    unsafe fn k_block_vnni<const G: usize, const R: usize>(
+    unsafe fn k_block_vnni<const FIVE: bool, const G: usize, const R: usize>(
         rec: [*const u8; G],
+        vals: [*const u8; G],
         xq: &QActs,
         at: impl Fn(usize) -> usize,
         dots: &mut [[__m256i; G]; R],
@@ -1200,12 +1189,19 @@ mod avx2 {
         let row = (at(1) - at(0)) * QB;
         let mut sums = [[_mm256_setzero_si256(); G]; R];
         for pair in 0..4 {
-            let w = |g: usize| rec[g.min(G - 1)].add(head + 256 * pair);
-            let s = nibbles_4x2_vnni(w(0), w(1), x.add(2 * pair * QB), row);
+            let s = if FIVE {
+                // Sub-block `2·pair`'s decoded chunks, then `2·pair + 1`'s.
+                let w = |g: usize| vals[g.min(G - 1)].add(512 * pair);
+                decoded_4x2_vnni(w(0), w(1), x.add(2 * pair * QB), row)
+            } else {
+                let w = |g: usize| rec[g.min(G - 1)].add(head + 256 * pair);
+                nibbles_4x2_vnni(w(0), w(1), x.add(2 * pair * QB), row)
+            };
             for (g, &rec) in rec.iter().enumerate() {
                 // Plain loads, not a closure (see [`k_sub`]): sub-blocks `2·pair` and `2·pair + 1`.
                 let sc = rec.add(32 + 16 * pair);
-                let lo = _mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64(sc.cast())), 4);
+                let lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64(sc.cast()));
+                let lo = if FIVE { lo } else { _mm256_slli_epi32(lo, 4) };
                 let hi = _mm256_cvtepu8_epi32(_mm_loadl_epi64(sc.add(8).cast()));
                 for (sums, s) in sums.iter_mut().zip(&s) {
                     let scaled = _mm256_add_epi32(_mm256_mullo_epi32(s[g][0], lo), _mm256_mullo_epi32(s[g][1], hi));
@@ -1215,9 +1211,28 @@ mod avx2 {
         }
         for (dots, sums) in dots.iter_mut().zip(&sums) {
             for (dot, s) in dots.iter_mut().zip(sums) {
-                *dot = _mm256_add_epi32(*dot, _mm256_srai_epi32(*s, 4));
+                *dot = _mm256_add_epi32(*dot, if FIVE { *s } else { _mm256_srai_epi32(*s, 4) });
             }
         }
+    }
+
+    /// The i32 sums of two sub-blocks of decoded values (from `w0`, `w1`: eight 32-byte
+    /// chunks each, the second sub-block's 256 bytes on) of two groups against four
+    /// activation rows (from `x`, `row` bytes apart; the second sub-block's 32 bytes on):
+    /// `[row][group][sub-block]`, as [`nibbles_4x2_vnni`].
+    #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    unsafe fn decoded_4x2_vnni(w0: *const u8, w1: *const u8, x: *const i8, row: usize) -> [[[__m256i; 2]; 2]; 4] {
+        let mut s = [[[_mm256_setzero_si256(); 2]; 2]; 4];
+        for c in 0..8 {
+            // Plain loads, not a closure (see [`k_sub`]).
+            let mut w = [[_mm256_setzero_si256(); 2]; 2];
+            for (w, p) in w.iter_mut().zip([w0, w1]) {
+                *w = [_mm256_loadu_si256(p.add(32 * c).cast()), _mm256_loadu_si256(p.add(256 + 32 * c).cast())];
+            }
+            dots_4x2x2(&mut s, &w, x.add(4 * c), row, 32);
+        }
+        s
     }
 
     /// The i32 sums of two Q4_K sub-blocks (the low nibbles, then the high ones masked in
@@ -1337,16 +1352,13 @@ mod avx2 {
         }
     }
 
-    /// Q4_K/Q5_K's (`FIVE`) mins, `dmin·m · d_x·Σx` per sub-block, in a pass of their own
-    /// after the values, so that the value loop keeps its registers. Q4_K's activations
-    /// have one scale per block ([`ActScales::PerSuper`]), so a block's `Σ m · Σx` is
-    /// integer: four `madd`s of two sub-blocks' mins against the activations' pair sums
-    /// ([`QActs::pair_sums`]), then `dmin · d_x` once. Q5_K's `Σ m · d_x·Σx` gathers in
-    /// two chains of four (even and odd sub-blocks) before `dmin` applies once: one chain
-    /// of eight multiply-adds per block and row made this pass latency-bound, a tenth of
-    /// the kernel's time at four rows and a fifth at one.
+    /// Q4_K/Q5_K's mins, `dmin·m · d_x·Σx` per sub-block, in a pass of their own after
+    /// the values, so that the value loop keeps its registers. The activations have one
+    /// scale per block ([`ActScales::PerSuper`]), so a block's `Σ m · Σx` is integer: four
+    /// `madd`s of two sub-blocks' mins against the activations' pair sums
+    /// ([`QActs::pair_sums`]), then `dmin · d_x` once.
     #[inline(always)]
-    unsafe fn k_mins<const FIVE: bool, const R: usize>(
+    unsafe fn k_mins<const R: usize>(
         p: *const u8,
         rec_bytes: usize,
         xq: &QActs,
@@ -1354,40 +1366,26 @@ mod avx2 {
         blocks: usize,
         acc: &mut [__m256; R],
     ) {
-        let pairs = if FIVE { std::ptr::null() } else { xq.pair_sums().as_ptr() };
+        let pairs = xq.pair_sums().as_ptr();
         for b in 0..blocks {
             let rec = p.add(b * rec_bytes);
             let dmin = _mm256_cvtph_ps(_mm_loadu_si128(rec.add(16).cast()));
-            if !FIVE {
-                // Lane r: the i16 pair of row r's mins of sub-blocks 2j and 2j + 1.
-                let mut m = [_mm256_setzero_si256(); 4];
-                for (j, m) in m.iter_mut().enumerate() {
-                    let even = _mm_loadl_epi64(rec.add(96 + 16 * j).cast());
-                    let odd = _mm_loadl_epi64(rec.add(104 + 16 * j).cast());
-                    *m = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(even, odd));
-                }
-                for (t, acc) in acc.iter_mut().enumerate() {
-                    let xb = (first + t) * blocks + b;
-                    let x = pairs.add(4 * xb);
-                    let mut s = _mm256_madd_epi16(m[0], _mm256_set1_epi32(*x));
-                    for (j, m) in m.iter().enumerate().skip(1) {
-                        s = _mm256_add_epi32(s, _mm256_madd_epi16(*m, _mm256_set1_epi32(*x.add(j))));
-                    }
-                    let dx = _mm256_set1_ps(*xq.d.get_unchecked(16 * xb));
-                    *acc = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(s), *acc);
-                }
-                continue;
+            // Lane r: the i16 pair of row r's mins of sub-blocks 2j and 2j + 1.
+            let mut m = [_mm256_setzero_si256(); 4];
+            for (j, m) in m.iter_mut().enumerate() {
+                let even = _mm_loadl_epi64(rec.add(96 + 16 * j).cast());
+                let odd = _mm_loadl_epi64(rec.add(104 + 16 * j).cast());
+                *m = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(even, odd));
             }
-            let mut part = [[_mm256_setzero_ps(); R]; 2];
-            for sub in 0..8 {
-                let m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(rec.add(96 + 8 * sub).cast())));
-                for (t, part) in part[sub % 2].iter_mut().enumerate() {
-                    let xb = ((first + t) * blocks + b) * 8 + sub;
-                    *part = _mm256_fmadd_ps(m, _mm256_set1_ps(*xq.dsum.get_unchecked(xb)), *part);
+            for (t, acc) in acc.iter_mut().enumerate() {
+                let xb = (first + t) * blocks + b;
+                let x = pairs.add(4 * xb);
+                let mut s = _mm256_madd_epi16(m[0], _mm256_set1_epi32(*x));
+                for (j, m) in m.iter().enumerate().skip(1) {
+                    s = _mm256_add_epi32(s, _mm256_madd_epi16(*m, _mm256_set1_epi32(*x.add(j))));
                 }
-            }
-            for (acc, (even, odd)) in acc.iter_mut().zip(part[0].iter().zip(&part[1])) {
-                *acc = _mm256_fnmadd_ps(dmin, _mm256_add_ps(*even, *odd), *acc);
+                let dx = _mm256_set1_ps(*xq.d.get_unchecked(16 * xb));
+                *acc = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(s), *acc);
             }
         }
     }
@@ -1736,13 +1734,20 @@ mod tests {
                 let (data, xq, got) = one_block_avx2(dtype, &block, x);
                 let want = 0.5 * 63.0 * top * x * 256.0;
                 assert!(got.iter().flatten().all(|&v| v == want), "{dtype:?} {x}: {:?} vs {want}", got[0]);
-                // Q4_K's paired VNNI kernel, whose sums run 16 times the value.
-                if dtype == GgmlType::Q4K && avx2::vnni() {
-                    let mut paired = [[[0f32; GROUP]; TILE]; 2];
-                    // SAFETY: VNNI is present; `data` is one group's records, paired with itself.
-                    unsafe {
-                        avx2::pair(true, dtype, [records(&data); 2], &xq, 0, TILE, 1, &mut paired, avx2::Ahead::NONE)
+                // The paired VNNI kernels: Q4_K's from the records (its sums run 16 times the
+                // value), Q5_K's from decoded values.
+                if avx2::vnni() {
+                    let mut vals = vec![0u8; DECODED];
+                    decode(dtype, &data, 1, &mut vals);
+                    let src = if dtype == GgmlType::Q5K {
+                        avx2::Src { rec: data.as_ptr(), vals: vals.as_ptr() }
+                    } else {
+                        records(&data)
                     };
+                    let mut paired = [[[0f32; GROUP]; TILE]; 2];
+                    // SAFETY: VNNI is present; `data` is one group's records (and `vals` their
+                    // values), paired with itself.
+                    unsafe { avx2::pair(true, dtype, [src; 2], &xq, 0, TILE, 1, &mut paired, avx2::Ahead::NONE) };
                     assert!(paired.iter().flatten().flatten().all(|&v| v == want), "paired {x}: {:?}", paired[0][0]);
                 }
             }
