@@ -143,17 +143,20 @@ fn decode(dtype: GgmlType, blk: &[u8], sub: usize) -> Block {
                 let low = ((blk[32 + n * 32 + l] >> (2 * j)) & 3) as i8;
                 *q = low - if blk[l] & m != 0 { 0 } else { 4 };
             }
-            let packed = &blk[96..108];
-            let scale = |i: usize| {
-                let low = if i < 8 { packed[i] & 0xF } else { packed[i - 8] >> 4 };
-                let high = (packed[8 + i % 4] >> (2 * (i / 4))) & 3;
-                f16_at(blk, 108) * ((low | (high << 4)) as i32 - 32) as f32
-            };
-            ([scale(2 * sub), scale(2 * sub + 1)], [0.0, 0.0])
+            ([q3_k_scale(blk, 2 * sub), q3_k_scale(blk, 2 * sub + 1)], [0.0, 0.0])
         }
         GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => unreachable!("float weights are not block formats"),
     };
     Block { q, scale, offset }
+}
+
+/// Q3_K's scale of values `16i..16i + 16`: `d` times its 6-bit scale (four bits from the
+/// first eight packed bytes, two from the last four) less 32.
+fn q3_k_scale(blk: &[u8], i: usize) -> f32 {
+    let packed = &blk[96..108];
+    let low = if i < 8 { packed[i] & 0xF } else { packed[i - 8] >> 4 };
+    let high = (packed[8 + i % 4] >> (2 * (i / 4))) & 3;
+    f16_at(blk, 108) * ((low | (high << 4)) as i32 - 32) as f32
 }
 
 /// The offsets' share of a block's dot product: one offset for all 32 values uses the
@@ -294,10 +297,27 @@ mod avx2 {
                 let s = [d * (sc[2 * part] as i8) as f32, d * (sc[2 * part + 1] as i8) as f32];
                 (_mm256_sub_epi8(q, _mm256_set1_epi8(32)), s, [0.0; 2])
             }
-            _ => {
-                let b = decode(dtype, blk, sub);
-                (_mm256_loadu_si256(b.q.as_ptr().cast()), b.scale, b.offset)
+            GgmlType::Q2K => {
+                let (n, shift) = (sub / 4, _mm_cvtsi32_si128(2 * (sub % 4) as i32));
+                let v = _mm256_loadu_si256(p.add(16 + n * 32).cast());
+                let q = _mm256_and_si256(_mm256_srl_epi16(v, shift), _mm256_set1_epi8(3));
+                let (d, dmin) = (f16_at(blk, 80), f16_at(blk, 82));
+                let sc = [blk[2 * sub], blk[2 * sub + 1]];
+                let scale = [d * (sc[0] & 0xF) as f32, d * (sc[1] & 0xF) as f32];
+                (q, scale, [-(dmin * (sc[0] >> 4) as f32), -(dmin * (sc[1] >> 4) as f32)])
             }
+            GgmlType::Q3K => {
+                let (n, shift) = (sub / 4, _mm_cvtsi32_si128(2 * (sub % 4) as i32));
+                let v = _mm256_loadu_si256(p.add(32 + n * 32).cast());
+                let low = _mm256_and_si256(_mm256_srl_epi16(v, shift), _mm256_set1_epi8(3));
+                // Less 4 where the value's high bit (bit `sub` of its mask byte) is clear.
+                let bit = _mm256_set1_epi8((1u8 << sub) as i8);
+                let set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_loadu_si256(p.cast()), bit), bit);
+                let four = _mm256_set1_epi8(4);
+                let q = _mm256_sub_epi8(_mm256_or_si256(low, _mm256_and_si256(set, four)), four);
+                (q, [q3_k_scale(blk, 2 * sub), q3_k_scale(blk, 2 * sub + 1)], [0.0; 2])
+            }
+            GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => unreachable!("float weights are not block formats"),
         }
     }
 
