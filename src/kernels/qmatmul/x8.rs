@@ -14,7 +14,9 @@
 //!   1152: the 6-bit scales are unpacked so a lane loads its row's with one instruction);
 //!   Q5_K the same with the fifth bits before the nibbles (1440 against 1408);
 //! - Q6_K `d[8] sc[16][8]`, low nibbles and high bits in the order one row reads them
-//!   ([`Q6_VALUES`]; 1680 bytes, as the file).
+//!   ([`Q6_VALUES`]; 1680 bytes, as the file); Q3_K the same fields, its scales unpacked
+//!   to `sc − 32`, then its high bits and low bits (912 against 880), always decoded and
+//!   computed by Q6_K's kernels.
 //!
 //! With more than one tile of activation rows, the K-quants' values are decoded to a byte
 //! each once per chunk of groups and read by every tile (Q5_K_M 1B, 32 streams: decode
@@ -82,6 +84,9 @@ struct Shape {
     /// Q4_K/Q5_K's 12 bytes of packed 6-bit scales and mins (at 4), unpacked to bytes,
     /// `sc[8 sub][8 rows]` then `m[8 sub][8 rows]`.
     k_scales: bool,
+    /// Q3_K's 12 bytes of packed 6-bit scales (at 96), unpacked to `sc − 32` as i8,
+    /// `sc[16][8 rows]`: Q6_K's layout, whose kernels compute Q3_K ([`decode`]).
+    q3_scales: bool,
     /// Offset and length of byte fields kept `[byte][8 rows]` (Q6_K's 16 scales).
     bytes: (usize, usize),
     /// Q5_0/Q5_1's 32 fifth bits (offset of the `u32`), kept as eight 32-bit masks, one per
@@ -105,15 +110,21 @@ const Q6_VALUES: &[(usize, usize)] =
 
 fn shape(dtype: GgmlType) -> Shape {
     let (none, k_scales, fifth) = ((0, 0), false, None);
+    let q3_scales = false;
     match dtype {
-        GgmlType::Q4_0 => Shape { halves: &[0], k_scales, bytes: none, fifth, qs: &[(2, 16)] },
-        GgmlType::Q4_1 => Shape { halves: &[0, 2], k_scales, bytes: none, fifth, qs: &[(4, 16)] },
-        GgmlType::Q5_0 => Shape { halves: &[0], k_scales, bytes: none, fifth: Some(2), qs: &[(6, 16)] },
-        GgmlType::Q5_1 => Shape { halves: &[0, 2], k_scales, bytes: none, fifth: Some(4), qs: &[(8, 16)] },
-        GgmlType::Q8_0 => Shape { halves: &[0], k_scales, bytes: none, fifth, qs: &[(2, 32)] },
-        GgmlType::Q4K => Shape { halves: &[0, 2], k_scales: true, bytes: none, fifth, qs: &[(16, 128)] },
-        GgmlType::Q5K => Shape { halves: &[0, 2], k_scales: true, bytes: none, fifth, qs: &[(16, 32), (48, 128)] },
-        GgmlType::Q6K => Shape { halves: &[208], k_scales, bytes: (192, 16), fifth, qs: Q6_VALUES },
+        GgmlType::Q4_0 => Shape { halves: &[0], k_scales, q3_scales, bytes: none, fifth, qs: &[(2, 16)] },
+        GgmlType::Q4_1 => Shape { halves: &[0, 2], k_scales, q3_scales, bytes: none, fifth, qs: &[(4, 16)] },
+        GgmlType::Q5_0 => Shape { halves: &[0], k_scales, q3_scales, bytes: none, fifth: Some(2), qs: &[(6, 16)] },
+        GgmlType::Q5_1 => Shape { halves: &[0, 2], k_scales, q3_scales, bytes: none, fifth: Some(4), qs: &[(8, 16)] },
+        GgmlType::Q8_0 => Shape { halves: &[0], k_scales, q3_scales, bytes: none, fifth, qs: &[(2, 32)] },
+        GgmlType::Q4K => Shape { halves: &[0, 2], k_scales: true, q3_scales, bytes: none, fifth, qs: &[(16, 128)] },
+        GgmlType::Q5K => {
+            Shape { halves: &[0, 2], k_scales: true, q3_scales, bytes: none, fifth, qs: &[(16, 32), (48, 128)] }
+        }
+        GgmlType::Q6K => Shape { halves: &[208], k_scales, q3_scales, bytes: (192, 16), fifth, qs: Q6_VALUES },
+        GgmlType::Q3K => {
+            Shape { halves: &[108], k_scales, q3_scales: true, bytes: none, fifth, qs: &[(0, 32), (32, 64)] }
+        }
         other => unreachable!("{other:?} is not interleaved"),
     }
 }
@@ -126,7 +137,8 @@ impl Shape {
 
     /// Where the fifth bits' masks start in a record.
     fn fifth_at(&self) -> usize {
-        self.bytes_at() + if self.k_scales { 16 * GROUP } else { 0 } + self.bytes.1 * GROUP
+        let unpacked = if self.k_scales || self.q3_scales { 16 * GROUP } else { 0 };
+        self.bytes_at() + unpacked + self.bytes.1 * GROUP
     }
 
     /// Where the values start in a record.
@@ -151,14 +163,14 @@ pub fn vnni() -> bool {
 /// Whether `dtype` has an interleaved kernel.
 pub fn supports(dtype: GgmlType) -> bool {
     use GgmlType::*;
-    matches!(dtype, Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4K | Q5K | Q6K)
+    matches!(dtype, Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q3K | Q4K | Q5K | Q6K)
 }
 
 /// Whether `dtype` is a K-quant whose values [`decode`] can decode (on AVX2).
 fn k_quant(dtype: GgmlType) -> bool {
     #[cfg(target_arch = "x86_64")]
     if crate::kernels::matmul::avx2::available() {
-        return matches!(dtype, GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K);
+        return matches!(dtype, GgmlType::Q3K | GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K);
     }
     false
 }
@@ -190,7 +202,7 @@ fn pairs(dtype: GgmlType) -> bool {
 pub fn act_scales(dtype: GgmlType) -> ActScales {
     match dtype {
         GgmlType::Q4K | GgmlType::Q5K => ActScales::PerSuper,
-        GgmlType::Q6K => ActScales::PerBlock,
+        GgmlType::Q3K | GgmlType::Q6K => ActScales::PerBlock,
         _ => ActScales::PerHalf,
     }
 }
@@ -239,6 +251,11 @@ fn fill_record<'a>(s: &Shape, head: usize, rec: &mut [u8], block: impl Fn(usize)
         for j in 0..s.bytes.1 {
             rec[base + j * GROUP + r] = blk[s.bytes.0 + j];
         }
+        if s.q3_scales {
+            for (i, sc) in q3_k_scales(&blk[96..108]).into_iter().enumerate() {
+                rec[base + i * GROUP + r] = (sc as i8 - 32) as u8;
+            }
+        }
     }
     if let Some(at) = s.fifth {
         let qh: [u32; GROUP] = std::array::from_fn(|r| u32::from_le_bytes(blocks[r][at..at + 4].try_into().unwrap()));
@@ -260,6 +277,26 @@ fn fill_record<'a>(s: &Shape, head: usize, rec: &mut [u8], block: impl Fn(usize)
 /// `j` holds nibble `j` of each row, row `r`'s at bit `4r`.
 fn fifth_masks(qh: [u32; GROUP]) -> [u32; 8] {
     std::array::from_fn(|j| qh.iter().enumerate().fold(0, |m, (r, &q)| m | ((q >> (4 * j)) & 0xF) << (4 * r)))
+}
+
+/// Q3_K's sixteen 6-bit scales from their 12 packed bytes: the low four bits of scale `i`
+/// in byte `i % 8` (the high nibble from 8 on), the high two in byte `8 + i % 4` at bit
+/// `2 · (i / 4)`.
+fn q3_k_scales(packed: &[u8]) -> [u8; 16] {
+    std::array::from_fn(|i| {
+        let low = if i < 8 { packed[i] & 0xF } else { packed[i - 8] >> 4 };
+        low | ((packed[8 + i % 4] >> (2 * (i / 4))) & 3) << 4
+    })
+}
+
+/// [`q3_k_scales`] packed back.
+fn pack_q3_k_scales(sc: [u8; 16]) -> [u8; 12] {
+    let mut p = [0u8; 12];
+    for (i, &v) in sc.iter().enumerate() {
+        p[i % 8] |= (v & 0xF) << (4 * (i / 8));
+        p[8 + i % 4] |= (v >> 4) << (2 * (i / 4));
+    }
+    p
 }
 
 /// Row `r` of interleaved `data` back in the file's layout.
@@ -286,6 +323,10 @@ pub fn raw_row(dtype: GgmlType, data: &[u8], r: usize, k: usize) -> Vec<u8> {
         }
         for j in 0..s.bytes.1 {
             blk[s.bytes.0 + j] = rec[base + j * GROUP + r];
+        }
+        if s.q3_scales {
+            let sc: [u8; 16] = std::array::from_fn(|i| (rec[base + i * GROUP + r] as i8 + 32) as u8);
+            blk[96..108].copy_from_slice(&pack_q3_k_scales(sc));
         }
         if let Some(at) = s.fifth {
             let mask = |j: usize| u32::from_le_bytes(rec[s.fifth_at() + 4 * j..][..4].try_into().unwrap());
@@ -324,7 +365,9 @@ pub(super) unsafe fn groups_task(
     let group_bytes = blocks * record(p.dtype).0;
     // With more than one tile, K-quant values are decoded once per chunk, and every tile
     // reads the bytes the kernel would have decoded: results do not change.
-    let decoded_bytes = if m > TILE && decodes(p.dtype) { blocks * DECODED } else { 0 };
+    // Q3_K's always are: its kernels are Q6_K's, which read no Q3_K record's values.
+    let always = p.dtype == GgmlType::Q3K;
+    let decoded_bytes = if (m > TILE || always) && decodes(p.dtype) { blocks * DECODED } else { 0 };
     // Chunks of groups that fit in L2 (with their decoded values), then activation tiles,
     // then the chunk's groups: the weights are read from memory once, and the tile stays
     // in L1.
@@ -616,11 +659,14 @@ mod avx2 {
                 }
             }
             (GgmlType::Q6K, _) => match (pre, vnni) {
-                (false, false) => by_tile!(tile, q6_one, false),
-                (false, true) => by_tile!(tile, q6_one_vnni, false),
-                (true, false) => by_tile!(tile, q6_one, true),
-                (true, true) => by_tile!(tile, q6_one_vnni, true),
+                (false, false) => by_tile!(tile, q6_one, false, false),
+                (false, true) => by_tile!(tile, q6_one_vnni, false, false),
+                (true, false) => by_tile!(tile, q6_one, false, true),
+                (true, true) => by_tile!(tile, q6_one_vnni, false, true),
             },
+            // Q3_K's values are always decoded ahead, as Q6_K's ([`decode_q3`]).
+            (GgmlType::Q3K, false) => by_tile!(tile, q6_one, true, true),
+            (GgmlType::Q3K, true) => by_tile!(tile, q6_one_vnni, true, true),
             other => unreachable!("{other:?}: no such interleaved kernel"),
         };
         debug_assert!((1..=TILE).contains(&tile));
@@ -661,8 +707,10 @@ mod avx2 {
             (GgmlType::Q4K, _) => by_tile!(tile, k_two_vnni, false),
             (GgmlType::Q5K, false) => by_tile!(tile, k5_two),
             (GgmlType::Q5K, true) => by_tile!(tile, k5_two_vnni),
-            (GgmlType::Q6K, false) => by_tile!(tile, q6_two, true),
-            (GgmlType::Q6K, true) => by_tile!(tile, q6_two_vnni, true),
+            (GgmlType::Q6K, false) => by_tile!(tile, q6_two, false, true),
+            (GgmlType::Q6K, true) => by_tile!(tile, q6_two_vnni, false, true),
+            (GgmlType::Q3K, false) => by_tile!(tile, q6_two, true, true),
+            (GgmlType::Q3K, true) => by_tile!(tile, q6_two_vnni, true, true),
             other => unreachable!("{other:?}: no paired kernel"),
         };
         debug_assert!(pre || vnni && dtype == GgmlType::Q4K, "only VNNI pairs from records");
@@ -705,12 +753,12 @@ mod avx2 {
     twins!(k5_two, k5_two_vnni<R: usize>
         (src: [Src; 2], xq: &QActs, first: usize, blocks: usize, out: &mut [[[f32; GROUP]; TILE]; 2], ahead: Ahead),
         V => k_tiled::<V, true, true, 2, R>(src, xq, first, blocks, out, ahead));
-    twins!(q6_one, q6_one_vnni<PRE: bool, R: usize>
+    twins!(q6_one, q6_one_vnni<Q3: bool, PRE: bool, R: usize>
         (src: Src, xq: &QActs, first: usize, blocks: usize, out: &mut [[f32; GROUP]; TILE]),
-        V => q6_k::<V, PRE, 1, R>([src], xq, first, blocks, std::array::from_mut(out), Ahead::NONE));
-    twins!(q6_two, q6_two_vnni<PRE: bool, R: usize>
+        V => q6_k::<V, Q3, PRE, 1, R>([src], xq, first, blocks, std::array::from_mut(out), Ahead::NONE));
+    twins!(q6_two, q6_two_vnni<Q3: bool, PRE: bool, R: usize>
         (src: [Src; 2], xq: &QActs, first: usize, blocks: usize, out: &mut [[[f32; GROUP]; TILE]; 2], ahead: Ahead),
-        V => q6_k::<V, PRE, 2, R>(src, xq, first, blocks, out, ahead));
+        V => q6_k::<V, Q3, PRE, 2, R>(src, xq, first, blocks, out, ahead));
     twins!(legacy_n, legacy_n_vnni<MIN: bool, FIVE: bool, R: usize>
         (src: Src, xq: &QActs, first: usize, blocks: usize, out: &mut [[f32; GROUP]; TILE]),
         V => legacy::<V, MIN, FIVE, R>(src, xq, first, blocks, out));
@@ -1316,6 +1364,7 @@ mod avx2 {
             match dtype {
                 GgmlType::Q4K => decode_k::<false>(rec, out),
                 GgmlType::Q5K => decode_k::<true>(rec, out),
+                GgmlType::Q3K => decode_q3(rec.add(head), out),
                 _ => decode_q6(rec.add(head), out),
             }
         }
@@ -1334,6 +1383,26 @@ mod avx2 {
             for c in 0..8 {
                 put(out, 2 * pair, c, k_chunk::<FIVE, 0>(rec, pair, c));
                 put(out, 2 * pair + 1, c, k_chunk::<FIVE, 1>(rec, pair, c));
+            }
+        }
+    }
+
+    /// One Q3_K record's values (from `vals`: the high bits' 8 chunks, then the low two
+    /// bits' 16), decoded for [`decode`] as Q6_K's are: value `q − 4` (`q` its three bits)
+    /// as `q − 4 + 32`, so that Q6_K's kernels, their −32 offsets and the scales `sc − 32`
+    /// in the record compute Q3_K exactly. Output `o` (values `32o..32o + 32`) takes bits
+    /// `2·(o % 4)` of the low chunks of its half and bit `o` of the high ones.
+    #[inline(always)]
+    unsafe fn decode_q3(vals: *const u8, out: *mut u8) {
+        for o in 0..8 {
+            let (low_shift, high_shift) = (_mm_cvtsi32_si128(2 * (o as i32 % 4)), _mm_cvtsi32_si128(o as i32));
+            for c in 0..8 {
+                let low = _mm256_loadu_si256(vals.add(32 * (8 + 8 * (o / 4) + c)).cast());
+                let high = _mm256_loadu_si256(vals.add(32 * c).cast());
+                let low = _mm256_and_si256(_mm256_srl_epi16(low, low_shift), _mm256_set1_epi8(3));
+                let high = _mm256_and_si256(_mm256_srl_epi16(high, high_shift), _mm256_set1_epi8(1));
+                let q = _mm256_or_si256(low, _mm256_slli_epi16(high, 2));
+                put(out, o, c, _mm256_add_epi8(q, _mm256_set1_epi8(28)));
             }
         }
     }
@@ -1401,7 +1470,7 @@ mod avx2 {
     /// ([`ActScales::PerBlock`], or per 256 beside Q4_K) and take the eight rows' weight
     /// scales once per block; a row's operations are the same whatever its tile.
     #[inline(always)]
-    unsafe fn q6_k<const V: bool, const PRE: bool, const G: usize, const R: usize>(
+    unsafe fn q6_k<const V: bool, const Q3: bool, const PRE: bool, const G: usize, const R: usize>(
         src: [Src; G],
         xq: &QActs,
         first: usize,
@@ -1410,7 +1479,9 @@ mod avx2 {
         ahead: Ahead,
     ) {
         debug_assert_ne!(xq.scales, ActScales::PerHalf, "Q6_K's halves share an activation scale");
-        let (rec_bytes, head) = record(GgmlType::Q6K);
+        // Q3_K's records hold Q6_K's fields up to the values, which are decoded ahead.
+        debug_assert!(PRE || !Q3, "Q3_K's values are always decoded");
+        let (rec_bytes, head) = record(if Q3 { GgmlType::Q3K } else { GgmlType::Q6K });
         // The −32 offsets: i16 pairs for AVX2's 16-bit sums, `−32 · Σx` per 16 values for VNNI's.
         let offs = if V { xq.q6_starts().as_ptr() } else { xq.q6_offsets().as_ptr() };
         // The running sums stay in `out` between blocks, as in [`k_tiled`].
@@ -1628,6 +1699,7 @@ mod tests {
     use super::*;
     use crate::kernels::testing::random_vec;
 
+    /// The formats whose kernels read their records (Q3_K's never do: [`q3_k_runs_on_q6_k_kernels`]).
     const FORMATS: [GgmlType; 8] = [
         GgmlType::Q4_0,
         GgmlType::Q4_1,
@@ -1785,6 +1857,63 @@ mod tests {
                     let near = |v: f32| (v - want).abs() <= 1e-5 * want.abs();
                     assert!(got.iter().flatten().all(|&v| near(v)), "{dtype:?} {x} vnni {vnni}: {:?}", got[0]);
                 }
+            }
+        }
+    }
+
+    /// Q3_K, repacked into Q6_K's fields and decoded as Q6_K's values: its rows read back
+    /// as the file's; at every tile height the kernels agree with the portable row path,
+    /// give each row what it gets alone, and give the same bits paired, alone, with VNNI
+    /// and without.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn q3_k_runs_on_q6_k_kernels() {
+        if !crate::kernels::matmul::avx2::available() {
+            return;
+        }
+        let (dtype, k) = (GgmlType::Q3K, 2 * 256);
+        let blocks = k / 256;
+        let raw = random_blocks(dtype, 2 * GROUP * blocks, 41);
+        let data = interleave(dtype, &raw, k);
+        let row_bytes = blocks * dtype.block().1;
+        for r in 0..2 * GROUP {
+            assert_eq!(raw_row(dtype, &data, r, k), &raw[r * row_bytes..(r + 1) * row_bytes], "row {r}");
+        }
+        let (a, b) = data.split_at(data.len() / 2);
+        let decoded = |d: &[u8]| {
+            let mut v = vec![0u8; blocks * DECODED];
+            decode(dtype, d, blocks, &mut v);
+            v
+        };
+        let vals = [decoded(a), decoded(b)];
+        let mut xq = QActs::default();
+        quantize_rows(&random_vec(TILE * k, 42), TILE, k, act_scales(dtype), &mut xq);
+        let src = |g: usize| avx2::Src { rec: [a, b][g].as_ptr(), vals: vals[g].as_ptr() };
+        for tile in 1..=TILE {
+            let mut want = [[0f32; GROUP]; TILE];
+            portable_group(dtype, a, &xq, 0, tile, k, &mut want);
+            for vnni in [false, avx2::vnni()] {
+                let (mut alone, mut paired) = ([[0f32; GROUP]; TILE], [[[0f32; GROUP]; TILE]; 2]);
+                // SAFETY: AVX2 is present, and VNNI when asked for; each group's records
+                // and decoded values.
+                unsafe {
+                    avx2::group(vnni, dtype, src(0), &xq, 0, tile, blocks, &mut alone);
+                    avx2::pair(vnni, dtype, [src(0), src(1)], &xq, 0, tile, blocks, &mut paired, avx2::Ahead::NONE);
+                }
+                assert_eq!(paired[0][..tile], alone[..tile], "tile {tile} vnni {vnni}: paired");
+                for (t, (w, g)) in want.iter().zip(&alone).enumerate().take(tile) {
+                    for (w, g) in w.iter().zip(g) {
+                        assert!((w - g).abs() <= 1e-4 * (1.0 + w.abs()), "tile {tile} row {t}: {w} vs {g}");
+                    }
+                    let mut one = [[0f32; GROUP]; TILE];
+                    // SAFETY: as above.
+                    unsafe { avx2::group(vnni, dtype, src(0), &xq, t, 1, blocks, &mut one) };
+                    assert_eq!(one[0], alone[t], "tile {tile} row {t} vnni {vnni}: alone");
+                }
+                let mut avx2_only = [[0f32; GROUP]; TILE];
+                // SAFETY: as above.
+                unsafe { avx2::group(false, dtype, src(0), &xq, 0, tile, blocks, &mut avx2_only) };
+                assert_eq!(avx2_only[..tile], alone[..tile], "tile {tile}: VNNI against AVX2");
             }
         }
     }
