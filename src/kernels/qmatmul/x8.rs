@@ -20,7 +20,7 @@
 //!
 //! With more than one tile of activation rows, the K-quants' values are decoded to a byte
 //! each once per chunk of groups and read by every tile (Q5_K_M 1B, 32 streams: decode
-//! +9 %, prefill +20 %), rather than unpacked again for each tile. Q4_K and Q6_K then run
+//! +9 %, prefill +20 %), rather than unpacked again for each tile. The K-quants then run
 //! two groups side by side ([`pair`]), so that each broadcast of activations feeds two
 //! multiply-adds, and the next chunk's records are fetched while the tiles run over this
 //! one, so that decoding it does not wait on memory (Q4_K_M 1B, 32 streams, per step in
@@ -650,7 +650,7 @@ mod avx2 {
                     by_tile!(tile, k_one, false, false)
                 }
             }
-            // Q5_K sums four chunks under each of its scales and keeps to AVX2.
+            // Q5_K's keep AVX2 as well.
             (GgmlType::Q5K, _) => {
                 if pre {
                     by_tile!(tile, k_one, true, true)
