@@ -164,6 +164,15 @@ pub fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
     }
 }
 
+/// Q3_K's scale `i` (of 16, values `16i..16i + 16`) from its 12 packed 6-bit bytes, less
+/// 32: the low four bits in byte `i % 8` (the high nibble from 8 on), the high two in byte
+/// `8 + i % 4` at bit `2 · (i / 4)`.
+pub fn scale_k3(i: usize, s: &[u8]) -> i8 {
+    let low = if i < 8 { s[i] & 0xF } else { s[i - 8] >> 4 };
+    let high = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+    (low | (high << 4)) as i8 - 32
+}
+
 /// Q4_K (`d, dmin, scales[12], qs[128]`) and Q5_K (`d, dmin, scales[12], qh[32], qs[128]`):
 /// eight 32-value sub-blocks, each `d*sc * q - dmin*m`.
 fn dequant_q45k(b: &[u8], o: &mut [f32], five: bool) {
@@ -237,11 +246,7 @@ fn dequant_q2k(b: &[u8], o: &mut [f32]) {
 fn dequant_q3k(b: &[u8], o: &mut [f32]) {
     let (hm, qs, packed) = (&b[0..32], &b[32..96], &b[96..108]);
     let d = f16_at(b, 108);
-    let scales: [i32; 16] = std::array::from_fn(|i| {
-        let low = if i < 8 { packed[i] & 0xF } else { packed[i - 8] >> 4 };
-        let high = (packed[8 + i % 4] >> (2 * (i / 4))) & 3;
-        (low | (high << 4)) as i32 - 32
-    });
+    let scales: [i32; 16] = std::array::from_fn(|i| scale_k3(i, packed) as i32);
     let mut y = 0;
     let mut is = 0;
     let mut m = 1u8;

@@ -2,7 +2,7 @@
 //! a time. Every block format runs here; rows that [`super::x8`] interleaves do not.
 
 use super::{write, Part, QActs, SharedOut, QB, QH, TILE};
-use crate::kernels::quant::{f16_at, scale_min_k4, GgmlType, BLOCK_FORMATS};
+use crate::kernels::quant::{f16_at, scale_k3, scale_min_k4, GgmlType, BLOCK_FORMATS};
 
 pub(super) use portable::dot_rows as portable_dot_rows;
 
@@ -150,13 +150,9 @@ fn decode(dtype: GgmlType, blk: &[u8], sub: usize) -> Block {
     Block { q, scale, offset }
 }
 
-/// Q3_K's scale of values `16i..16i + 16`: `d` times its 6-bit scale (four bits from the
-/// first eight packed bytes, two from the last four) less 32.
+/// Q3_K's scale of values `16i..16i + 16`: `d` times its 6-bit scale less 32.
 fn q3_k_scale(blk: &[u8], i: usize) -> f32 {
-    let packed = &blk[96..108];
-    let low = if i < 8 { packed[i] & 0xF } else { packed[i - 8] >> 4 };
-    let high = (packed[8 + i % 4] >> (2 * (i / 4))) & 3;
-    f16_at(blk, 108) * ((low | (high << 4)) as i32 - 32) as f32
+    f16_at(blk, 108) * scale_k3(i, &blk[96..108]) as f32
 }
 
 /// The offsets' share of a block's dot product: one offset for all 32 values uses the

@@ -54,7 +54,7 @@
 //! place ran no faster at one stream); Q6_K's take VNNI.
 
 use super::{ActScales, Buf, Part, QActs, SharedOut, QB, QH};
-use crate::kernels::quant::{scale_min_k4, GgmlType};
+use crate::kernels::quant::{scale_k3, scale_min_k4, GgmlType};
 use rayon::prelude::*;
 
 /// Rows interleaved into one group.
@@ -109,8 +109,7 @@ const Q6_VALUES: &[(usize, usize)] =
     &[(0, 16), (128, 16), (16, 16), (144, 16), (32, 32), (64, 16), (160, 16), (80, 16), (176, 16), (96, 32)];
 
 fn shape(dtype: GgmlType) -> Shape {
-    let (none, k_scales, fifth) = ((0, 0), false, None);
-    let q3_scales = false;
+    let (none, k_scales, q3_scales, fifth) = ((0, 0), false, false, None);
     match dtype {
         GgmlType::Q4_0 => Shape { halves: &[0], k_scales, q3_scales, bytes: none, fifth, qs: &[(2, 16)] },
         GgmlType::Q4_1 => Shape { halves: &[0, 2], k_scales, q3_scales, bytes: none, fifth, qs: &[(4, 16)] },
@@ -184,6 +183,12 @@ fn decodes(dtype: GgmlType) -> bool {
     k_quant(dtype) && !(dtype == GgmlType::Q4K && vnni())
 }
 
+/// Whether [`decodes`] applies at every tile height: Q3_K, whose kernels are Q6_K's and
+/// read no Q3_K record's values.
+fn always_decoded(dtype: GgmlType) -> bool {
+    dtype == GgmlType::Q3K
+}
+
 /// Whether two groups of `dtype` run side by side ([`pair`]) when more than one tile of
 /// rows runs over them: every broadcast of activations then feeds two multiply-adds. One
 /// core, 32 rows, a 160 × 2048 matrix: Q4_K 79 -> 85 GMAC/s, Q6_K 61 -> 66. Q8_0 pairs
@@ -252,8 +257,8 @@ fn fill_record<'a>(s: &Shape, head: usize, rec: &mut [u8], block: impl Fn(usize)
             rec[base + j * GROUP + r] = blk[s.bytes.0 + j];
         }
         if s.q3_scales {
-            for (i, sc) in q3_k_scales(&blk[96..108]).into_iter().enumerate() {
-                rec[base + i * GROUP + r] = (sc as i8 - 32) as u8;
+            for i in 0..16 {
+                rec[base + i * GROUP + r] = scale_k3(i, &blk[96..108]) as u8;
             }
         }
     }
@@ -274,25 +279,17 @@ fn fill_record<'a>(s: &Shape, head: usize, rec: &mut [u8], block: impl Fn(usize)
 }
 
 /// Eight rows' fifth bits `qh` (bit `i`: value `i`'s) as [`Shape::fifth`] keeps them: mask
-/// `j` holds nibble `j` of each row, row `r`'s at bit `4r`.
+/// `j` holds nibble `j` of each row, row `r`'s at bit `4r` (an 8 × 8 transpose of nibbles,
+/// so that the same call turns the masks back into the rows' bits).
 fn fifth_masks(qh: [u32; GROUP]) -> [u32; 8] {
     std::array::from_fn(|j| qh.iter().enumerate().fold(0, |m, (r, &q)| m | ((q >> (4 * j)) & 0xF) << (4 * r)))
 }
 
-/// Q3_K's sixteen 6-bit scales from their 12 packed bytes: the low four bits of scale `i`
-/// in byte `i % 8` (the high nibble from 8 on), the high two in byte `8 + i % 4` at bit
-/// `2 · (i / 4)`.
-fn q3_k_scales(packed: &[u8]) -> [u8; 16] {
-    std::array::from_fn(|i| {
-        let low = if i < 8 { packed[i] & 0xF } else { packed[i - 8] >> 4 };
-        low | ((packed[8 + i % 4] >> (2 * (i / 4))) & 3) << 4
-    })
-}
-
-/// [`q3_k_scales`] packed back.
-fn pack_q3_k_scales(sc: [u8; 16]) -> [u8; 12] {
+/// Q3_K's sixteen 6-bit scales (each `sc − 32`) packed back as [`scale_k3`] reads them.
+fn pack_q3_k_scales(sc: [i8; 16]) -> [u8; 12] {
     let mut p = [0u8; 12];
     for (i, &v) in sc.iter().enumerate() {
+        let v = (v + 32) as u8;
         p[i % 8] |= (v & 0xF) << (4 * (i / 8));
         p[8 + i % 4] |= (v >> 4) << (2 * (i / 4));
     }
@@ -325,13 +322,14 @@ pub fn raw_row(dtype: GgmlType, data: &[u8], r: usize, k: usize) -> Vec<u8> {
             blk[s.bytes.0 + j] = rec[base + j * GROUP + r];
         }
         if s.q3_scales {
-            let sc: [u8; 16] = std::array::from_fn(|i| (rec[base + i * GROUP + r] as i8 + 32) as u8);
+            let sc: [i8; 16] = std::array::from_fn(|i| rec[base + i * GROUP + r] as i8);
             blk[96..108].copy_from_slice(&pack_q3_k_scales(sc));
         }
         if let Some(at) = s.fifth {
-            let mask = |j: usize| u32::from_le_bytes(rec[s.fifth_at() + 4 * j..][..4].try_into().unwrap());
-            let qh = (0..8).fold(0u32, |qh, j| qh | ((mask(j) >> (4 * r)) & 0xF) << (4 * j));
-            blk[at..at + 4].copy_from_slice(&qh.to_le_bytes());
+            let masks =
+                std::array::from_fn(|j| u32::from_le_bytes(rec[s.fifth_at() + 4 * j..][..4].try_into().unwrap()));
+            // The masks are the rows' bits with nibbles transposed, which undoes itself.
+            blk[at..at + 4].copy_from_slice(&fifth_masks(masks)[r].to_le_bytes());
         }
         for (ch, to) in s.chunks().enumerate() {
             blk[to..to + 4].copy_from_slice(&rec[head + ch * 32 + r * 4..head + ch * 32 + r * 4 + 4]);
@@ -365,9 +363,8 @@ pub(super) unsafe fn groups_task(
     let group_bytes = blocks * record(p.dtype).0;
     // With more than one tile, K-quant values are decoded once per chunk, and every tile
     // reads the bytes the kernel would have decoded: results do not change.
-    // Q3_K's always are: its kernels are Q6_K's, which read no Q3_K record's values.
-    let always = p.dtype == GgmlType::Q3K;
-    let decoded_bytes = if (m > TILE || always) && decodes(p.dtype) { blocks * DECODED } else { 0 };
+    let decoded = decodes(p.dtype) && (m > TILE || always_decoded(p.dtype));
+    let decoded_bytes = if decoded { blocks * DECODED } else { 0 };
     // Chunks of groups that fit in L2 (with their decoded values), then activation tiles,
     // then the chunk's groups: the weights are read from memory once, and the tile stays
     // in L1.
