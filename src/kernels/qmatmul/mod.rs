@@ -199,6 +199,8 @@ pub struct QActs {
     q6_starts: std::sync::OnceLock<Vec<i32>>,
     /// Per 64 values, formed on first use by a Q4_K kernel ([`QActs::pair_sums`]).
     pairs: std::sync::OnceLock<Vec<i32>>,
+    /// Per 32 values, formed on first use by a Q2_K kernel ([`QActs::half_pairs`]).
+    half_pairs: std::sync::OnceLock<Vec<i32>>,
     scales: ActScales,
 }
 
@@ -237,6 +239,15 @@ impl QActs {
             self.sums.chunks_exact(4).map(|s| (half(&s[..2]) | half(&s[2..]) << 16) as i32).collect()
         })
     }
+
+    /// Per 32 values, the i16 pair of the integer sums of its two 16-value halves: `madd`
+    /// with a pair of Q2_K mins gives their terms in one instruction. Formed once per
+    /// quantization, on the first call.
+    pub(super) fn half_pairs(&self) -> &[i32] {
+        self.half_pairs.get_or_init(|| {
+            self.sums.chunks_exact(2).map(|s| (s[0] as u16 as u32 | (s[1] as u16 as u32) << 16) as i32).collect()
+        })
+    }
 }
 
 /// Quantizes `m` rows of `k` values: per 16 (or 256, `scales`), `d = max|x| / 127`,
@@ -248,6 +259,7 @@ pub fn quantize_rows(x: &[f32], m: usize, k: usize, scales: ActScales, out: &mut
     out.q6 = Default::default();
     out.q6_starts = Default::default();
     out.pairs = Default::default();
+    out.half_pairs = Default::default();
     out.scales = scales;
     out.q.resize(m * k, 0);
     out.d.resize(2 * blocks, 0.0);

@@ -15,8 +15,11 @@
 //!   Q5_K the same with the fifth bits before the nibbles (1440 against 1408);
 //! - Q6_K `d[8] sc[16][8]`, low nibbles and high bits in the order one row reads them
 //!   ([`Q6_VALUES`]; 1680 bytes, as the file); Q3_K the same fields, its scales unpacked
-//!   to `sc − 32`, then its high bits and low bits (912 against 880), always decoded and
-//!   computed by Q6_K's kernels.
+//!   to `sc − 32`, then its high bits and low bits (912 against 880); Q2_K `d[8] dmin[8]
+//!   sc[16][8]` (each byte the file's: a scale in the low nibble, a min in the high one),
+//!   then its 2-bit values (672, as the file). Q3_K and Q2_K run on Q6_K's kernels, their
+//!   values decoded to Q6_K's ([`avx2::q3_chunk`], [`avx2::q2_chunk`]), Q2_K's mins in a
+//!   pass of their own.
 //!
 //! With more than one tile of activation rows, the K-quants' values are decoded to a byte
 //! each once per chunk of groups and read by every tile (Q5_K_M 1B, 32 streams: decode
@@ -87,7 +90,8 @@ struct Shape {
     /// Q3_K's 12 bytes of packed 6-bit scales (at 96), unpacked to `sc − 32` as i8,
     /// `sc[16][8 rows]`: Q6_K's layout, whose kernels compute Q3_K ([`decode`]).
     q3_scales: bool,
-    /// Offset and length of byte fields kept `[byte][8 rows]` (Q6_K's 16 scales).
+    /// Offset and length of byte fields kept `[byte][8 rows]` (Q6_K's 16 scales, Q2_K's 16
+    /// scales and mins).
     bytes: (usize, usize),
     /// Q5_0/Q5_1's 32 fifth bits (offset of the `u32`), kept as eight 32-bit masks, one per
     /// 4-byte chunk of nibbles (`j`: values `4j..4j + 4`, low nibbles for `j < 4`): bit
@@ -124,6 +128,7 @@ fn shape(dtype: GgmlType) -> Shape {
         GgmlType::Q3K => {
             Shape { halves: &[108], k_scales, q3_scales: true, bytes: none, fifth, qs: &[(0, 32), (32, 64)] }
         }
+        GgmlType::Q2K => Shape { halves: &[80, 82], k_scales, q3_scales, bytes: (0, 16), fifth, qs: &[(16, 64)] },
         other => unreachable!("{other:?} is not interleaved"),
     }
 }
@@ -162,14 +167,14 @@ pub fn vnni() -> bool {
 /// Whether `dtype` has an interleaved kernel.
 pub fn supports(dtype: GgmlType) -> bool {
     use GgmlType::*;
-    matches!(dtype, Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q3K | Q4K | Q5K | Q6K)
+    matches!(dtype, Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2K | Q3K | Q4K | Q5K | Q6K)
 }
 
 /// Whether `dtype` is a K-quant whose values [`decode`] can decode (on AVX2).
 fn k_quant(dtype: GgmlType) -> bool {
     #[cfg(target_arch = "x86_64")]
     if crate::kernels::matmul::avx2::available() {
-        return matches!(dtype, GgmlType::Q3K | GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K);
+        return matches!(dtype, GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K);
     }
     false
 }
@@ -181,12 +186,6 @@ fn k_quant(dtype: GgmlType) -> bool {
 /// place, an `and` per chunk against 16 `vpdpbusd` ([`avx2::k_block_vnni`]).
 fn decodes(dtype: GgmlType) -> bool {
     k_quant(dtype) && !(dtype == GgmlType::Q4K && vnni())
-}
-
-/// Whether [`decodes`] applies at every tile height: Q3_K, whose kernels are Q6_K's and
-/// read no Q3_K record's values.
-fn always_decoded(dtype: GgmlType) -> bool {
-    dtype == GgmlType::Q3K
 }
 
 /// Whether two groups of `dtype` run side by side ([`pair`]) when more than one tile of
@@ -202,12 +201,14 @@ fn pairs(dtype: GgmlType) -> bool {
 /// ones): Q4_K's and Q5_K's per 256 values, so that a block's sums stay integer until
 /// their activation scale; Q6_K's per 32, so that a 32-value output's two scaled halves add in
 /// i32 (per 256 would convert once per block, not eight times, but for 4 % on the kernel
-/// it cost a quarter more KL divergence: SmolLM2 in Q6_K 0.0069 -> 0.0088); the others
-/// per 16.
+/// it cost a quarter more KL divergence: SmolLM2 in Q6_K 0.0069 -> 0.0088), and Q3_K's and
+/// Q2_K's, which run on Q6_K's kernels (Q2_K's mins per 256 as well tripled the KL
+/// divergence from the dequantized weights, SmolLM2 with Q2_K's ffn_down 0.0033 -> 0.0092,
+/// for no measured speed); the others per 16.
 pub fn act_scales(dtype: GgmlType) -> ActScales {
     match dtype {
         GgmlType::Q4K | GgmlType::Q5K => ActScales::PerSuper,
-        GgmlType::Q3K | GgmlType::Q6K => ActScales::PerBlock,
+        GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q6K => ActScales::PerBlock,
         _ => ActScales::PerHalf,
     }
 }
@@ -363,7 +364,7 @@ pub(super) unsafe fn groups_task(
     let group_bytes = blocks * record(p.dtype).0;
     // With more than one tile, K-quant values are decoded once per chunk, and every tile
     // reads the bytes the kernel would have decoded: results do not change.
-    let decoded = decodes(p.dtype) && (m > TILE || always_decoded(p.dtype));
+    let decoded = decodes(p.dtype) && m > TILE;
     let decoded_bytes = if decoded { blocks * DECODED } else { 0 };
     // Chunks of groups that fit in L2 (with their decoded values), then activation tiles,
     // then the chunk's groups: the weights are read from memory once, and the tile stays
@@ -656,14 +657,24 @@ mod avx2 {
                 }
             }
             (GgmlType::Q6K, _) => match (pre, vnni) {
-                (false, false) => by_tile!(tile, q6_one, false, false),
-                (false, true) => by_tile!(tile, q6_one_vnni, false, false),
-                (true, false) => by_tile!(tile, q6_one, false, true),
-                (true, true) => by_tile!(tile, q6_one_vnni, false, true),
+                (false, false) => by_tile!(tile, q6_one, F_Q6K, false),
+                (false, true) => by_tile!(tile, q6_one_vnni, F_Q6K, false),
+                (true, false) => by_tile!(tile, q6_one, F_Q6K, true),
+                (true, true) => by_tile!(tile, q6_one_vnni, F_Q6K, true),
             },
-            // Q3_K's values are always decoded ahead, as Q6_K's ([`decode_q3`]).
-            (GgmlType::Q3K, false) => by_tile!(tile, q6_one, true, true),
-            (GgmlType::Q3K, true) => by_tile!(tile, q6_one_vnni, true, true),
+            // Q3_K's and Q2_K's values decode to Q6_K's ([`q3_chunk`], [`q2_chunk`]).
+            (GgmlType::Q3K, _) => match (pre, vnni) {
+                (false, false) => by_tile!(tile, q6_one, F_Q3K, false),
+                (false, true) => by_tile!(tile, q6_one_vnni, F_Q3K, false),
+                (true, false) => by_tile!(tile, q6_one, F_Q3K, true),
+                (true, true) => by_tile!(tile, q6_one_vnni, F_Q3K, true),
+            },
+            (GgmlType::Q2K, _) => match (pre, vnni) {
+                (false, false) => by_tile!(tile, q6_one, F_Q2K, false),
+                (false, true) => by_tile!(tile, q6_one_vnni, F_Q2K, false),
+                (true, false) => by_tile!(tile, q6_one, F_Q2K, true),
+                (true, true) => by_tile!(tile, q6_one_vnni, F_Q2K, true),
+            },
             other => unreachable!("{other:?}: no such interleaved kernel"),
         };
         debug_assert!((1..=TILE).contains(&tile));
@@ -704,10 +715,12 @@ mod avx2 {
             (GgmlType::Q4K, _) => by_tile!(tile, k_two_vnni, false),
             (GgmlType::Q5K, false) => by_tile!(tile, k5_two),
             (GgmlType::Q5K, true) => by_tile!(tile, k5_two_vnni),
-            (GgmlType::Q6K, false) => by_tile!(tile, q6_two, false, true),
-            (GgmlType::Q6K, true) => by_tile!(tile, q6_two_vnni, false, true),
-            (GgmlType::Q3K, false) => by_tile!(tile, q6_two, true, true),
-            (GgmlType::Q3K, true) => by_tile!(tile, q6_two_vnni, true, true),
+            (GgmlType::Q6K, false) => by_tile!(tile, q6_two, F_Q6K, true),
+            (GgmlType::Q6K, true) => by_tile!(tile, q6_two_vnni, F_Q6K, true),
+            (GgmlType::Q3K, false) => by_tile!(tile, q6_two, F_Q3K, true),
+            (GgmlType::Q3K, true) => by_tile!(tile, q6_two_vnni, F_Q3K, true),
+            (GgmlType::Q2K, false) => by_tile!(tile, q6_two, F_Q2K, true),
+            (GgmlType::Q2K, true) => by_tile!(tile, q6_two_vnni, F_Q2K, true),
             other => unreachable!("{other:?}: no paired kernel"),
         };
         debug_assert!(pre || vnni && dtype == GgmlType::Q4K, "only VNNI pairs from records");
@@ -750,12 +763,12 @@ mod avx2 {
     twins!(k5_two, k5_two_vnni<R: usize>
         (src: [Src; 2], xq: &QActs, first: usize, blocks: usize, out: &mut [[[f32; GROUP]; TILE]; 2], ahead: Ahead),
         V => k_tiled::<V, true, true, 2, R>(src, xq, first, blocks, out, ahead));
-    twins!(q6_one, q6_one_vnni<Q3: bool, PRE: bool, R: usize>
+    twins!(q6_one, q6_one_vnni<F: u8, PRE: bool, R: usize>
         (src: Src, xq: &QActs, first: usize, blocks: usize, out: &mut [[f32; GROUP]; TILE]),
-        V => q6_k::<V, Q3, PRE, 1, R>([src], xq, first, blocks, std::array::from_mut(out), Ahead::NONE));
-    twins!(q6_two, q6_two_vnni<Q3: bool, PRE: bool, R: usize>
+        V => q6_k::<V, F, PRE, 1, R>([src], xq, first, blocks, std::array::from_mut(out), Ahead::NONE));
+    twins!(q6_two, q6_two_vnni<F: u8, PRE: bool, R: usize>
         (src: [Src; 2], xq: &QActs, first: usize, blocks: usize, out: &mut [[[f32; GROUP]; TILE]; 2], ahead: Ahead),
-        V => q6_k::<V, Q3, PRE, 2, R>(src, xq, first, blocks, out, ahead));
+        V => q6_k::<V, F, PRE, 2, R>(src, xq, first, blocks, out, ahead));
     twins!(legacy_n, legacy_n_vnni<MIN: bool, FIVE: bool, R: usize>
         (src: Src, xq: &QActs, first: usize, blocks: usize, out: &mut [[f32; GROUP]; TILE]),
         V => legacy::<V, MIN, FIVE, R>(src, xq, first, blocks, out));
@@ -1362,6 +1375,7 @@ mod avx2 {
                 GgmlType::Q4K => decode_k::<false>(rec, out),
                 GgmlType::Q5K => decode_k::<true>(rec, out),
                 GgmlType::Q3K => decode_q3(rec.add(head), out),
+                GgmlType::Q2K => decode_q2(rec.add(head), out),
                 _ => decode_q6(rec.add(head), out),
             }
         }
@@ -1384,24 +1398,51 @@ mod avx2 {
         }
     }
 
-    /// One Q3_K record's values (from `vals`: the high bits' 8 chunks, then the low two
-    /// bits' 16), decoded for [`decode`] as Q6_K's are: value `q − 4` (`q` its three bits)
-    /// as `q − 4 + 32`, so that Q6_K's kernels, their −32 offsets and the scales `sc − 32`
-    /// in the record compute Q3_K exactly. Output `o` (values `32o..32o + 32`) takes bits
-    /// `2·(o % 4)` of the low chunks of its half and bit `o` of the high ones.
+    /// One Q3_K record's values (from `vals`), decoded for [`decode`] ([`q3_chunk`]).
     #[inline(always)]
     unsafe fn decode_q3(vals: *const u8, out: *mut u8) {
         for o in 0..8 {
-            let (low_shift, high_shift) = (_mm_cvtsi32_si128(2 * (o as i32 % 4)), _mm_cvtsi32_si128(o as i32));
             for c in 0..8 {
-                let low = _mm256_loadu_si256(vals.add(32 * (8 + 8 * (o / 4) + c)).cast());
-                let high = _mm256_loadu_si256(vals.add(32 * c).cast());
-                let low = _mm256_and_si256(_mm256_srl_epi16(low, low_shift), _mm256_set1_epi8(3));
-                let high = _mm256_and_si256(_mm256_srl_epi16(high, high_shift), _mm256_set1_epi8(1));
-                let q = _mm256_or_si256(low, _mm256_slli_epi16(high, 2));
-                put(out, o, c, _mm256_add_epi8(q, _mm256_set1_epi8(28)));
+                put(out, o, c, q3_chunk(vals, o, c));
             }
         }
+    }
+
+    /// One Q2_K record's values (from `vals`), decoded for [`decode`] ([`q2_chunk`]).
+    #[inline(always)]
+    unsafe fn decode_q2(vals: *const u8, out: *mut u8) {
+        for o in 0..8 {
+            for c in 0..8 {
+                put(out, o, c, q2_chunk(vals, o, c));
+            }
+        }
+    }
+
+    /// Chunk `c` of output `o` (values `32o..32o + 32`) of the Q3_K values at `vals` (the
+    /// high bits' 8 chunks, then the low two bits' 16) as Q6_K's are: value `q − 4` (`q` its
+    /// three bits) as `q − 4 + 32`, so that Q6_K's kernels, their −32 offsets and the scales
+    /// `sc − 32` in the record compute Q3_K exactly. Bits `2·(o % 4)` of the low chunks of
+    /// its half and bit `o` of the high ones.
+    #[inline(always)]
+    unsafe fn q3_chunk(vals: *const u8, o: usize, c: usize) -> __m256i {
+        let (low_shift, high_shift) = (_mm_cvtsi32_si128(2 * (o as i32 % 4)), _mm_cvtsi32_si128(o as i32));
+        let low = _mm256_loadu_si256(vals.add(32 * (8 + 8 * (o / 4) + c)).cast());
+        let high = _mm256_loadu_si256(vals.add(32 * c).cast());
+        let low = _mm256_and_si256(_mm256_srl_epi16(low, low_shift), _mm256_set1_epi8(3));
+        let high = _mm256_and_si256(_mm256_srl_epi16(high, high_shift), _mm256_set1_epi8(1));
+        let q = _mm256_or_si256(low, _mm256_slli_epi16(high, 2));
+        _mm256_add_epi8(q, _mm256_set1_epi8(28))
+    }
+
+    /// Chunk `c` of output `o` of the Q2_K values at `vals` (16 chunks, each byte holding
+    /// four outputs' values) as Q6_K's are: value `q` as `q + 32`, so that Q6_K's kernels
+    /// and their −32 offsets compute `Σ sc·q·x` exactly (the mins follow in [`q2_mins`]).
+    /// Bits `2·(o % 4)` of the chunks of its half.
+    #[inline(always)]
+    unsafe fn q2_chunk(vals: *const u8, o: usize, c: usize) -> __m256i {
+        let q = _mm256_loadu_si256(vals.add(32 * (8 * (o / 4) + c)).cast());
+        let q = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * (o as i32 % 4))), _mm256_set1_epi8(3));
+        _mm256_or_si256(q, _mm256_set1_epi8(32))
     }
 
     /// One Q6_K record's values (from `vals`), decoded for [`decode`]. The four outputs are
@@ -1467,7 +1508,7 @@ mod avx2 {
     /// ([`ActScales::PerBlock`], or per 256 beside Q4_K) and take the eight rows' weight
     /// scales once per block; a row's operations are the same whatever its tile.
     #[inline(always)]
-    unsafe fn q6_k<const V: bool, const Q3: bool, const PRE: bool, const G: usize, const R: usize>(
+    unsafe fn q6_k<const V: bool, const F: u8, const PRE: bool, const G: usize, const R: usize>(
         src: [Src; G],
         xq: &QActs,
         first: usize,
@@ -1476,9 +1517,10 @@ mod avx2 {
         ahead: Ahead,
     ) {
         debug_assert_ne!(xq.scales, ActScales::PerHalf, "Q6_K's halves share an activation scale");
-        // Q3_K's records hold Q6_K's fields up to the values, which are decoded ahead.
-        debug_assert!(PRE || !Q3, "Q3_K's values are always decoded");
-        let (rec_bytes, head) = record(if Q3 { GgmlType::Q3K } else { GgmlType::Q6K });
+        // Q3_K's and Q2_K's records hold Q6_K's fields (Q2_K's scales after its `dmin`),
+        // and their values decode to Q6_K's.
+        let dtype = q6_format(F);
+        let ((rec_bytes, head), sc_at) = (record(dtype), shape(dtype).bytes_at());
         // The −32 offsets: i16 pairs for AVX2's 16-bit sums, `−32 · Σx` per 16 values for VNNI's.
         let offs = if V { xq.q6_starts().as_ptr() } else { xq.q6_offsets().as_ptr() };
         // The running sums stay in `out` between blocks, as in [`k_tiled`].
@@ -1496,15 +1538,15 @@ mod avx2 {
             let at = |t: usize| ((first + t) * blocks + b) * 8 * QB;
             let hb = |t: usize| 16 * ((first + t) * blocks + b);
             if V && PRE && G == 2 && R == 4 {
-                q6_block_vnni::<G, R>(rec, vals, xq, offs, at, hb, &mut blk);
+                q6_block_vnni::<F, G, R>(rec, vals, sc_at, xq, offs, at, hb, &mut blk);
             } else {
                 // The four outputs of each half are unrolled, so that their shifts are
                 // constants and the chunks they share load once.
                 for n in 0..2 {
-                    q6_out::<V, PRE, G, R>(rec, vals, head, n, 0, xq, offs, at, hb, &mut blk);
-                    q6_out::<V, PRE, G, R>(rec, vals, head, n, 1, xq, offs, at, hb, &mut blk);
-                    q6_out::<V, PRE, G, R>(rec, vals, head, n, 2, xq, offs, at, hb, &mut blk);
-                    q6_out::<V, PRE, G, R>(rec, vals, head, n, 3, xq, offs, at, hb, &mut blk);
+                    q6_out::<V, F, PRE, G, R>(rec, vals, (head, sc_at), n, 0, xq, offs, at, hb, &mut blk);
+                    q6_out::<V, F, PRE, G, R>(rec, vals, (head, sc_at), n, 1, xq, offs, at, hb, &mut blk);
+                    q6_out::<V, F, PRE, G, R>(rec, vals, (head, sc_at), n, 2, xq, offs, at, hb, &mut blk);
+                    q6_out::<V, F, PRE, G, R>(rec, vals, (head, sc_at), n, 3, xq, offs, at, hb, &mut blk);
                 }
             }
             for (g, (&rec, out)) in rec.iter().zip(out.iter_mut()).enumerate() {
@@ -1515,6 +1557,75 @@ mod avx2 {
                 }
             }
         }
+        if F == F_Q2K {
+            for (src, out) in src.iter().zip(out) {
+                let mut acc = [_mm256_setzero_ps(); R];
+                for (acc, out) in acc.iter_mut().zip(out.iter()) {
+                    *acc = _mm256_loadu_ps(out.as_ptr());
+                }
+                q2_mins::<R>(src.rec, xq, first, blocks, &mut acc);
+                store(&acc, out);
+            }
+        }
+    }
+
+    /// Q2_K's mins, `dmin·m · d_x·Σx` per 16 values, in a pass of their own after the
+    /// values, as [`k_mins`]: per 32 values, one `madd` of two runs' mins (the high nibbles
+    /// of the scale bytes) against the activations' pair of 16-value sums
+    /// ([`QActs::half_pairs`]) under their activation scale ([`ActScales::PerBlock`]), then
+    /// `dmin` once per block.
+    #[inline(always)]
+    unsafe fn q2_mins<const R: usize>(p: *const u8, xq: &QActs, first: usize, blocks: usize, acc: &mut [__m256; R]) {
+        let (rec_bytes, sc_at) = (record(GgmlType::Q2K).0, shape(GgmlType::Q2K).bytes_at());
+        let pairs = xq.half_pairs().as_ptr();
+        for b in 0..blocks {
+            let rec = p.add(b * rec_bytes);
+            let dmin = _mm256_cvtph_ps(_mm_loadu_si128(rec.add(16).cast()));
+            // Lane r: the i16 pair of row r's mins of runs 2o and 2o + 1.
+            let mut m = [_mm256_setzero_si256(); 8];
+            for (o, m) in m.iter_mut().enumerate() {
+                let even = _mm_loadl_epi64(rec.add(sc_at + 16 * o).cast());
+                let odd = _mm_loadl_epi64(rec.add(sc_at + 16 * o + 8).cast());
+                *m = _mm256_srli_epi16(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(even, odd)), 4);
+            }
+            for (t, acc) in acc.iter_mut().enumerate() {
+                let xb = (first + t) * blocks + b;
+                let x = pairs.add(8 * xb);
+                let mut s = _mm256_setzero_ps();
+                for (o, m) in m.iter().enumerate() {
+                    let dx = _mm256_set1_ps(*xq.d.get_unchecked(16 * xb + 2 * o));
+                    s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(*m, _mm256_set1_epi32(*x.add(o)))), dx, s);
+                }
+                *acc = _mm256_fnmadd_ps(dmin, s, *acc);
+            }
+        }
+    }
+
+    /// The formats that run on [`q6_k`]'s kernels, as its const argument `F`.
+    const F_Q6K: u8 = 0;
+    const F_Q3K: u8 = 1;
+    const F_Q2K: u8 = 2;
+
+    /// The format `F` of [`q6_k`].
+    const fn q6_format(f: u8) -> GgmlType {
+        match f {
+            F_Q3K => GgmlType::Q3K,
+            F_Q2K => GgmlType::Q2K,
+            _ => GgmlType::Q6K,
+        }
+    }
+
+    /// Eight rows' scales of a 16-value run at `at`, as VNNI's i32 lanes (`V`) or the i16
+    /// pairs of AVX2's `madd`: Q6_K's and Q3_K's signed bytes, Q2_K's low nibbles (its
+    /// mins are the high ones, [`q2_mins`]).
+    #[inline(always)]
+    unsafe fn q6_scales<const V: bool, const F: u8>(at: *const u8) -> __m256i {
+        match (V, F == F_Q2K) {
+            (true, false) => _mm256_cvtepi8_epi32(_mm_loadl_epi64(at.cast())),
+            (true, true) => _mm256_and_si256(_mm256_cvtepu8_epi32(_mm_loadl_epi64(at.cast())), _mm256_set1_epi32(0xF)),
+            (false, false) => scale_pairs::<true>(at),
+            (false, true) => _mm256_and_si256(scale_pairs::<false>(at), _mm256_set1_epi16(0xF)),
+        }
     }
 
     /// [`q6_k`]'s block for two groups' values decoded ahead (`vals`) and four rows with
@@ -1523,9 +1634,11 @@ mod avx2 {
     /// ([`q6_halves_vnni`]); the same operations per row as [`q6_out`]. 1B Q4_K_M, 32
     /// streams, perf samples in Q6_K's kernel per Q4_K's: 0.60–0.62 -> 0.57–0.59.
     #[inline(always)]
-    unsafe fn q6_block_vnni<const G: usize, const R: usize>(
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn q6_block_vnni<const F: u8, const G: usize, const R: usize>(
         rec: [*const u8; G],
         vals: [*const u8; G],
+        sc_at: usize,
         xq: &QActs,
         offs: *const i32,
         at: impl Fn(usize) -> usize,
@@ -1535,7 +1648,7 @@ mod avx2 {
         let row = at(1) - at(0);
         for o in 0..8 {
             // Output `o` is `i = o % 4` of half `n = o / 4`: its values 32·o on, its scales
-            // `8·n + 2·i = 2·o` on.
+            // `8·n + 2·i = 2·o` on (from `sc_at`).
             let mut init = [[_mm256_setzero_si256(); 4]; 2];
             for (half, init) in init.iter_mut().enumerate() {
                 for (t, init) in init.iter_mut().enumerate().take(R) {
@@ -1550,11 +1663,8 @@ mod avx2 {
                 init,
             );
             for (g, &rec) in rec.iter().enumerate() {
-                let sc = rec.add(16 + 16 * o);
-                let (lo, hi) = (
-                    _mm256_cvtepi8_epi32(_mm_loadl_epi64(sc.cast())),
-                    _mm256_cvtepi8_epi32(_mm_loadl_epi64(sc.add(8).cast())),
-                );
+                let sc = rec.add(sc_at + 16 * o);
+                let (lo, hi) = (q6_scales::<true, F>(sc), q6_scales::<true, F>(sc.add(8)));
                 for (t, (blk, s)) in blk.iter_mut().zip(&s).enumerate() {
                     let dot = _mm256_add_epi32(_mm256_mullo_epi32(s[g][0], lo), _mm256_mullo_epi32(s[g][1], hi));
                     let dx = _mm256_set1_ps(*xq.d.get_unchecked(hb(t) + 2 * o));
@@ -1583,15 +1693,15 @@ mod avx2 {
     }
 
     /// Output `i` of half `n` of the [`q6_k`] records at `rec` (values from `head`, or
-    /// decoded ahead at `pre` with `PRE`): its 32 values of each row, against tile row
+    /// decoded ahead at `pre` with `PRE`; scales from `sc_at`): its 32 values of each row, against tile row
     /// `t`'s activations from index `at(t)` (with their Q6_K offsets `offs`, one per 16),
     /// whose activation scales start at index `hb(t)`.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    unsafe fn q6_out<const V: bool, const PRE: bool, const G: usize, const R: usize>(
+    unsafe fn q6_out<const V: bool, const F: u8, const PRE: bool, const G: usize, const R: usize>(
         rec: [*const u8; G],
         pre: [*const u8; G],
-        head: usize,
+        (head, sc_at): (usize, usize),
         n: usize,
         i: usize,
         xq: &QActs,
@@ -1609,8 +1719,7 @@ mod avx2 {
             // Plain loops, as in [`k_sub`].
             let mut sc = [_mm256_setzero_si256(); G];
             for (sc, rec) in sc.iter_mut().zip(rec) {
-                let at = rec.add(16 + 8 * (8 * n + 2 * i + half));
-                *sc = if V { _mm256_cvtepi8_epi32(_mm_loadl_epi64(at.cast())) } else { scale_pairs::<true>(at) };
+                *sc = q6_scales::<V, F>(rec.add(sc_at + 8 * (8 * n + 2 * i + half)));
             }
             // The −32 offsets start the sums.
             let mut off = [_mm256_setzero_si256(); 4];
@@ -1646,7 +1755,11 @@ mod avx2 {
                             *w = if PRE {
                                 _mm256_loadu_si256(pre.add(32 * (c0 + j)).cast())
                             } else {
-                                q6_chunk(rec.add(head), n, i, c0 + j)
+                                match F {
+                                    F_Q3K => q3_chunk(rec.add(head), 4 * n + i, c0 + j),
+                                    F_Q2K => q2_chunk(rec.add(head), 4 * n + i, c0 + j),
+                                    _ => q6_chunk(rec.add(head), n, i, c0 + j),
+                                }
                             };
                         }
                     }
@@ -1696,13 +1809,15 @@ mod tests {
     use super::*;
     use crate::kernels::testing::random_vec;
 
-    /// The formats whose kernels read their records (Q3_K's never do: [`q3_k_runs_on_q6_k_kernels`]).
-    const FORMATS: [GgmlType; 8] = [
+    /// Every interleaved format.
+    const FORMATS: [GgmlType; 10] = [
         GgmlType::Q4_0,
         GgmlType::Q4_1,
         GgmlType::Q5_0,
         GgmlType::Q5_1,
         GgmlType::Q8_0,
+        GgmlType::Q2K,
+        GgmlType::Q3K,
         GgmlType::Q4K,
         GgmlType::Q5K,
         GgmlType::Q6K,
@@ -1858,63 +1973,6 @@ mod tests {
         }
     }
 
-    /// Q3_K, repacked into Q6_K's fields and decoded as Q6_K's values: its rows read back
-    /// as the file's; at every tile height the kernels agree with the portable row path,
-    /// give each row what it gets alone, and give the same bits paired, alone, with VNNI
-    /// and without.
-    #[cfg(target_arch = "x86_64")]
-    #[test]
-    fn q3_k_runs_on_q6_k_kernels() {
-        if !crate::kernels::matmul::avx2::available() {
-            return;
-        }
-        let (dtype, k) = (GgmlType::Q3K, 2 * 256);
-        let blocks = k / 256;
-        let raw = random_blocks(dtype, 2 * GROUP * blocks, 41);
-        let data = interleave(dtype, &raw, k);
-        let row_bytes = blocks * dtype.block().1;
-        for r in 0..2 * GROUP {
-            assert_eq!(raw_row(dtype, &data, r, k), &raw[r * row_bytes..(r + 1) * row_bytes], "row {r}");
-        }
-        let (a, b) = data.split_at(data.len() / 2);
-        let decoded = |d: &[u8]| {
-            let mut v = vec![0u8; blocks * DECODED];
-            decode(dtype, d, blocks, &mut v);
-            v
-        };
-        let vals = [decoded(a), decoded(b)];
-        let mut xq = QActs::default();
-        quantize_rows(&random_vec(TILE * k, 42), TILE, k, act_scales(dtype), &mut xq);
-        let src = |g: usize| avx2::Src { rec: [a, b][g].as_ptr(), vals: vals[g].as_ptr() };
-        for tile in 1..=TILE {
-            let mut want = [[0f32; GROUP]; TILE];
-            portable_group(dtype, a, &xq, 0, tile, k, &mut want);
-            for vnni in [false, avx2::vnni()] {
-                let (mut alone, mut paired) = ([[0f32; GROUP]; TILE], [[[0f32; GROUP]; TILE]; 2]);
-                // SAFETY: AVX2 is present, and VNNI when asked for; each group's records
-                // and decoded values.
-                unsafe {
-                    avx2::group(vnni, dtype, src(0), &xq, 0, tile, blocks, &mut alone);
-                    avx2::pair(vnni, dtype, [src(0), src(1)], &xq, 0, tile, blocks, &mut paired, avx2::Ahead::NONE);
-                }
-                assert_eq!(paired[0][..tile], alone[..tile], "tile {tile} vnni {vnni}: paired");
-                for (t, (w, g)) in want.iter().zip(&alone).enumerate().take(tile) {
-                    for (w, g) in w.iter().zip(g) {
-                        assert!((w - g).abs() <= 1e-4 * (1.0 + w.abs()), "tile {tile} row {t}: {w} vs {g}");
-                    }
-                    let mut one = [[0f32; GROUP]; TILE];
-                    // SAFETY: as above.
-                    unsafe { avx2::group(vnni, dtype, src(0), &xq, t, 1, blocks, &mut one) };
-                    assert_eq!(one[0], alone[t], "tile {tile} row {t} vnni {vnni}: alone");
-                }
-                let mut avx2_only = [[0f32; GROUP]; TILE];
-                // SAFETY: as above.
-                unsafe { avx2::group(false, dtype, src(0), &xq, 0, tile, blocks, &mut avx2_only) };
-                assert_eq!(avx2_only[..tile], alone[..tile], "tile {tile}: VNNI against AVX2");
-            }
-        }
-    }
-
     /// The portable fallback and the AVX2 kernels agree on every format and tile height.
     #[cfg(target_arch = "x86_64")]
     #[test]
@@ -1975,7 +2033,7 @@ mod tests {
                 assert_eq!(got, want, "{dtype:?} tile {tile}");
             }
             // Each decoded byte is a row's value with its format's offset left in (the
-            // nibble, or the 6-bit value before Q6_K's −32).
+            // nibble, the 6-bit value before Q6_K's −32, and Q3_K's and Q2_K's as Q6_K's).
             let raw: Vec<Vec<u8>> = (0..GROUP).map(|r| raw_row(dtype, data, r, k)).collect();
             let value = |r: usize, j: usize| -> u8 {
                 let blk = &raw[r][j / 256 * dtype.block().1..];
@@ -1986,6 +2044,12 @@ mod tests {
                         let low = (blk[48 + sub / 2 * 32 + i] >> (4 * (sub % 2))) & 0xF;
                         low | ((blk[16 + i] >> sub) & 1) << 4
                     }
+                    // Value `q − 4` as `q + 28`, `q` as `q + 32` (runs as Q6_K's outputs).
+                    GgmlType::Q3K => {
+                        let low = (blk[32 + sub / 4 * 32 + i] >> (2 * (sub % 4))) & 3;
+                        28 + (low | ((blk[i] >> sub) & 1) << 2)
+                    }
+                    GgmlType::Q2K => 32 + ((blk[16 + sub / 4 * 32 + i] >> (2 * (sub % 4))) & 3),
                     _ => {
                         let (n, l) = (j % 256 / 128, j % 128);
                         let (ql, qh) = (&blk[64 * n..], &blk[128 + 32 * n..]);
