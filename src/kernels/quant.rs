@@ -23,10 +23,14 @@ pub enum GgmlType {
     Q4K,
     Q5K,
     Q6K,
+    /// 4-bit indices into [`IQ4_VALUES`], one scale per 32 values.
+    Iq4Nl,
+    /// [`GgmlType::Iq4Nl`]'s values in 256-value super-blocks, with a 6-bit scale per 32.
+    Iq4Xs,
 }
 
 /// The block formats (quantized, computed with int8 activations), in a fixed order.
-pub const BLOCK_FORMATS: [GgmlType; 10] = [
+pub const BLOCK_FORMATS: [GgmlType; 12] = [
     GgmlType::Q8_0,
     GgmlType::Q4_0,
     GgmlType::Q4_1,
@@ -37,7 +41,13 @@ pub const BLOCK_FORMATS: [GgmlType; 10] = [
     GgmlType::Q4K,
     GgmlType::Q5K,
     GgmlType::Q6K,
+    GgmlType::Iq4Nl,
+    GgmlType::Iq4Xs,
 ];
+
+/// The values that IQ4_NL's and IQ4_XS's 4-bit indices stand for (ggml's `kvalues_iq4nl`):
+/// denser near zero, where most weights are.
+pub const IQ4_VALUES: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
 
 /// Every type this engine reads: the floats, then [`BLOCK_FORMATS`].
 pub const TYPES: [GgmlType; 3 + BLOCK_FORMATS.len()] = {
@@ -67,6 +77,8 @@ impl GgmlType {
             GgmlType::Q4K => (QK_K, 144),
             GgmlType::Q5K => (QK_K, 176),
             GgmlType::Q6K => (QK_K, 210),
+            GgmlType::Iq4Nl => (32, 18),
+            GgmlType::Iq4Xs => (QK_K, 136),
         }
     }
 }
@@ -74,7 +86,11 @@ impl GgmlType {
 /// ggml's name of the type: `Q8_0`, `Q4_K`, `BF16`, ...
 impl std::fmt::Display for GgmlType {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&format!("{self:?}").replace('K', "_K").to_uppercase())
+        match self {
+            GgmlType::Iq4Nl => f.write_str("IQ4_NL"),
+            GgmlType::Iq4Xs => f.write_str("IQ4_XS"),
+            _ => f.write_str(&format!("{self:?}").replace('K', "_K").to_uppercase()),
+        }
     }
 }
 
@@ -144,8 +160,30 @@ pub fn dequantize(dtype: GgmlType, raw: &[u8]) -> Vec<f32> {
         GgmlType::Q4K => blocks.for_each(|(b, o)| dequant_q45k(b, o, false)),
         GgmlType::Q5K => blocks.for_each(|(b, o)| dequant_q45k(b, o, true)),
         GgmlType::Q6K => blocks.for_each(|(b, o)| dequant_q6k(b, o)),
+        GgmlType::Iq4Nl => blocks.for_each(|(b, o)| iq4_run(f16_at(b, 0), &b[2..18], o)),
+        GgmlType::Iq4Xs => blocks.for_each(|(b, o)| {
+            let d = f16_at(b, 0);
+            for (sub, (qs, o)) in b[8..].chunks_exact(16).zip(o.chunks_exact_mut(32)).enumerate() {
+                iq4_run(d * (iq4_xs_scale(b, sub) - 32) as f32, qs, o);
+            }
+        }),
     }
     out
+}
+
+/// 32 IQ4 values from 16 bytes of indices (low nibbles first) under scale `d`.
+fn iq4_run(d: f32, qs: &[u8], o: &mut [f32]) {
+    for (j, &q) in qs.iter().enumerate() {
+        o[j] = d * IQ4_VALUES[(q & 0xF) as usize] as f32;
+        o[j + 16] = d * IQ4_VALUES[(q >> 4) as usize] as f32;
+    }
+}
+
+/// IQ4_XS's 6-bit scale of 32-value run `sub` of block `b` (`scales_h` at 2, `scales_l` at
+/// 4), before its −32.
+pub(crate) fn iq4_xs_scale(b: &[u8], sub: usize) -> i32 {
+    let high = (u16::from_le_bytes([b[2], b[3]]) >> (2 * sub)) & 3;
+    ((b[4 + sub / 2] >> (4 * (sub % 2))) & 0xF) as i32 | (high as i32) << 4
 }
 
 /// The 5-bit values at `j` and `j + 16` of a Q5 block: low nibbles plus a bit from `qh`.
@@ -304,6 +342,34 @@ mod tests {
         assert_eq!((got[0], got[1], got[31]), (0.5 * 17.0 - 1.0, 0.5 - 1.0, 0.5 * 18.0 - 1.0));
     }
 
+    /// IQ4_NL's indices pick [`IQ4_VALUES`] (low nibbles are values 0..16); IQ4_XS's runs
+    /// of 32 take their 6-bit scales (low four bits from `scales_l`, two from `scales_h`),
+    /// less 32. The values were also checked, bit for bit, against the `gguf` Python
+    /// package's dequantizer on tensors that llama-quantize wrote.
+    #[test]
+    fn iq4_blocks() {
+        let d = f16::from_f32(0.5).to_le_bytes();
+        let indices: Vec<u8> = (0..16u8).map(|j| j | ((15 - j) << 4)).collect();
+        let nl = [&d[..], &indices].concat();
+        let got = dequantize(GgmlType::Iq4Nl, &nl);
+        assert_eq!((got[0], got[15], got[16], got[31]), (-63.5, 56.5, 56.5, -63.5));
+
+        // Scales 0, 1, 31, 32, 33, 47, 62, 63: the low nibbles two to a byte, the high bits
+        // two per run.
+        let ls = [0u16, 1, 31, 32, 33, 47, 62, 63];
+        let high = ls.iter().enumerate().fold(0u16, |h, (i, &l)| h | (l >> 4) << (2 * i));
+        let mut xs = [&d[..], &high.to_le_bytes()].concat();
+        xs.extend((0..4).map(|i| (ls[2 * i] & 0xF) as u8 | ((ls[2 * i + 1] & 0xF) as u8) << 4));
+        for _ in 0..8 {
+            xs.extend(&indices);
+        }
+        let got = dequantize(GgmlType::Iq4Xs, &xs);
+        for (run, &l) in ls.iter().enumerate() {
+            let dl = 0.5 * (l as f32 - 32.0);
+            assert_eq!((got[32 * run], got[32 * run + 16]), (dl * -127.0, dl * 113.0), "run {run}");
+        }
+    }
+
     #[test]
     fn parses_ggml_names() {
         let parse = |s: &str| s.parse::<GgmlType>();
@@ -313,6 +379,7 @@ mod tests {
         );
         assert!(parse("q4k").is_err() && parse("q4_k_m").is_err());
         assert_eq!((GgmlType::Q4K.to_string(), GgmlType::Bf16.to_string()), ("Q4_K".into(), "BF16".into()));
+        assert_eq!((parse("iq4_xs"), GgmlType::Iq4Nl.to_string()), (Ok(GgmlType::Iq4Xs), "IQ4_NL".into()));
     }
 
     #[test]

@@ -69,6 +69,8 @@ impl GgmlType {
             GgmlType::Q4K => 12,
             GgmlType::Q5K => 13,
             GgmlType::Q6K => 14,
+            GgmlType::Iq4Nl => 20,
+            GgmlType::Iq4Xs => 23,
             GgmlType::Bf16 => 30,
         }
     }
@@ -77,7 +79,7 @@ impl GgmlType {
         match TYPES.into_iter().find(|t| t.id() == id) {
             Some(t) => Ok(t),
             None => bail!(
-                "unsupported GGML tensor type {id} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)"
+                "unsupported GGML tensor type {id} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS)"
             ),
         }
     }

@@ -438,7 +438,7 @@ mod tests {
         let noise = random_vec(n_blocks * bytes, seed);
         let mut raw: Vec<u8> = noise.iter().map(|v| ((v + 1.0) * 127.5) as u8).collect();
         let scale_at: &[usize] = match dtype {
-            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => &[0],
+            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Iq4Nl | GgmlType::Iq4Xs => &[0],
             GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
             GgmlType::Q6K => &[208],
             GgmlType::Q2K => &[80, 82],
@@ -454,7 +454,7 @@ mod tests {
         raw
     }
 
-    const TYPES: [GgmlType; 10] = crate::kernels::quant::BLOCK_FORMATS;
+    const TYPES: [GgmlType; 12] = crate::kernels::quant::BLOCK_FORMATS;
 
     /// Every format against the naive version: dequantize the weights, dequantize the
     /// quantized activations, dot in f64.
@@ -488,9 +488,11 @@ mod tests {
                     assert!(close, "{dtype:?} {scales:?} [{i},{j}] {got} vs {want}");
                 }
             }
-            // The int8 activations stay close to the f32 ones.
+            // The int8 activations stay close to the f32 ones: within 1 % of the products'
+            // magnitude (not of their sum, which cancels most where the scales vary most).
             let exact: f64 = (0..k).map(|c| wf[c] as f64 * x[c] as f64).sum();
-            assert!((y[0] as f64 - exact).abs() < 0.05 * (1.0 + exact.abs()), "{dtype:?} {} vs {exact}", y[0]);
+            let size: f64 = (0..k).map(|c| (wf[c] as f64 * x[c] as f64).abs()).sum();
+            assert!((y[0] as f64 - exact).abs() < 0.01 * (1.0 + size), "{dtype:?} {} vs {exact} (of {size})", y[0]);
         }
     }
 

@@ -9,7 +9,9 @@
 //! - Q4_0 `d[8]`, nibbles (144 bytes, as the file); Q4_1 `d[8] m[8]`, nibbles (160);
 //!   Q5_0 and Q5_1 the same with their fifth bits before the nibbles, rearranged into one
 //!   32-bit mask per chunk of nibbles (176 and 192, as the file: [`Shape::fifth`]);
-//!   Q8_0 `d[8]`, values (272);
+//!   Q8_0 `d[8]`, values (272); IQ4_NL `d[8]`, indices (144, as the file); IQ4_XS `d[8]
+//!   sc[8 sub][8]`, indices (1104 against the file's 1088: its 6-bit scales unpacked to
+//!   `ls − 32`);
 //! - Q4_K `d[8] dmin[8] sc[8 sub][8] m[8 sub][8]`, nibbles (1184 bytes against the file's
 //!   1152: the 6-bit scales are unpacked so a lane loads its row's with one instruction);
 //!   Q5_K the same with the fifth bits before the nibbles (1440 against 1408);
@@ -57,7 +59,7 @@
 //! place ran no faster at one stream); Q6_K's take VNNI.
 
 use super::{ActScales, Buf, Part, QActs, SharedOut, QB, QH};
-use crate::kernels::quant::{scale_k3, scale_min_k4, GgmlType};
+use crate::kernels::quant::{iq4_xs_scale, scale_k3, scale_min_k4, GgmlType, IQ4_VALUES};
 use rayon::prelude::*;
 
 /// Rows interleaved into one group.
@@ -90,6 +92,9 @@ struct Shape {
     /// Q3_K's 12 bytes of packed 6-bit scales (at 96), unpacked to `sc − 32` as i8,
     /// `sc[16][8 rows]`: Q6_K's layout, whose kernels compute Q3_K ([`decode`]).
     q3_scales: bool,
+    /// IQ4_XS's eight 6-bit scales (`scales_h` at 2, `scales_l` at 4), unpacked to
+    /// `ls − 32` as i8, `sc[8][8 rows]`.
+    xs_scales: bool,
     /// Offset and length of byte fields kept `[byte][8 rows]` (Q6_K's 16 scales, Q2_K's 16
     /// scales and mins).
     bytes: (usize, usize),
@@ -113,22 +118,42 @@ const Q6_VALUES: &[(usize, usize)] =
     &[(0, 16), (128, 16), (16, 16), (144, 16), (32, 32), (64, 16), (160, 16), (80, 16), (176, 16), (96, 32)];
 
 fn shape(dtype: GgmlType) -> Shape {
-    let (none, k_scales, q3_scales, fifth) = ((0, 0), false, false, None);
+    let (none, k_scales, q3_scales, xs_scales, fifth) = ((0, 0), false, false, false, None);
     match dtype {
-        GgmlType::Q4_0 => Shape { halves: &[0], k_scales, q3_scales, bytes: none, fifth, qs: &[(2, 16)] },
-        GgmlType::Q4_1 => Shape { halves: &[0, 2], k_scales, q3_scales, bytes: none, fifth, qs: &[(4, 16)] },
-        GgmlType::Q5_0 => Shape { halves: &[0], k_scales, q3_scales, bytes: none, fifth: Some(2), qs: &[(6, 16)] },
-        GgmlType::Q5_1 => Shape { halves: &[0, 2], k_scales, q3_scales, bytes: none, fifth: Some(4), qs: &[(8, 16)] },
-        GgmlType::Q8_0 => Shape { halves: &[0], k_scales, q3_scales, bytes: none, fifth, qs: &[(2, 32)] },
-        GgmlType::Q4K => Shape { halves: &[0, 2], k_scales: true, q3_scales, bytes: none, fifth, qs: &[(16, 128)] },
-        GgmlType::Q5K => {
-            Shape { halves: &[0, 2], k_scales: true, q3_scales, bytes: none, fifth, qs: &[(16, 32), (48, 128)] }
+        GgmlType::Q4_0 => Shape { halves: &[0], k_scales, q3_scales, xs_scales, bytes: none, fifth, qs: &[(2, 16)] },
+        GgmlType::Q4_1 => Shape { halves: &[0, 2], k_scales, q3_scales, xs_scales, bytes: none, fifth, qs: &[(4, 16)] },
+        GgmlType::Q5_0 => {
+            Shape { halves: &[0], k_scales, q3_scales, xs_scales, bytes: none, fifth: Some(2), qs: &[(6, 16)] }
         }
-        GgmlType::Q6K => Shape { halves: &[208], k_scales, q3_scales, bytes: (192, 16), fifth, qs: Q6_VALUES },
+        GgmlType::Q5_1 => {
+            Shape { halves: &[0, 2], k_scales, q3_scales, xs_scales, bytes: none, fifth: Some(4), qs: &[(8, 16)] }
+        }
+        GgmlType::Q8_0 => Shape { halves: &[0], k_scales, q3_scales, xs_scales, bytes: none, fifth, qs: &[(2, 32)] },
+        GgmlType::Q4K => {
+            Shape { halves: &[0, 2], k_scales: true, q3_scales, xs_scales, bytes: none, fifth, qs: &[(16, 128)] }
+        }
+        GgmlType::Q5K => Shape {
+            halves: &[0, 2],
+            k_scales: true,
+            q3_scales,
+            xs_scales,
+            bytes: none,
+            fifth,
+            qs: &[(16, 32), (48, 128)],
+        },
+        GgmlType::Q6K => {
+            Shape { halves: &[208], k_scales, q3_scales, xs_scales, bytes: (192, 16), fifth, qs: Q6_VALUES }
+        }
         GgmlType::Q3K => {
-            Shape { halves: &[108], k_scales, q3_scales: true, bytes: none, fifth, qs: &[(0, 32), (32, 64)] }
+            Shape { halves: &[108], k_scales, q3_scales: true, xs_scales, bytes: none, fifth, qs: &[(0, 32), (32, 64)] }
         }
-        GgmlType::Q2K => Shape { halves: &[80, 82], k_scales, q3_scales, bytes: (0, 16), fifth, qs: &[(16, 64)] },
+        GgmlType::Q2K => {
+            Shape { halves: &[80, 82], k_scales, q3_scales, xs_scales, bytes: (0, 16), fifth, qs: &[(16, 64)] }
+        }
+        GgmlType::Iq4Nl => Shape { halves: &[0], k_scales, q3_scales, xs_scales, bytes: none, fifth, qs: &[(2, 16)] },
+        GgmlType::Iq4Xs => {
+            Shape { halves: &[0], k_scales, q3_scales, xs_scales: true, bytes: none, fifth, qs: &[(8, 128)] }
+        }
         other => unreachable!("{other:?} is not interleaved"),
     }
 }
@@ -141,7 +166,13 @@ impl Shape {
 
     /// Where the fifth bits' masks start in a record.
     fn fifth_at(&self) -> usize {
-        let unpacked = if self.k_scales || self.q3_scales { 16 * GROUP } else { 0 };
+        let unpacked = if self.k_scales || self.q3_scales {
+            16 * GROUP
+        } else if self.xs_scales {
+            8 * GROUP
+        } else {
+            0
+        };
         self.bytes_at() + unpacked + self.bytes.1 * GROUP
     }
 
@@ -167,7 +198,7 @@ pub fn vnni() -> bool {
 /// Whether `dtype` has an interleaved kernel.
 pub fn supports(dtype: GgmlType) -> bool {
     use GgmlType::*;
-    matches!(dtype, Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2K | Q3K | Q4K | Q5K | Q6K)
+    matches!(dtype, Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2K | Q3K | Q4K | Q5K | Q6K | Iq4Nl | Iq4Xs)
 }
 
 /// Whether `dtype` is a K-quant whose values [`decode`] can decode (on AVX2).
@@ -194,7 +225,13 @@ fn decodes(dtype: GgmlType) -> bool {
 /// with VNNI, whose 32 registers hold both groups' sums (1B Q8_0, alternated: 32 streams
 /// 135–142 -> 151–161 tok/s, prefill 196–206 -> 215–227).
 fn pairs(dtype: GgmlType) -> bool {
-    k_quant(dtype) || dtype == GgmlType::Q8_0 && vnni()
+    k_quant(dtype) || signed_bytes(dtype) && vnni()
+}
+
+/// Whether `dtype` runs on [`avx2::q8`]'s kernels, its values signed bytes: Q8_0's, and
+/// IQ4_NL's and IQ4_XS's looked up from their indices.
+fn signed_bytes(dtype: GgmlType) -> bool {
+    matches!(dtype, GgmlType::Q8_0 | GgmlType::Iq4Nl | GgmlType::Iq4Xs)
 }
 
 /// The coarsest activation scales `dtype`'s kernel needs (every kernel reads coarser
@@ -262,6 +299,11 @@ fn fill_record<'a>(s: &Shape, head: usize, rec: &mut [u8], block: impl Fn(usize)
                 rec[base + i * GROUP + r] = scale_k3(i, &blk[96..108]) as u8;
             }
         }
+        if s.xs_scales {
+            for sub in 0..8 {
+                rec[base + sub * GROUP + r] = (iq4_xs_scale(blk, sub) - 32) as u8;
+            }
+        }
     }
     if let Some(at) = s.fifth {
         let qh: [u32; GROUP] = std::array::from_fn(|r| u32::from_le_bytes(blocks[r][at..at + 4].try_into().unwrap()));
@@ -325,6 +367,14 @@ pub fn raw_row(dtype: GgmlType, data: &[u8], r: usize, k: usize) -> Vec<u8> {
         if s.q3_scales {
             let sc: [i8; 16] = std::array::from_fn(|i| rec[base + i * GROUP + r] as i8);
             blk[96..108].copy_from_slice(&pack_q3_k_scales(sc));
+        }
+        if s.xs_scales {
+            let ls: [u8; 8] = std::array::from_fn(|sub| (rec[base + sub * GROUP + r] as i8 + 32) as u8);
+            let high = ls.iter().enumerate().fold(0u16, |h, (sub, &l)| h | ((l >> 4) as u16) << (2 * sub));
+            blk[2..4].copy_from_slice(&high.to_le_bytes());
+            for j in 0..4 {
+                blk[4 + j] = (ls[2 * j] & 0xF) | (ls[2 * j + 1] & 0xF) << 4;
+            }
         }
         if let Some(at) = s.fifth {
             let masks =
@@ -633,8 +683,12 @@ mod avx2 {
             (GgmlType::Q5_0, true) => by_tile!(tile, legacy_n_vnni, false, true),
             (GgmlType::Q5_1, false) => by_tile!(tile, legacy_n, true, true),
             (GgmlType::Q5_1, true) => by_tile!(tile, legacy_n_vnni, true, true),
-            (GgmlType::Q8_0, false) => by_tile!(tile, q8_0),
-            (GgmlType::Q8_0, true) => by_tile!(tile, q8_0_vnni),
+            (GgmlType::Q8_0, false) => by_tile!(tile, q8_0, F_Q8_0),
+            (GgmlType::Q8_0, true) => by_tile!(tile, q8_0_vnni, F_Q8_0),
+            (GgmlType::Iq4Nl, false) => by_tile!(tile, q8_0, F_IQ4_NL),
+            (GgmlType::Iq4Nl, true) => by_tile!(tile, q8_0_vnni, F_IQ4_NL),
+            (GgmlType::Iq4Xs, false) => by_tile!(tile, q8_0, F_IQ4_XS),
+            (GgmlType::Iq4Xs, true) => by_tile!(tile, q8_0_vnni, F_IQ4_XS),
             // The K-quants' tiles of up to four rows read the records themselves. Q4_K's
             // AVX2 copy ran faster there (1B Q4_K_M, one stream: 5 % fewer samples); its
             // values are decoded ahead only without VNNI ([`decodes`]). Q6_K's took 15 %
@@ -702,11 +756,15 @@ mod avx2 {
     ) {
         let pre = !src[0].vals.is_null();
         debug_assert!((1..=TILE).contains(&tile) && src.iter().all(|s| s.vals.is_null() != pre));
-        if dtype == GgmlType::Q8_0 {
+        if signed_bytes(dtype) {
             // Q8_0's share of records is asked for before the call: a check per block of
             // 32 values cost SmolLM2 Q4_1 (its LM head in Q8_0) 4 % at 32 streams.
             debug_assert!(vnni && !pre && ahead.len == 0);
-            let f = by_tile!(tile, q8_two_vnni);
+            let f = match dtype {
+                GgmlType::Q8_0 => by_tile!(tile, q8_two_vnni, F_Q8_0),
+                GgmlType::Iq4Nl => by_tile!(tile, q8_two_vnni, F_IQ4_NL),
+                _ => by_tile!(tile, q8_two_vnni, F_IQ4_XS),
+            };
             return f(src, xq, first, blocks, acc);
         }
         let f = match (dtype, vnni) {
@@ -772,20 +830,25 @@ mod avx2 {
     twins!(legacy_n, legacy_n_vnni<MIN: bool, FIVE: bool, R: usize>
         (src: Src, xq: &QActs, first: usize, blocks: usize, out: &mut [[f32; GROUP]; TILE]),
         V => legacy::<V, MIN, FIVE, R>(src, xq, first, blocks, out));
-    twins!(q8_0, q8_0_vnni<R: usize>
+    twins!(q8_0, q8_0_vnni<F: u8, R: usize>
         (src: Src, xq: &QActs, first: usize, blocks: usize, out: &mut [[f32; GROUP]; TILE]),
-        V => q8::<V, 1, R>([src], xq, first, blocks, std::array::from_mut(out)));
-    /// Two Q8_0 groups side by side, with VNNI only ([`pairs`]).
+        V => q8::<V, F, 1, R>([src], xq, first, blocks, std::array::from_mut(out)));
+    /// Two groups of Q8_0 (or IQ4) side by side, with VNNI only ([`pairs`]).
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn q8_two_vnni<const R: usize>(
+    unsafe fn q8_two_vnni<const F: u8, const R: usize>(
         src: [Src; 2],
         xq: &QActs,
         first: usize,
         blocks: usize,
         out: &mut [[[f32; GROUP]; TILE]; 2],
     ) {
-        q8::<true, 2, R>(src, xq, first, blocks, out)
+        q8::<true, F, 2, R>(src, xq, first, blocks, out)
     }
+
+    /// The formats that run on [`q8`]'s kernels ([`signed_bytes`]), as its const argument `F`.
+    const F_Q8_0: u8 = 0;
+    const F_IQ4_NL: u8 = 1;
+    const F_IQ4_XS: u8 = 2;
 
     /// `acc` plus, in each 32-bit lane, the four products of the unsigned bytes of `w` and
     /// the signed bytes of `x`: VNNI's `vpdpbusd`, where AVX2 takes a `maddubs`, an add
@@ -924,22 +987,39 @@ mod avx2 {
     /// slower than one). `G` groups run side by side, each broadcast of activations
     /// feeding `G` multiply-adds (with VNNI only, whose 32 registers hold two groups'
     /// sums: [`pairs`]); each group's operations are the same as alone.
+    ///
+    /// IQ4_NL (`F`) and IQ4_XS run here too: each chunk of their 4-bit indices (as Q4_0's
+    /// nibbles) becomes its signed values with one byte shuffle from [`IQ4_VALUES`], and
+    /// IQ4_XS's weight scale of 32 values is `d · (ls − 32)` (`blocks` counts its 256-value
+    /// blocks; the loop runs over 32).
     #[inline(always)]
-    unsafe fn q8<const V: bool, const G: usize, const R: usize>(
+    unsafe fn q8<const V: bool, const F: u8, const G: usize, const R: usize>(
         src: [Src; G],
         xq: &QActs,
         first: usize,
         blocks: usize,
         out: &mut [[[f32; GROUP]; TILE]; G],
     ) {
-        let (rec_bytes, head) = record(GgmlType::Q8_0);
+        let dtype = match F {
+            F_IQ4_NL => GgmlType::Iq4Nl,
+            F_IQ4_XS => GgmlType::Iq4Xs,
+            _ => GgmlType::Q8_0,
+        };
+        let ((rec_bytes, head), subs, sc_at) = (record(dtype), dtype.block().0 / QB, shape(dtype).bytes_at());
+        let blocks = blocks * subs;
+        let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(IQ4_VALUES.as_ptr().cast()));
         let ones = _mm256_set1_epi16(1);
         let mut acc = [[_mm256_setzero_ps(); G]; R];
         for b in 0..blocks {
-            let rec: [*const u8; G] = std::array::from_fn(|g| src[g].rec.add(b * rec_bytes));
+            let sub = b % subs;
+            let rec: [*const u8; G] = std::array::from_fn(|g| src[g].rec.add(b / subs * rec_bytes));
             let mut dw = [_mm256_setzero_ps(); G];
             for (dw, rec) in dw.iter_mut().zip(rec) {
                 *dw = _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()));
+                if F == F_IQ4_XS {
+                    let sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(rec.add(sc_at + GROUP * sub).cast()));
+                    *dw = _mm256_mul_ps(*dw, _mm256_cvtepi32_ps(sc));
+                }
             }
             for h in 0..2 {
                 let mut s = [[_mm256_setzero_si256(); G]; R];
@@ -953,7 +1033,13 @@ mod avx2 {
                     let (mut w, mut aw, mut uw) =
                         ([_mm256_setzero_si256(); G], [_mm256_setzero_si256(); G], [_mm256_setzero_si256(); G]);
                     for g in 0..G {
-                        w[g] = _mm256_loadu_si256(rec[g].add(head + 32 * (4 * h + c)).cast());
+                        w[g] = if F == F_Q8_0 {
+                            _mm256_loadu_si256(rec[g].add(head + 32 * (4 * h + c)).cast())
+                        } else {
+                            let v = _mm256_loadu_si256(rec[g].add(head + 128 * sub + 32 * c).cast());
+                            let v = if h == 0 { v } else { _mm256_srli_epi16(v, 4) };
+                            _mm256_shuffle_epi8(table, _mm256_and_si256(v, _mm256_set1_epi8(0xF)))
+                        };
                         (aw[g], uw[g]) = (_mm256_abs_epi8(w[g]), _mm256_xor_si256(w[g], _mm256_set1_epi8(-128)));
                     }
                     for (t, s) in s.iter_mut().enumerate() {
@@ -1810,7 +1896,7 @@ mod tests {
     use crate::kernels::testing::random_vec;
 
     /// Every interleaved format.
-    const FORMATS: [GgmlType; 10] = [
+    const FORMATS: [GgmlType; 12] = [
         GgmlType::Q4_0,
         GgmlType::Q4_1,
         GgmlType::Q5_0,
@@ -1821,6 +1907,8 @@ mod tests {
         GgmlType::Q4K,
         GgmlType::Q5K,
         GgmlType::Q6K,
+        GgmlType::Iq4Nl,
+        GgmlType::Iq4Xs,
     ];
 
     /// One interleaved group of random `dtype` rows of `k` values (seed `seed`), and `rows`
@@ -2143,7 +2231,7 @@ mod tests {
             quantize_rows(&random_vec(TILE * k, 94), TILE, k, act_scales(dtype), &mut xq);
             let (a, b) = data.split_at(data.len() / 2);
             if !k_quant(dtype) {
-                // Q8_0 pairs with VNNI only: against the AVX2 kernel alone.
+                // Q8_0 and IQ4 pair with VNNI only: against the AVX2 kernel alone.
                 for tile in 1..=TILE {
                     let mut vnni = [[[0f32; GROUP]; TILE]; 2];
                     // SAFETY: as above, for two groups' records.
