@@ -53,7 +53,8 @@ fn quantized_path_stays_close_to_f32_for_every_format() {
 }
 
 /// `--quantize T` on a Hugging Face directory of f32 weights (a trained model): the matrices
-/// are quantized at load (Q4_K falls back to Q5_0, its rows being 64 values), and the
+/// are quantized at load (Q4_K falls back to Q5_0, its rows being 64 values; IQ4_NL runs on
+/// the interleaved kernels that IQ4_XS shares), and the
 /// result stays close to the f32 path.
 #[test]
 fn quantizing_at_load_stays_close_to_the_float_weights() {
@@ -61,9 +62,12 @@ fn quantizing_at_load_stays_close_to_the_float_weights() {
         return;
     }
     let stored = model_as("stories260k", WeightDtype::Auto).model.weight_bytes();
-    for (t, min_agree, max_kl) in
-        [(GgmlType::Q8_0, 0.97, 0.002), (GgmlType::Q4_0, 0.8, 0.1), (GgmlType::Q4K, 0.9, 0.03)]
-    {
+    for (t, min_agree, max_kl) in [
+        (GgmlType::Q8_0, 0.97, 0.002),
+        (GgmlType::Q4_0, 0.8, 0.1),
+        (GgmlType::Q4K, 0.9, 0.03),
+        (GgmlType::Iq4Nl, 0.8, 0.1),
+    ] {
         let (kl, agree) = compare_as("stories260k", "stories260k", WeightDtype::Quantize(t));
         let bytes = model_as("stories260k", WeightDtype::Quantize(t)).model.weight_bytes();
         eprintln!(

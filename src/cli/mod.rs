@@ -65,8 +65,8 @@ pub struct EngineArgs {
     #[arg(long, default_value = "auto")]
     pub dtype: WeightDtype,
     /// Quantize float matrices (f32/f16/bf16, from a Hugging Face directory or a GGUF) to
-    /// this block format at load: q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k. Block-format
-    /// weights stay as stored.
+    /// this block format at load: q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, iq4_nl,
+    /// iq4_xs. Block-format weights stay as stored.
     #[arg(long, value_name = "TYPE", conflicts_with = "dtype", value_parser = crate::kernels::quantize::parse_target)]
     pub quantize: Option<crate::kernels::quant::GgmlType>,
     /// Names the API serves the model under (the first is the one reported); requests

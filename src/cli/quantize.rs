@@ -16,7 +16,7 @@ pub struct QuantizeArgs {
     /// The GGUF file to write.
     pub output: PathBuf,
     /// The file type, as llama-quantize names them: q4_k_m, q4_k_s, q5_k_m, q5_k_s, q6_k, q8_0,
-    /// q4_0, q4_1, q5_0, q5_1, f16, bf16, f32. The output matrix gets Q6_K (unless the type is q8_0
+    /// q4_0, q4_1, q5_0, q5_1, iq4_nl, iq4_xs, f16, bf16, f32. The output matrix gets Q6_K (unless the type is q8_0
     /// or wider), and the _m mixes Q6_K on some layers' attn_v and ffn_down.
     #[arg(long = "type", value_parser = parse_file_type_name)]
     pub file_type: FileType,

@@ -2,15 +2,16 @@
 //! quantize` and for quantizing float weights at load. Each format follows ggml's block
 //! layout exactly; the choice of scales is this engine's own (legacy formats as ggml's
 //! reference does, K-quants by a small search per sub-block for the scale and offset with
-//! the least squared error, then the 6- or 8-bit sub-scales relative to the super-block's).
+//! the least squared error, then the 6- or 8-bit sub-scales relative to the super-block's;
+//! IQ4 by a search for the scale whose nearest table values fit best).
 
-use super::quant::GgmlType;
+use super::quant::{GgmlType, IQ4_VALUES};
 use half::f16;
 use std::borrow::Cow;
 use std::ops::Range;
 
 /// The block formats this module writes.
-pub const TARGETS: [GgmlType; 8] = [
+pub const TARGETS: [GgmlType; 10] = [
     GgmlType::Q8_0,
     GgmlType::Q4_0,
     GgmlType::Q4_1,
@@ -19,13 +20,17 @@ pub const TARGETS: [GgmlType; 8] = [
     GgmlType::Q4K,
     GgmlType::Q5K,
     GgmlType::Q6K,
+    GgmlType::Iq4Nl,
+    GgmlType::Iq4Xs,
 ];
 
 /// A quantization target from its ggml name (`q8_0`, `q4_k`, ...), for the command line.
 pub fn parse_target(s: &str) -> Result<GgmlType, String> {
     match s.parse::<GgmlType>()? {
         t if TARGETS.contains(&t) => Ok(t),
-        t => Err(format!("cannot quantize to {t:?} (supported: q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k)")),
+        t => Err(format!(
+            "cannot quantize to {t:?} (supported: q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, iq4_nl, iq4_xs)"
+        )),
     }
 }
 
@@ -39,7 +44,7 @@ pub fn parse_file_type(s: &str) -> Result<GgmlType, String> {
     match s.parse::<GgmlType>()? {
         t if writable(t) => Ok(t),
         t => Err(format!(
-            "cannot write matrices as {t:?} (supported: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k)"
+            "cannot write matrices as {t:?} (supported: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, iq4_nl, iq4_xs)"
         )),
     }
 }
@@ -51,6 +56,7 @@ pub fn fitting(target: GgmlType, k: usize) -> Option<GgmlType> {
         GgmlType::Q4K => GgmlType::Q5_0,
         GgmlType::Q5K => GgmlType::Q5_1,
         GgmlType::Q6K => GgmlType::Q8_0,
+        GgmlType::Iq4Xs => GgmlType::Iq4Nl,
         other => other,
     };
     [target, fallback].into_iter().find(|t| k.is_multiple_of(t.block().0))
@@ -78,10 +84,111 @@ pub fn quantize(dtype: GgmlType, x: &[f32]) -> Vec<u8> {
             GgmlType::Q4K => k_quant(x, b, false),
             GgmlType::Q5K => k_quant(x, b, true),
             GgmlType::Q6K => q6_k(x, b),
+            GgmlType::Iq4Nl => iq4_nl(x, b),
+            GgmlType::Iq4Xs => iq4_xs(x, b),
             other => panic!("quantizing to {other:?} is not supported"),
         }
     }
     out
+}
+
+/// The index of [`IQ4_VALUES`]' value nearest `v`, the lower one at a tie. A table of
+/// half-unit buckets gives it at once: the table's midpoints are whole or half units, so
+/// none falls inside a bucket, and only a bucket's left edge can be a tie.
+fn iq4_index(v: f32) -> usize {
+    let i = IQ4_BUCKETS[(2.0 * v + 256.0).clamp(0.0, 511.0) as usize] as usize;
+    if i > 0 && v - IQ4_VALUES[i - 1] as f32 <= IQ4_VALUES[i] as f32 - v {
+        i - 1
+    } else {
+        i
+    }
+}
+
+/// [`iq4_index`]'s buckets: entry `b` is the nearest index inside `[(b − 256) / 2, (b − 255) / 2)`.
+static IQ4_BUCKETS: [u8; 512] = {
+    let mut out = [0u8; 512];
+    let mut b = 0;
+    while b < 512 {
+        // Four times the bucket's middle, against four times each table value.
+        let mid = 2 * (b as i32 - 256) + 1;
+        let mut best = 0;
+        let mut i = 1;
+        while i < 16 {
+            if (4 * IQ4_VALUES[i] as i32 - mid).abs() < (4 * IQ4_VALUES[best] as i32 - mid).abs() {
+                best = i;
+            }
+            i += 1;
+        }
+        out[b] = best as u8;
+        b += 1;
+    }
+    out
+};
+
+/// The scale of a run of 32 values on the IQ4 table with the least squared error weighted
+/// by the values' squares (large weights matter most): for 30 grids that put the value of
+/// largest magnitude at or near either end of the table (−127 or 113), the weighted
+/// least-squares scale of that grid's nearest values; the best of them (the search ggml's
+/// reference makes).
+fn iq4_scale(x: &[f32]) -> f32 {
+    let max = signed_max(x);
+    if max == 0.0 {
+        return 0.0;
+    }
+    let fit = |id: f32| {
+        let (mut sqx, mut sq2) = (0f32, 0f32);
+        for &v in x {
+            let q = IQ4_VALUES[iq4_index(id * v)] as f32;
+            sqx += v * v * q * v;
+            sq2 += v * v * q * q;
+        }
+        (sqx, sq2)
+    };
+    let (mut best_d, mut best) = (max / IQ4_VALUES[0] as f32, f32::MIN);
+    for (end, t) in [IQ4_VALUES[0], IQ4_VALUES[15]].into_iter().flat_map(|e| (-7..=7).map(move |t| (e, t))) {
+        let (sqx, sq2) = fit((end as f32 + t as f32) / max);
+        // The error is Σw·x² − sqx²/sq2 at the least-squares scale sqx/sq2.
+        if sq2 > 0.0 && sqx * sqx / sq2 > best {
+            (best_d, best) = (sqx / sq2, sqx * sqx / sq2);
+        }
+    }
+    best_d
+}
+
+/// A run's 32 indices under scale `d`, packed two to a byte (value `j` in the low nibble
+/// of byte `j`, value `j + 16` in its high nibble).
+fn iq4_pack(x: &[f32], d: f32, qs: &mut [u8]) {
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    for (j, q) in qs.iter_mut().enumerate() {
+        *q = iq4_index(id * x[j]) as u8 | (iq4_index(id * x[j + 16]) as u8) << 4;
+    }
+}
+
+/// IQ4_NL: one f16 scale and 32 indices.
+fn iq4_nl(x: &[f32], b: &mut [u8]) {
+    let d = f16_round(iq4_scale(x));
+    put_f16(b, 0, d);
+    iq4_pack(x, d, &mut b[2..18]);
+}
+
+/// IQ4_XS: each run's best scale, as a 6-bit multiple `ls − 32` of the super-block's f16
+/// scale (the largest run scale maps to −32), then the runs' indices under the scales
+/// they get.
+fn iq4_xs(x: &[f32], b: &mut [u8]) {
+    let scales: Vec<f32> = x.chunks_exact(32).map(iq4_scale).collect();
+    let d = f16_round(signed_max(&scales) / -32.0);
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    put_f16(b, 0, d);
+    let (mut high, mut low) = (0u16, [0u8; 4]);
+    for (sub, (x, &s)) in x.chunks_exact(32).zip(&scales).enumerate() {
+        let l = ((s * id).round() as i32).clamp(-32, 31);
+        let ls = (l + 32) as u8;
+        high |= ((ls >> 4) as u16) << (2 * sub);
+        low[sub / 2] |= (ls & 0xF) << (4 * (sub % 2));
+        iq4_pack(x, d * l as f32, &mut b[8 + 16 * sub..24 + 16 * sub]);
+    }
+    b[2..4].copy_from_slice(&high.to_le_bytes());
+    b[4..8].copy_from_slice(&low);
 }
 
 /// `rows` rows of `k` values in `dtype`, quantized in parallel 64 rows at a time;
@@ -320,6 +427,18 @@ mod tests {
         assert_eq!(dequantize(GgmlType::Bf16, &quantize(GgmlType::Bf16, &x)), bf16s);
     }
 
+    /// The bucket table finds the nearest table value, the lower at a tie, as a search does.
+    #[test]
+    fn iq4_index_is_the_nearest_value() {
+        let steps = (0..60_000).map(|i| i as f32 * 0.005 - 150.0);
+        let midpoints = IQ4_VALUES.windows(2).map(|w| (w[0] as f32 + w[1] as f32) / 2.0);
+        for v in steps.chain(midpoints) {
+            let dist = |i: usize| (v - IQ4_VALUES[i] as f32).abs();
+            let want = (0..16).fold(0, |b, i| if dist(i) < dist(b) { i } else { b });
+            assert_eq!(iq4_index(v), want, "{v}");
+        }
+    }
+
     #[test]
     fn round_in_is_round_then_clamp() {
         let edges = [-0.6f32, -0.5, -0.49999997, 0.0, 0.49999997, 0.5, 1.5, 2.4999998, 2.5, 14.5, 15.0, 15.5, 40.0];
@@ -346,6 +465,8 @@ mod tests {
             (GgmlType::Q4K, 0.12),
             (GgmlType::Q5K, 0.06),
             (GgmlType::Q6K, 0.04),
+            (GgmlType::Iq4Nl, 0.1),
+            (GgmlType::Iq4Xs, 0.1),
         ] {
             let raw = quantize(dtype, &x);
             assert_eq!(raw.len(), x.len() / dtype.block().0 * dtype.block().1);

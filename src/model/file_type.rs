@@ -82,6 +82,8 @@ impl FileType {
             (GgmlType::Q5K, Mix::Medium) => 17,
             (GgmlType::Q5K, _) => 16,
             (GgmlType::Q6K, _) => 18,
+            (GgmlType::Iq4Nl, _) => 25,
+            (GgmlType::Iq4Xs, _) => 30,
             (other, _) => unreachable!("{other:?} is not a file type"),
         }
     }
