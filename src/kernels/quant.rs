@@ -160,11 +160,9 @@ pub fn dequantize(dtype: GgmlType, raw: &[u8]) -> Vec<f32> {
         GgmlType::Q4K => blocks.for_each(|(b, o)| dequant_q45k(b, o, false)),
         GgmlType::Q5K => blocks.for_each(|(b, o)| dequant_q45k(b, o, true)),
         GgmlType::Q6K => blocks.for_each(|(b, o)| dequant_q6k(b, o)),
-        GgmlType::Iq4Nl => blocks.for_each(|(b, o)| iq4_run(f16_at(b, 0), &b[2..18], o)),
-        GgmlType::Iq4Xs => blocks.for_each(|(b, o)| {
-            let d = f16_at(b, 0);
-            for (sub, (qs, o)) in b[8..].chunks_exact(16).zip(o.chunks_exact_mut(32)).enumerate() {
-                iq4_run(d * (iq4_xs_scale(b, sub) - 32) as f32, qs, o);
+        GgmlType::Iq4Nl | GgmlType::Iq4Xs => blocks.for_each(|(b, o)| {
+            for (sub, o) in o.chunks_exact_mut(32).enumerate() {
+                iq4_run(iq4_run_scale(dtype, b, sub), &b[iq4_indices_at(dtype, sub)..][..16], o);
             }
         }),
     }
@@ -184,6 +182,35 @@ fn iq4_run(d: f32, qs: &[u8], o: &mut [f32]) {
 pub(crate) fn iq4_xs_scale(b: &[u8], sub: usize) -> i32 {
     let high = (u16::from_le_bytes([b[2], b[3]]) >> (2 * sub)) & 3;
     ((b[4 + sub / 2] >> (4 * (sub % 2))) & 0xF) as i32 | (high as i32) << 4
+}
+
+/// IQ4_XS's eight 6-bit scales `ls` packed as the block keeps them at 2: `scales_h` (two
+/// high bits each), then `scales_l` (low nibbles, two to a byte); [`iq4_xs_scale`] reads them.
+pub(crate) fn pack_iq4_xs_scales(ls: [u8; 8]) -> [u8; 6] {
+    let high = ls.iter().enumerate().fold(0u16, |h, (sub, &l)| h | ((l >> 4) as u16) << (2 * sub));
+    let mut out = [0u8; 6];
+    out[..2].copy_from_slice(&high.to_le_bytes());
+    for (j, pair) in ls.chunks_exact(2).enumerate() {
+        out[2 + j] = (pair[0] & 0xF) | (pair[1] & 0xF) << 4;
+    }
+    out
+}
+
+/// The weight scale of IQ4_NL's block `b`, or of IQ4_XS's 32-value run `sub` of it.
+pub(crate) fn iq4_run_scale(dtype: GgmlType, b: &[u8], sub: usize) -> f32 {
+    match dtype {
+        GgmlType::Iq4Nl => f16_at(b, 0),
+        _ => f16_at(b, 0) * (iq4_xs_scale(b, sub) - 32) as f32,
+    }
+}
+
+/// Where the 16 bytes of indices of IQ4_NL's block, or of IQ4_XS's run `sub`, start.
+pub(crate) fn iq4_indices_at(dtype: GgmlType, sub: usize) -> usize {
+    if dtype == GgmlType::Iq4Nl {
+        2
+    } else {
+        8 + 16 * sub
+    }
 }
 
 /// The 5-bit values at `j` and `j + 16` of a Q5 block: low nibbles plus a bit from `qh`.

@@ -5,7 +5,7 @@
 //! the least squared error, then the 6- or 8-bit sub-scales relative to the super-block's;
 //! IQ4 by a search for the scale whose nearest table values fit best).
 
-use super::quant::{GgmlType, IQ4_VALUES};
+use super::quant::{iq4_indices_at, pack_iq4_xs_scales, GgmlType, IQ4_VALUES};
 use half::f16;
 use std::borrow::Cow;
 use std::ops::Range;
@@ -168,27 +168,23 @@ fn iq4_pack(x: &[f32], d: f32, qs: &mut [u8]) {
 fn iq4_nl(x: &[f32], b: &mut [u8]) {
     let d = f16_round(iq4_scale(x));
     put_f16(b, 0, d);
-    iq4_pack(x, d, &mut b[2..18]);
+    iq4_pack(x, d, &mut b[iq4_indices_at(GgmlType::Iq4Nl, 0)..][..16]);
 }
 
 /// IQ4_XS: each run's best scale, as a 6-bit multiple `ls − 32` of the super-block's f16
 /// scale (the largest run scale maps to −32), then the runs' indices under the scales
 /// they get.
 fn iq4_xs(x: &[f32], b: &mut [u8]) {
-    let scales: Vec<f32> = x.chunks_exact(32).map(iq4_scale).collect();
+    let scales: [f32; 8] = std::array::from_fn(|sub| iq4_scale(&x[32 * sub..32 * sub + 32]));
     let d = f16_round(signed_max(&scales) / -32.0);
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     put_f16(b, 0, d);
-    let (mut high, mut low) = (0u16, [0u8; 4]);
-    for (sub, (x, &s)) in x.chunks_exact(32).zip(&scales).enumerate() {
-        let l = ((s * id).round() as i32).clamp(-32, 31);
-        let ls = (l + 32) as u8;
-        high |= ((ls >> 4) as u16) << (2 * sub);
-        low[sub / 2] |= (ls & 0xF) << (4 * (sub % 2));
-        iq4_pack(x, d * l as f32, &mut b[8 + 16 * sub..24 + 16 * sub]);
+    let l = scales.map(|s| ((s * id).round() as i32).clamp(-32, 31));
+    b[2..8].copy_from_slice(&pack_iq4_xs_scales(l.map(|l| (l + 32) as u8)));
+    for (sub, (x, l)) in x.chunks_exact(32).zip(l).enumerate() {
+        let at = iq4_indices_at(GgmlType::Iq4Xs, sub);
+        iq4_pack(x, d * l as f32, &mut b[at..at + 16]);
     }
-    b[2..4].copy_from_slice(&high.to_le_bytes());
-    b[4..8].copy_from_slice(&low);
 }
 
 /// `rows` rows of `k` values in `dtype`, quantized in parallel 64 rows at a time;

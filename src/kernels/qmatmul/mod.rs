@@ -489,10 +489,13 @@ mod tests {
                 }
             }
             // The int8 activations stay close to the f32 ones: within 1 % of the products'
-            // magnitude (not of their sum, which cancels most where the scales vary most).
+            // magnitude, and within 5 % of their sum, except for IQ4_XS, whose random 6-bit
+            // scales take both signs, so that its sum can cancel far below the products.
             let exact: f64 = (0..k).map(|c| wf[c] as f64 * x[c] as f64).sum();
             let size: f64 = (0..k).map(|c| (wf[c] as f64 * x[c] as f64).abs()).sum();
-            assert!((y[0] as f64 - exact).abs() < 0.01 * (1.0 + size), "{dtype:?} {} vs {exact} (of {size})", y[0]);
+            let err = (y[0] as f64 - exact).abs();
+            assert!(err < 0.01 * (1.0 + size), "{dtype:?} {} vs {exact} (of {size})", y[0]);
+            assert!(dtype == GgmlType::Iq4Xs || err < 0.05 * (1.0 + exact.abs()), "{dtype:?} {} vs {exact}", y[0]);
         }
     }
 

@@ -2,7 +2,9 @@
 //! a time. Every block format runs here; rows that [`super::x8`] interleaves do not.
 
 use super::{write, Part, QActs, SharedOut, QB, QH, TILE};
-use crate::kernels::quant::{f16_at, iq4_xs_scale, scale_k3, scale_min_k4, GgmlType, BLOCK_FORMATS, IQ4_VALUES};
+use crate::kernels::quant::{
+    f16_at, iq4_indices_at, iq4_run_scale, scale_k3, scale_min_k4, GgmlType, BLOCK_FORMATS, IQ4_VALUES,
+};
 
 pub(super) use portable::dot_rows as portable_dot_rows;
 
@@ -146,12 +148,12 @@ fn decode(dtype: GgmlType, blk: &[u8], sub: usize) -> Block {
             ([q3_k_scale(blk, 2 * sub), q3_k_scale(blk, 2 * sub + 1)], [0.0, 0.0])
         }
         GgmlType::Iq4Nl | GgmlType::Iq4Xs => {
-            let at = if dtype == GgmlType::Iq4Nl { 2 } else { 8 + 16 * sub };
+            let at = iq4_indices_at(dtype, sub);
             for (j, &b) in blk[at..at + 16].iter().enumerate() {
                 q[j] = IQ4_VALUES[(b & 0xF) as usize];
                 q[j + 16] = IQ4_VALUES[(b >> 4) as usize];
             }
-            same(iq4_scale(dtype, blk, sub), 0.0)
+            same(iq4_run_scale(dtype, blk, sub), 0.0)
         }
         GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => unreachable!("float weights are not block formats"),
     };
@@ -161,14 +163,6 @@ fn decode(dtype: GgmlType, blk: &[u8], sub: usize) -> Block {
 /// Q3_K's scale of values `16i..16i + 16`: `d` times its 6-bit scale less 32.
 fn q3_k_scale(blk: &[u8], i: usize) -> f32 {
     f16_at(blk, 108) * scale_k3(i, &blk[96..108]) as f32
-}
-
-/// IQ4_NL's and IQ4_XS's scale of 32-value run `sub` of `blk`.
-fn iq4_scale(dtype: GgmlType, blk: &[u8], sub: usize) -> f32 {
-    match dtype {
-        GgmlType::Iq4Nl => f16_at(blk, 0),
-        _ => f16_at(blk, 0) * (iq4_xs_scale(blk, sub) - 32) as f32,
-    }
 }
 
 /// The offsets' share of a block's dot product: one offset for all 32 values uses the
@@ -330,10 +324,9 @@ mod avx2 {
                 (q, [q3_k_scale(blk, 2 * sub), q3_k_scale(blk, 2 * sub + 1)], [0.0; 2])
             }
             GgmlType::Iq4Nl | GgmlType::Iq4Xs => {
-                let at = if dtype == GgmlType::Iq4Nl { 2 } else { 8 + 16 * sub };
                 let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(IQ4_VALUES.as_ptr().cast()));
-                let (s, o) = same(iq4_scale(dtype, blk, sub), 0.0);
-                (_mm256_shuffle_epi8(table, nibbles(at)), s, o)
+                let (s, o) = same(iq4_run_scale(dtype, blk, sub), 0.0);
+                (_mm256_shuffle_epi8(table, nibbles(iq4_indices_at(dtype, sub))), s, o)
             }
             GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => unreachable!("float weights are not block formats"),
         }

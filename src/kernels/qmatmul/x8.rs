@@ -59,7 +59,7 @@
 //! place ran no faster at one stream); Q6_K's take VNNI.
 
 use super::{ActScales, Buf, Part, QActs, SharedOut, QB, QH};
-use crate::kernels::quant::{iq4_xs_scale, scale_k3, scale_min_k4, GgmlType, IQ4_VALUES};
+use crate::kernels::quant::{iq4_xs_scale, pack_iq4_xs_scales, scale_k3, scale_min_k4, GgmlType, IQ4_VALUES};
 use rayon::prelude::*;
 
 /// Rows interleaved into one group.
@@ -369,12 +369,8 @@ pub fn raw_row(dtype: GgmlType, data: &[u8], r: usize, k: usize) -> Vec<u8> {
             blk[96..108].copy_from_slice(&pack_q3_k_scales(sc));
         }
         if s.xs_scales {
-            let ls: [u8; 8] = std::array::from_fn(|sub| (rec[base + sub * GROUP + r] as i8 + 32) as u8);
-            let high = ls.iter().enumerate().fold(0u16, |h, (sub, &l)| h | ((l >> 4) as u16) << (2 * sub));
-            blk[2..4].copy_from_slice(&high.to_le_bytes());
-            for j in 0..4 {
-                blk[4 + j] = (ls[2 * j] & 0xF) | (ls[2 * j + 1] & 0xF) << 4;
-            }
+            let ls = std::array::from_fn(|sub| (rec[base + sub * GROUP + r] as i8 + 32) as u8);
+            blk[2..8].copy_from_slice(&pack_iq4_xs_scales(ls));
         }
         if let Some(at) = s.fifth {
             let masks =
