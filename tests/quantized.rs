@@ -54,8 +54,7 @@ fn quantized_path_stays_close_to_f32_for_every_format() {
 
 /// `--quantize T` on a Hugging Face directory of f32 weights (a trained model): the matrices
 /// are quantized at load (Q4_K falls back to Q5_0, its rows being 64 values; IQ4_NL runs on
-/// the interleaved kernels that IQ4_XS shares), and the
-/// result stays close to the f32 path.
+/// the interleaved kernels that IQ4_XS shares), and the result stays close to the f32 path.
 #[test]
 fn quantizing_at_load_stays_close_to_the_float_weights() {
     if shared_models().is_none() {

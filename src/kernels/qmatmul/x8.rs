@@ -86,15 +86,8 @@ const AHEAD: usize = 12 << 10;
 struct Shape {
     /// Offsets of the f16 fields in a block (scale, then min).
     halves: &'static [usize],
-    /// Q4_K/Q5_K's 12 bytes of packed 6-bit scales and mins (at 4), unpacked to bytes,
-    /// `sc[8 sub][8 rows]` then `m[8 sub][8 rows]`.
-    k_scales: bool,
-    /// Q3_K's 12 bytes of packed 6-bit scales (at 96), unpacked to `sc − 32` as i8,
-    /// `sc[16][8 rows]`: Q6_K's layout, whose kernels compute Q3_K ([`decode`]).
-    q3_scales: bool,
-    /// IQ4_XS's eight 6-bit scales (`scales_h` at 2, `scales_l` at 4), unpacked to
-    /// `ls − 32` as i8, `sc[8][8 rows]`.
-    xs_scales: bool,
+    /// Packed 6-bit scales the record keeps unpacked, one byte each.
+    unpacked: Unpacked,
     /// Offset and length of byte fields kept `[byte][8 rows]` (Q6_K's 16 scales, Q2_K's 16
     /// scales and mins).
     bytes: (usize, usize),
@@ -105,6 +98,33 @@ struct Shape {
     fifth: Option<usize>,
     /// Offsets and lengths of the value arrays, each kept in 4-byte chunks, chunk-major.
     qs: &'static [(usize, usize)],
+}
+
+/// A format's packed 6-bit scales, which its records keep unpacked to one byte per row
+/// and scale, so that a lane loads its row's with one instruction.
+#[derive(Clone, Copy)]
+enum Unpacked {
+    None,
+    /// Q4_K/Q5_K's 12 bytes of scales and mins (at 4), unpacked to bytes, `sc[8 sub][8
+    /// rows]` then `m[8 sub][8 rows]`.
+    K,
+    /// Q3_K's 12 bytes of scales (at 96), unpacked to `sc − 32` as i8, `sc[16][8 rows]`:
+    /// Q6_K's layout, whose kernels compute Q3_K ([`decode`]).
+    Q3,
+    /// IQ4_XS's eight scales (`scales_h` at 2, `scales_l` at 4), unpacked to `ls − 32` as
+    /// i8, `sc[8][8 rows]`.
+    Xs,
+}
+
+impl Unpacked {
+    /// Bytes per row the unpacked scales take in a record.
+    fn per_row(self) -> usize {
+        match self {
+            Unpacked::None => 0,
+            Unpacked::K | Unpacked::Q3 => 16,
+            Unpacked::Xs => 8,
+        }
+    }
 }
 
 /// Q6_K's values (file offsets of runs of 4-byte chunks) in the order that the kernel
@@ -118,42 +138,22 @@ const Q6_VALUES: &[(usize, usize)] =
     &[(0, 16), (128, 16), (16, 16), (144, 16), (32, 32), (64, 16), (160, 16), (80, 16), (176, 16), (96, 32)];
 
 fn shape(dtype: GgmlType) -> Shape {
-    let (none, k_scales, q3_scales, xs_scales, fifth) = ((0, 0), false, false, false, None);
+    let (none, unpacked, fifth) = ((0, 0), Unpacked::None, None);
     match dtype {
-        GgmlType::Q4_0 => Shape { halves: &[0], k_scales, q3_scales, xs_scales, bytes: none, fifth, qs: &[(2, 16)] },
-        GgmlType::Q4_1 => Shape { halves: &[0, 2], k_scales, q3_scales, xs_scales, bytes: none, fifth, qs: &[(4, 16)] },
-        GgmlType::Q5_0 => {
-            Shape { halves: &[0], k_scales, q3_scales, xs_scales, bytes: none, fifth: Some(2), qs: &[(6, 16)] }
+        GgmlType::Q4_0 => Shape { halves: &[0], unpacked, bytes: none, fifth, qs: &[(2, 16)] },
+        GgmlType::Q4_1 => Shape { halves: &[0, 2], unpacked, bytes: none, fifth, qs: &[(4, 16)] },
+        GgmlType::Q5_0 => Shape { halves: &[0], unpacked, bytes: none, fifth: Some(2), qs: &[(6, 16)] },
+        GgmlType::Q5_1 => Shape { halves: &[0, 2], unpacked, bytes: none, fifth: Some(4), qs: &[(8, 16)] },
+        GgmlType::Q8_0 => Shape { halves: &[0], unpacked, bytes: none, fifth, qs: &[(2, 32)] },
+        GgmlType::Q4K => Shape { halves: &[0, 2], unpacked: Unpacked::K, bytes: none, fifth, qs: &[(16, 128)] },
+        GgmlType::Q5K => {
+            Shape { halves: &[0, 2], unpacked: Unpacked::K, bytes: none, fifth, qs: &[(16, 32), (48, 128)] }
         }
-        GgmlType::Q5_1 => {
-            Shape { halves: &[0, 2], k_scales, q3_scales, xs_scales, bytes: none, fifth: Some(4), qs: &[(8, 16)] }
-        }
-        GgmlType::Q8_0 => Shape { halves: &[0], k_scales, q3_scales, xs_scales, bytes: none, fifth, qs: &[(2, 32)] },
-        GgmlType::Q4K => {
-            Shape { halves: &[0, 2], k_scales: true, q3_scales, xs_scales, bytes: none, fifth, qs: &[(16, 128)] }
-        }
-        GgmlType::Q5K => Shape {
-            halves: &[0, 2],
-            k_scales: true,
-            q3_scales,
-            xs_scales,
-            bytes: none,
-            fifth,
-            qs: &[(16, 32), (48, 128)],
-        },
-        GgmlType::Q6K => {
-            Shape { halves: &[208], k_scales, q3_scales, xs_scales, bytes: (192, 16), fifth, qs: Q6_VALUES }
-        }
-        GgmlType::Q3K => {
-            Shape { halves: &[108], k_scales, q3_scales: true, xs_scales, bytes: none, fifth, qs: &[(0, 32), (32, 64)] }
-        }
-        GgmlType::Q2K => {
-            Shape { halves: &[80, 82], k_scales, q3_scales, xs_scales, bytes: (0, 16), fifth, qs: &[(16, 64)] }
-        }
-        GgmlType::Iq4Nl => Shape { halves: &[0], k_scales, q3_scales, xs_scales, bytes: none, fifth, qs: &[(2, 16)] },
-        GgmlType::Iq4Xs => {
-            Shape { halves: &[0], k_scales, q3_scales, xs_scales: true, bytes: none, fifth, qs: &[(8, 128)] }
-        }
+        GgmlType::Q6K => Shape { halves: &[208], unpacked, bytes: (192, 16), fifth, qs: Q6_VALUES },
+        GgmlType::Q3K => Shape { halves: &[108], unpacked: Unpacked::Q3, bytes: none, fifth, qs: &[(0, 32), (32, 64)] },
+        GgmlType::Q2K => Shape { halves: &[80, 82], unpacked, bytes: (0, 16), fifth, qs: &[(16, 64)] },
+        GgmlType::Iq4Nl => Shape { halves: &[0], unpacked, bytes: none, fifth, qs: &[(2, 16)] },
+        GgmlType::Iq4Xs => Shape { halves: &[0], unpacked: Unpacked::Xs, bytes: none, fifth, qs: &[(8, 128)] },
         other => unreachable!("{other:?} is not interleaved"),
     }
 }
@@ -166,14 +166,7 @@ impl Shape {
 
     /// Where the fifth bits' masks start in a record.
     fn fifth_at(&self) -> usize {
-        let unpacked = if self.k_scales || self.q3_scales {
-            16 * GROUP
-        } else if self.xs_scales {
-            8 * GROUP
-        } else {
-            0
-        };
-        self.bytes_at() + unpacked + self.bytes.1 * GROUP
+        self.bytes_at() + (self.unpacked.per_row() + self.bytes.1) * GROUP
     }
 
     /// Where the values start in a record.
@@ -284,25 +277,28 @@ fn fill_record<'a>(s: &Shape, head: usize, rec: &mut [u8], block: impl Fn(usize)
             rec[f * 16 + r * 2..f * 16 + r * 2 + 2].copy_from_slice(&blk[h..h + 2]);
         }
         let base = s.bytes_at();
-        if s.k_scales {
-            for sub in 0..8 {
-                let (sc, m) = scale_min_k4(sub, &blk[4..16]);
-                rec[base + sub * GROUP + r] = sc;
-                rec[base + 64 + sub * GROUP + r] = m;
+        match s.unpacked {
+            Unpacked::None => {}
+            Unpacked::K => {
+                for sub in 0..8 {
+                    let (sc, m) = scale_min_k4(sub, &blk[4..16]);
+                    rec[base + sub * GROUP + r] = sc;
+                    rec[base + 64 + sub * GROUP + r] = m;
+                }
+            }
+            Unpacked::Q3 => {
+                for i in 0..16 {
+                    rec[base + i * GROUP + r] = scale_k3(i, &blk[96..108]) as u8;
+                }
+            }
+            Unpacked::Xs => {
+                for sub in 0..8 {
+                    rec[base + sub * GROUP + r] = (iq4_xs_scale(blk, sub) - 32) as u8;
+                }
             }
         }
         for j in 0..s.bytes.1 {
             rec[base + j * GROUP + r] = blk[s.bytes.0 + j];
-        }
-        if s.q3_scales {
-            for i in 0..16 {
-                rec[base + i * GROUP + r] = scale_k3(i, &blk[96..108]) as u8;
-            }
-        }
-        if s.xs_scales {
-            for sub in 0..8 {
-                rec[base + sub * GROUP + r] = (iq4_xs_scale(blk, sub) - 32) as u8;
-            }
         }
     }
     if let Some(at) = s.fifth {
@@ -352,25 +348,28 @@ pub fn raw_row(dtype: GgmlType, data: &[u8], r: usize, k: usize) -> Vec<u8> {
             blk[h..h + 2].copy_from_slice(&rec[f * 16 + r * 2..f * 16 + r * 2 + 2]);
         }
         let base = s.bytes_at();
-        if s.k_scales {
-            let sc = |sub: usize| rec[base + sub * GROUP + r];
-            let m = |sub: usize| rec[base + 64 + sub * GROUP + r];
-            for j in 0..4 {
-                blk[4 + j] = sc(j) | ((sc(j + 4) >> 4) << 6);
-                blk[8 + j] = m(j) | ((m(j + 4) >> 4) << 6);
-                blk[12 + j] = (sc(j + 4) & 0xF) | ((m(j + 4) & 0xF) << 4);
+        let unpacked = |i: usize| rec[base + i * GROUP + r];
+        match s.unpacked {
+            Unpacked::None => {}
+            Unpacked::K => {
+                let m = |sub: usize| unpacked(8 + sub);
+                for j in 0..4 {
+                    blk[4 + j] = unpacked(j) | ((unpacked(j + 4) >> 4) << 6);
+                    blk[8 + j] = m(j) | ((m(j + 4) >> 4) << 6);
+                    blk[12 + j] = (unpacked(j + 4) & 0xF) | ((m(j + 4) & 0xF) << 4);
+                }
+            }
+            Unpacked::Q3 => {
+                let sc: [i8; 16] = std::array::from_fn(|i| unpacked(i) as i8);
+                blk[96..108].copy_from_slice(&pack_q3_k_scales(sc));
+            }
+            Unpacked::Xs => {
+                let ls = std::array::from_fn(|sub| (unpacked(sub) as i8 + 32) as u8);
+                blk[2..8].copy_from_slice(&pack_iq4_xs_scales(ls));
             }
         }
         for j in 0..s.bytes.1 {
             blk[s.bytes.0 + j] = rec[base + j * GROUP + r];
-        }
-        if s.q3_scales {
-            let sc: [i8; 16] = std::array::from_fn(|i| rec[base + i * GROUP + r] as i8);
-            blk[96..108].copy_from_slice(&pack_q3_k_scales(sc));
-        }
-        if s.xs_scales {
-            let ls = std::array::from_fn(|sub| (rec[base + sub * GROUP + r] as i8 + 32) as u8);
-            blk[2..8].copy_from_slice(&pack_iq4_xs_scales(ls));
         }
         if let Some(at) = s.fifth {
             let masks =
