@@ -88,10 +88,11 @@ impl<'a> PagedKv<'a> {
         PagedKv { pools, block_size, kv_heads, head_dim, first_head: 0, view_heads: kv_heads }
     }
 
-    /// This view narrowed to kv head `h` alone, so the heads of one sequence can be
-    /// attended in parallel (a decode step has too few rows to keep the cores busy).
-    pub fn head(self, h: usize) -> Self {
-        PagedKv { first_head: h, view_heads: 1, ..self }
+    /// This view narrowed to kv heads `first..first + count`: one, so that the heads of a
+    /// sequence can be attended in parallel when a step has too few rows to keep the
+    /// cores busy.
+    pub fn heads(self, first: usize, count: usize) -> Self {
+        PagedKv { first_head: first, view_heads: count, ..self }
     }
 
     /// Where (position, kv head) lives: the offset of its slab in the pools and its slot.
@@ -538,7 +539,7 @@ mod tests {
             // One kv head at a time gives the same heads, bit for bit.
             for (g, (qg, og)) in q.chunks(group * hd).zip(out.chunks(group * hd)).enumerate() {
                 let mut one = vec![0f32; group * hd];
-                attend(qg, kv.head(g), span, Scoring { scale, softcap }, &mut Scratch::default(), &mut one);
+                attend(qg, kv.heads(g, 1), span, Scoring { scale, softcap }, &mut Scratch::default(), &mut one);
                 assert_eq!(one, og, "kv head {g} alone");
             }
 
