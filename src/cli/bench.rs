@@ -11,6 +11,9 @@
 //!   input-grounded task (rewriting a paragraph, a code edit, proofreading) and on free generation, then
 //!   2 to 32 streams at once; decode speed, acceptance rate, draft tokens per output
 //!   token (where speculation backs off), and whether the outputs are identical.
+//! - With `--llama-cpp`, llama.cpp's own benchmarks on the same GGUF file beside each batch
+//!   size of the table, alternated with weft's runs (`--pairs`), and weft's speed against
+//!   them ([`super::peer`]).
 
 use super::EngineArgs;
 use crate::engine::{EngineConfig, EngineHandle, Event, Request};
@@ -37,6 +40,16 @@ pub struct BenchArgs {
     /// Generated tokens per sequence in the batched table.
     #[arg(long, default_value_t = 128)]
     pub gen_tokens: usize,
+    /// A llama.cpp build's `bin` folder: each batch size of the table then also runs
+    /// llama.cpp's own benchmark on the same GGUF file and threads (`llama-bench`'s `tg` and
+    /// `pp` at B=1, `llama-batched-bench` above), and prints weft's speed against it.
+    #[arg(long, value_name = "DIR")]
+    pub llama_cpp: Option<PathBuf>,
+    /// Alternated runs of weft and llama.cpp per batch size, with `--llama-cpp`: a machine
+    /// whose speed drifts shifts both sides of a pair alike, so each pair gives a ratio and
+    /// the median is reported.
+    #[arg(long, default_value_t = 1)]
+    pub pairs: usize,
     /// Requests in the serving run (0: skip it).
     #[arg(long, default_value_t = 64)]
     pub requests: usize,
@@ -413,6 +426,80 @@ fn bare_decode(model: &crate::model::Decoder, kv: crate::kv::KvCacheDtype, promp
     (gen - 1) as f64 / start.elapsed().as_secs_f64()
 }
 
+/// One run of the batched table at batch size `b`: its row, printed and as JSON.
+fn batched_row(
+    args: &BenchArgs,
+    model: &Arc<crate::loaded::LoadedModel>,
+    base: &EngineConfig,
+    b: usize,
+    rng: &mut Rng,
+) -> Result<Value> {
+    let vocab = model.model.config.vocab_size;
+    let cfg = EngineConfig {
+        max_num_seqs: b,
+        max_num_batched_tokens: base.max_num_batched_tokens.max(b * args.prompt_tokens),
+        ..base.clone()
+    };
+    let engine = EngineHandle::start(model.clone(), cfg)?;
+    let reqs = (0..b)
+        .map(|_| {
+            let mut r = Request::new(random_prompt(rng, args.prompt_tokens, vocab), args.gen_tokens);
+            r.stop.ignore_eos = true;
+            (Duration::ZERO, r)
+        })
+        .collect();
+    let t = drive(&engine, reqs)?;
+    let start = t.iter().map(|x| x.sent).min().context("no requests")?;
+    let pp_end = t.iter().filter_map(|x| x.tokens.first()).max().context("no tokens")?;
+    let end = t.iter().filter_map(|x| x.tokens.last()).max().context("no tokens")?;
+    let (pp, tg) = ((*pp_end - start).as_secs_f64(), (*end - *pp_end).as_secs_f64());
+    // Only the tokens after the last prompt's first: where prompts were prefilled in
+    // several steps, the first ones decoded meanwhile, in the prefill's time.
+    let decoded: usize = t.iter().map(|x| x.tokens.iter().filter(|&&at| at > *pp_end).count()).sum();
+    let overlapped: usize = t.iter().map(|x| x.tokens.len() - 1).sum::<usize>() - decoded;
+    let st = engine.stats();
+    let overhead = st.overhead_time.as_secs_f64() / (st.overhead_time + st.forward_time).as_secs_f64();
+    let row = json!({"batch": b, "pp": args.prompt_tokens, "tg": args.gen_tokens, "pp_s": pp, "pp_tok_s": (b * args.prompt_tokens) as f64 / pp,
+        "tg_s": tg, "tg_tok_s": decoded as f64 / tg, "total_tok_s": (b * (args.prompt_tokens + args.gen_tokens)) as f64 / (pp + tg),
+        "overhead_fraction": overhead, "tokens_during_prefill": overlapped});
+    println!(
+        "{:>4} {:>5} {:>5} {:>9.3} {:>10.1} {:>9.3} {:>10.1} {:>10.1} {:>8.2}%",
+        b,
+        args.prompt_tokens,
+        args.gen_tokens,
+        pp,
+        row["pp_tok_s"].as_f64().unwrap(),
+        tg,
+        row["tg_tok_s"].as_f64().unwrap(),
+        row["total_tok_s"].as_f64().unwrap(),
+        overhead * 100.0
+    );
+    if overlapped > 0 {
+        println!("  B={b}: {overlapped} tokens decoded while prompts were still prefilling, left out of TG");
+    }
+    Ok(row)
+}
+
+/// Batch size `b`'s runs as one row: the run with the median decode speed, and with a
+/// peer, every pair's ratios and their medians.
+fn median_run(b: usize, mut runs: Vec<Value>) -> Value {
+    let pairs: Vec<Value> = runs.iter().filter_map(|r| r.get("llama_cpp").cloned()).collect();
+    let tg = |r: &Value| r["tg_tok_s"].as_f64().unwrap_or(0.0);
+    runs.sort_by(|x, y| tg(x).total_cmp(&tg(y)));
+    let mut row = runs[runs.len() / 2].clone();
+    if pairs.len() > 1 {
+        let median = |k: &str| percentile(&mut pairs.iter().filter_map(|p| p[k].as_f64()).collect::<Vec<_>>(), 0.5);
+        let (tg, pp) = (median("tg_ratio"), median("pp_ratio"));
+        println!(
+            "{b:>4} weft against llama.cpp over {} alternated pairs: median {tg:.2}x TG, {pp:.2}x PP",
+            pairs.len()
+        );
+        row["llama_cpp_pairs"] = Value::Array(pairs);
+        row["llama_cpp_median"] = json!({"tg_ratio": tg, "pp_ratio": pp});
+    }
+    row
+}
+
 fn percentile(v: &mut [f64], p: f64) -> f64 {
     if v.is_empty() {
         return 0.0;
@@ -492,50 +579,34 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "B", "PP", "TG", "PP s", "PP tok/s", "TG s", "TG tok/s", "total t/s", "overhead"
         );
         let mut rows = Vec::new();
-        for &b in &batch_sizes {
-            let cfg = EngineConfig {
-                max_num_seqs: b,
-                max_num_batched_tokens: base.max_num_batched_tokens.max(b * args.prompt_tokens),
-                ..base.clone()
-            };
-            let engine = EngineHandle::start(model.clone(), cfg)?;
-            let reqs = (0..b)
-                .map(|_| {
-                    let mut r = Request::new(random_prompt(&mut rng, args.prompt_tokens, vocab), args.gen_tokens);
-                    r.stop.ignore_eos = true;
-                    (Duration::ZERO, r)
-                })
-                .collect();
-            let t = drive(&engine, reqs)?;
-            let start = t.iter().map(|x| x.sent).min().context("no requests")?;
-            let pp_end = t.iter().filter_map(|x| x.tokens.first()).max().context("no tokens")?;
-            let end = t.iter().filter_map(|x| x.tokens.last()).max().context("no tokens")?;
-            let (pp, tg) = ((*pp_end - start).as_secs_f64(), (*end - *pp_end).as_secs_f64());
-            // Only the tokens after the last prompt's first: where prompts were prefilled in
-            // several steps, the first ones decoded meanwhile, in the prefill's time.
-            let decoded: usize = t.iter().map(|x| x.tokens.iter().filter(|&&at| at > *pp_end).count()).sum();
-            let overlapped: usize = t.iter().map(|x| x.tokens.len() - 1).sum::<usize>() - decoded;
-            let st = engine.stats();
-            let overhead = st.overhead_time.as_secs_f64() / (st.overhead_time + st.forward_time).as_secs_f64();
-            let row = json!({"batch": b, "pp": args.prompt_tokens, "tg": args.gen_tokens, "pp_s": pp, "pp_tok_s": (b * args.prompt_tokens) as f64 / pp,
-                "tg_s": tg, "tg_tok_s": decoded as f64 / tg, "total_tok_s": (b * (args.prompt_tokens + args.gen_tokens)) as f64 / (pp + tg),
-                "overhead_fraction": overhead, "tokens_during_prefill": overlapped});
-            println!(
-                "{:>4} {:>5} {:>5} {:>9.3} {:>10.1} {:>9.3} {:>10.1} {:>10.1} {:>8.2}%",
-                b,
-                args.prompt_tokens,
-                args.gen_tokens,
-                pp,
-                row["pp_tok_s"].as_f64().unwrap(),
-                tg,
-                row["tg_tok_s"].as_f64().unwrap(),
-                row["total_tok_s"].as_f64().unwrap(),
-                overhead * 100.0
-            );
-            if overlapped > 0 {
-                println!("  B={b}: {overlapped} tokens decoded while prompts were still prefilling, left out of TG");
+        let peer = match &args.llama_cpp {
+            Some(dir) => {
+                let file = args.engine.model.clone().filter(|m| m.extension().is_some_and(|e| e == "gguf"));
+                let file = file.context("--llama-cpp compares on a GGUF file: pass it with --model")?;
+                Some((super::peer::LlamaCpp::new(dir.clone())?, file))
             }
-            rows.push(row);
+            None => None,
+        };
+        ensure!(args.pairs > 0, "--pairs must be at least 1");
+        for &b in &batch_sizes {
+            let mut runs = Vec::new();
+            for _ in 0..if peer.is_some() { args.pairs } else { 1 } {
+                let mut row = batched_row(&args, &model, &base, b, &mut rng)?;
+                if let Some((llama, file)) = &peer {
+                    let theirs = llama.measure(file, threads, b, args.prompt_tokens, args.gen_tokens)?;
+                    let ours = |k: &str| row[k].as_f64().unwrap_or(0.0);
+                    let (tg, pp) = (ours("tg_tok_s") / theirs.tg_tok_s, ours("pp_tok_s") / theirs.pp_tok_s);
+                    let tool = if b == 1 { "llama-bench tg/pp" } else { "llama-batched-bench S_TG/S_PP" };
+                    println!(
+                        "{:>4} llama.cpp ({tool}): TG {:.1} tok/s, PP {:.1} tok/s; weft {tg:.2}x TG, {pp:.2}x PP",
+                        b, theirs.tg_tok_s, theirs.pp_tok_s
+                    );
+                    row["llama_cpp"] = json!({"tg_tok_s": theirs.tg_tok_s, "pp_tok_s": theirs.pp_tok_s,
+                        "tg_ratio": tg, "pp_ratio": pp});
+                }
+                runs.push(row);
+            }
+            rows.push(median_run(b, runs));
         }
         if batch_sizes.contains(&1) {
             let engine_b1 = rows.iter().find(|r| r["batch"] == 1).and_then(|r| r["tg_tok_s"].as_f64()).unwrap_or(0.0);

@@ -6,6 +6,7 @@ mod bench_serve;
 pub mod generate;
 mod machine;
 pub mod model_cache;
+mod peer;
 pub mod perplexity;
 mod plot;
 mod quantize;
