@@ -48,7 +48,7 @@ pub struct BenchArgs {
     /// Alternated runs of weft and llama.cpp per batch size, with `--llama-cpp`: a machine
     /// whose speed drifts shifts both sides of a pair alike, so each pair gives a ratio and
     /// the median is reported.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, requires = "llama_cpp")]
     pub pairs: usize,
     /// Requests in the serving run (0: skip it).
     #[arg(long, default_value_t = 64)]
