@@ -590,7 +590,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         ensure!(args.pairs > 0, "--pairs must be at least 1");
         for &b in &batch_sizes {
             let mut runs = Vec::new();
-            for _ in 0..if peer.is_some() { args.pairs } else { 1 } {
+            for _ in 0..args.pairs {
                 let mut row = batched_row(&args, &model, &base, b, &mut rng)?;
                 if let Some((llama, file)) = &peer {
                     let theirs = llama.measure(file, threads, b, args.prompt_tokens, args.gen_tokens)?;
