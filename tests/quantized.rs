@@ -99,6 +99,22 @@ fn quantized_batching_changes_nothing() {
     }
 }
 
+/// `weft bench`'s ceiling counts every matrix product once, under the format it is stored in.
+#[test]
+fn products_by_format_cover_every_matrix_once() {
+    if shared_models().is_none() {
+        return;
+    }
+    let path = "tiny-llama3-q/tiny-llama3-q.Q4_K_M.gguf";
+    let quant = model_as(path, WeightDtype::Auto);
+    let by = quant.model.products_by_format();
+    let total: usize = by.iter().map(|(_, n)| n).sum();
+    assert_eq!(total, quant.model.config.matmul_params(), "{by:?}");
+    let formats: Vec<_> = by.iter().map(|(t, _)| *t).collect();
+    assert!(formats.contains(&Some(GgmlType::Q4K)) && formats.contains(&Some(GgmlType::Q6K)), "{formats:?}");
+    assert_eq!(model_as(path, WeightDtype::F32).model.products_by_format(), vec![(None, total)]);
+}
+
 /// `weft perplexity`'s evaluation: a model against itself is a perfect match; the quantized
 /// path against f32 is close, with a finite perplexity, and so is an f16 KV cache.
 #[test]

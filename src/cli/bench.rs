@@ -546,8 +546,68 @@ fn print_limits(model: &crate::loaded::LoadedModel, rows: &[Value], threads: usi
             100.0 * gflops / peak
         );
         out["max_batch_gflop_s"] = json!(gflops);
+        let ceiling =
+            if model.model.quantized() { pool.install(|| step_ceiling(model, fma_peak, int8_peak)) } else { None };
+        if let Some(ceiling) = ceiling {
+            let parts: Vec<String> = ceiling
+                .formats
+                .iter()
+                .map(|(name, share, rate)| format!("{name} {:.0}% of products at {rate:.1} G/s", 100.0 * share))
+                .collect();
+            println!(
+                "  B={b}: {t:.1} tok/s is {:.0}% of what the kernels' innermost steps alone allow on this machine ({:.1} tok/s: {})",
+                100.0 * t / ceiling.tok_s,
+                ceiling.tok_s,
+                parts.join(", ")
+            );
+            // The peer's median over the pairs, against the same ceiling.
+            let peer = r
+                .get("llama_cpp_pairs")
+                .and_then(Value::as_array)
+                .cloned()
+                .or_else(|| r.get("llama_cpp").map(|p| vec![p.clone()]));
+            if let Some(peer) = peer {
+                let theirs =
+                    percentile(&mut peer.iter().filter_map(|p| p["tg_tok_s"].as_f64()).collect::<Vec<_>>(), 0.5);
+                println!("  B={b}: llama.cpp's {theirs:.1} tok/s is {:.0}% of it", 100.0 * theirs / ceiling.tok_s);
+            }
+            out["step_ceiling_tok_s"] = json!(ceiling.tok_s);
+        }
     }
     Ok(out)
+}
+
+/// The matrices' decode ceiling at any batch: each format's products at the rate of its
+/// kernels' innermost step ([`super::machine::avx2_step_rate`]; with VNNI every format's is
+/// one `vpdpbusd`, the int8 peak; float matrices at the FMA peak), nothing else counted.
+struct StepCeiling {
+    tok_s: f64,
+    /// Format, share of the products, G products/s.
+    formats: Vec<(String, f64, f64)>,
+}
+
+fn step_ceiling(
+    model: &crate::loaded::LoadedModel,
+    fma_peak: f64,
+    int8_peak: Option<(f64, &str)>,
+) -> Option<StepCeiling> {
+    let by = model.model.products_by_format();
+    let total: usize = by.iter().map(|(_, n)| n).sum();
+    let vnni = crate::kernels::qmatmul::vnni();
+    let mut seconds = 0.0;
+    let mut formats = Vec::new();
+    for (t, n) in by {
+        // Operations count a multiply-add as two; rates here are products.
+        let rate = match t {
+            None => fma_peak / 2.0,
+            Some(_) if vnni => int8_peak?.0 / 2.0,
+            Some(t) => super::machine::avx2_step_rate(crate::kernels::qmatmul::avx2_step(t))?,
+        };
+        seconds += n as f64 / (rate * 1e9);
+        let name = t.map_or("float".to_string(), |t| format!("{t:?}"));
+        formats.push((name, n as f64 / total as f64, rate));
+    }
+    (seconds > 0.0).then(|| StepCeiling { tok_s: 1.0 / seconds, formats })
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {

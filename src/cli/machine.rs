@@ -2,6 +2,7 @@
 //! numbers can be read against them (the VM's speed drifts from day to day).
 
 use crate::kernels::buffer::F32Buf;
+use crate::kernels::qmatmul::Avx2Step;
 use rayon::prelude::*;
 use std::time::Instant;
 
@@ -99,6 +100,83 @@ pub fn int8_peak() -> Option<(f64, &'static str)> {
     None
 }
 
+/// Byte products per second (G) of all pool threads running one [`Avx2Step`] of the
+/// quantized kernels on AVX2 without VNNI, operands in registers: the ceiling of the formats
+/// that take it, since the kernels also load, decode and scale. Q6_K's step (a `madd` per
+/// two `maddubs`) and Q8_0's (a `sign` and a `madd` per `maddubs`) run well below
+/// [`int8_peak`]. `None` without AVX2 or for a step no kernel takes.
+pub fn avx2_step_rate(step: Avx2Step) -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::matmul::avx2::available() {
+        const ITERS: usize = 1 << 19;
+        let run: unsafe fn(usize, i8) -> i64 = match (step.per_madd, step.signed) {
+            (1, true) => avx2_step_chains::<1, true>,
+            (2, false) => avx2_step_chains::<2, false>,
+            (4, false) => avx2_step_chains::<4, false>,
+            (8, false) => avx2_step_chains::<8, false>,
+            _ => return None,
+        };
+        let threads = rayon::current_num_threads();
+        return Some(best_rate(|| {
+            // SAFETY: AVX2 was detected.
+            let sink: i64 = (0..threads).into_par_iter().map(|i| unsafe { run(ITERS, i as i8) }).sum();
+            std::hint::black_box(sink);
+            (threads * ITERS * STEP_CHAINS * step.per_madd * 32) as f64 / 1e9
+        }));
+    }
+    let _ = step;
+    None
+}
+
+/// Independent accumulators in [`avx2_step_chains`]: as many as leave registers for the
+/// operands.
+const STEP_CHAINS: usize = 8;
+
+/// [`STEP_CHAINS`] i32 sums, each step `PER` `maddubs` (after a `sign` where `SIGNED`)
+/// added in i16, then one `madd` and an i32 add. Each `maddubs` takes another chain's last
+/// sum as its activations, so none can be hoisted and the chains' steps overlap.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn avx2_step_chains<const PER: usize, const SIGNED: bool>(iters: usize, seed: i8) -> i64 {
+    use std::arch::x86_64::*;
+    // Weights of both signs for Q8_0's step, so its `sign` has work to do; one per place
+    // in the step, so that no two chains' products are the same (and computed once).
+    let w: [__m256i; PER] =
+        std::array::from_fn(
+            |j| {
+                if SIGNED {
+                    _mm256_set1_epi16(0x03FD + j as i16)
+                } else {
+                    _mm256_set1_epi8(3 + j as i8)
+                }
+            },
+        );
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_set1_epi8(seed); STEP_CHAINS];
+    for _ in 0..iters {
+        let x = acc;
+        for (c, a) in acc.iter_mut().enumerate() {
+            let mul = |j: usize| {
+                let x = x[(c + j) % STEP_CHAINS];
+                if SIGNED {
+                    _mm256_maddubs_epi16(_mm256_abs_epi8(w[j]), _mm256_sign_epi8(x, w[j]))
+                } else {
+                    _mm256_maddubs_epi16(w[j], x)
+                }
+            };
+            let mut s = mul(0);
+            for j in 1..PER {
+                s = _mm256_add_epi16(s, mul(j));
+            }
+            *a = _mm256_add_epi32(*a, _mm256_madd_epi16(s, ones));
+        }
+    }
+    let mut out = [0i32; 8];
+    let sum = acc.iter().fold(_mm256_setzero_si256(), |s, &a| _mm256_add_epi32(s, a));
+    _mm256_storeu_si256(out.as_mut_ptr().cast(), sum);
+    out.iter().map(|&v| v as i64).sum()
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn avx2_int8_chains(iters: usize, seed: i8) -> i64 {
@@ -150,4 +228,23 @@ unsafe fn avx2_chains(iters: usize, seed: f32) -> f32 {
     let mut out = [0f32; 8];
     _mm256_storeu_ps(out.as_mut_ptr(), acc.iter().fold(_mm256_setzero_ps(), |s, &a| _mm256_add_ps(s, a)));
     out.iter().sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::qmatmul::{avx2_step, QMatrix};
+    use crate::kernels::quant::BLOCK_FORMATS;
+
+    /// Every block format the kernels compute has a step `weft bench` can measure.
+    #[test]
+    fn every_block_format_has_a_step_ceiling() {
+        if !crate::kernels::matmul::avx2::available() {
+            return;
+        }
+        for t in BLOCK_FORMATS.into_iter().filter(|&t| QMatrix::supports(t)) {
+            let rate = avx2_step_rate(avx2_step(t));
+            assert!(rate.is_some_and(|r| r > 0.0), "{t:?}: {rate:?}");
+        }
+    }
 }

@@ -122,6 +122,11 @@ impl PackedMatrix {
         k0 * panels * NP + (row / NP) * kcb * NP + (col - k0) * NP + row % NP
     }
 
+    /// Multiply-adds one activation row costs.
+    pub fn products(&self) -> usize {
+        self.n * self.k
+    }
+
     /// Bytes of weights one pass over the matrix reads.
     pub fn bytes(&self) -> usize {
         match &self.data {

@@ -12,6 +12,7 @@ use crate::kernels::attention::{attend, softcap, KvSpan, Scoring, Scratch};
 use crate::kernels::matmul::Half;
 use crate::kernels::norm::{gelu_tanh_mul, rmsnorm_in_place};
 use crate::kernels::qmatmul::{QActs, QMatrix};
+use crate::kernels::quant::GgmlType;
 use crate::kernels::rope::Rope;
 use crate::kernels::{rmsnorm, silu_mul};
 use crate::kv::{KvCache, KvCacheDtype, KvDtype};
@@ -338,6 +339,21 @@ impl Decoder {
             .map(|l| norms(l) + l.wqkv.bytes() + l.wo.bytes() + l.w_gate_up.bytes() + l.w_down.bytes())
             .sum();
         layer + 4 * self.norm.data().len() + self.lm_head.bytes()
+    }
+
+    /// Multiply-adds of the matrices per token, by block format (`None`: f32), largest
+    /// first: what sets the matrices' ceiling at large batches (`weft bench`).
+    pub fn products_by_format(&self) -> Vec<(Option<GgmlType>, usize)> {
+        let mut by: Vec<(Option<GgmlType>, usize)> = Vec::new();
+        let weights = self.layers.iter().flat_map(|l| [&l.wqkv, &l.wo, &l.w_gate_up, &l.w_down]);
+        for (t, n) in weights.chain([&self.lm_head]).flat_map(Weight::products) {
+            match by.iter_mut().find(|(u, _)| *u == t) {
+                Some((_, sum)) => *sum += n,
+                None => by.push((t, n)),
+            }
+        }
+        by.sort_by_key(|&(_, n)| std::cmp::Reverse(n));
+        by
     }
 
     /// Runs one step and returns the logits `[rows wanting them, vocab]`, in `seqs` order.

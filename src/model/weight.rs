@@ -139,6 +139,14 @@ impl Weight {
         Ok(all)
     }
 
+    /// Multiply-adds one activation row costs, by block format (`None`: computed in f32).
+    pub fn products(&self) -> Vec<(Option<GgmlType>, usize)> {
+        match self {
+            Weight::F32(w) => vec![(None, w.products())],
+            Weight::Quant(w) => w.products().map(|(t, n)| (Some(t), n)).collect(),
+        }
+    }
+
     /// Bytes of weights one pass over the matrix reads.
     pub fn bytes(&self) -> usize {
         match self {

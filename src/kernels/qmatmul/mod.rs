@@ -22,7 +22,7 @@ use std::borrow::Cow;
 mod rows;
 mod x8;
 
-pub use x8::vnni;
+pub use x8::{avx2_step, vnni, Avx2Step};
 
 /// Values per activation block (and per decoded weight block).
 const QB: usize = 32;
@@ -115,6 +115,11 @@ impl QMatrix {
     /// Values per row (`k`).
     pub fn cols(&self) -> usize {
         self.k
+    }
+
+    /// Multiply-adds one activation row costs, by block format (a part each).
+    pub fn products(&self) -> impl Iterator<Item = (GgmlType, usize)> + '_ {
+        self.parts.iter().map(|p| (p.dtype, p.rows * self.k))
     }
 
     /// Bytes of weights one pass over the matrix reads.

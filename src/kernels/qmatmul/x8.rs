@@ -243,6 +243,29 @@ pub fn act_scales(dtype: GgmlType) -> ActScales {
     }
 }
 
+/// How the AVX2 kernels (without VNNI) add up `dtype`'s byte products, for `weft bench`'s
+/// ceiling of each format: `per_madd` `maddubs` results gather in i16 (as many as it holds
+/// and the activation scales allow) before one `madd` widens, and for the K-quants scales,
+/// them; signed values (Q8_0's, IQ4's) take a `sign` before each `maddubs` too ([`avx2::q8`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Avx2Step {
+    pub per_madd: usize,
+    pub signed: bool,
+}
+
+/// [`Avx2Step`] of `dtype`: Q4_K's 32-value sub-blocks are one run of eight chunks; Q5_K's
+/// runs and the legacy formats' 16-value halves are four; Q6_K's 6-bit values fill an i16
+/// in two (Q3_K and Q2_K run on its kernels).
+pub fn avx2_step(dtype: GgmlType) -> Avx2Step {
+    let (per_madd, signed) = match dtype {
+        _ if signed_bytes(dtype) => (1, true),
+        GgmlType::Q4K => (8, false),
+        GgmlType::Q6K | GgmlType::Q3K | GgmlType::Q2K => (2, false),
+        _ => (4, false),
+    };
+    Avx2Step { per_madd, signed }
+}
+
 /// Bytes of one record and where its values start.
 fn record(dtype: GgmlType) -> (usize, usize) {
     let s = shape(dtype);
