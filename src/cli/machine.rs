@@ -141,32 +141,19 @@ unsafe fn avx2_step_chains<const PER: usize, const SIGNED: bool>(iters: usize, s
     use std::arch::x86_64::*;
     // Weights of both signs for Q8_0's step, so its `sign` has work to do; one per place
     // in the step, so that no two chains' products are the same (and computed once).
-    let w: [__m256i; PER] =
-        std::array::from_fn(
-            |j| {
-                if SIGNED {
-                    _mm256_set1_epi16(0x03FD + j as i16)
-                } else {
-                    _mm256_set1_epi8(3 + j as i8)
-                }
-            },
-        );
+    let w: [__m256i; PER] = std::array::from_fn(|j| match SIGNED {
+        true => _mm256_set1_epi16(0x03FD + j as i16),
+        false => _mm256_set1_epi8(3 + j as i8),
+    });
     let ones = _mm256_set1_epi16(1);
     let mut acc = [_mm256_set1_epi8(seed); STEP_CHAINS];
     for _ in 0..iters {
         let x = acc;
         for (c, a) in acc.iter_mut().enumerate() {
-            let mul = |j: usize| {
-                let x = x[(c + j) % STEP_CHAINS];
-                if SIGNED {
-                    _mm256_maddubs_epi16(_mm256_abs_epi8(w[j]), _mm256_sign_epi8(x, w[j]))
-                } else {
-                    _mm256_maddubs_epi16(w[j], x)
-                }
-            };
-            let mut s = mul(0);
-            for j in 1..PER {
-                s = _mm256_add_epi16(s, mul(j));
+            // Plain loops, no closure: one would not take this function's target features.
+            let mut s = step_mul::<SIGNED>(w[0], x[c]);
+            for (j, &w) in w.iter().enumerate().skip(1) {
+                s = _mm256_add_epi16(s, step_mul::<SIGNED>(w, x[(c + j) % STEP_CHAINS]));
             }
             *a = _mm256_add_epi32(*a, _mm256_madd_epi16(s, ones));
         }
@@ -175,6 +162,22 @@ unsafe fn avx2_step_chains<const PER: usize, const SIGNED: bool>(iters: usize, s
     let sum = acc.iter().fold(_mm256_setzero_si256(), |s, &a| _mm256_add_epi32(s, a));
     _mm256_storeu_si256(out.as_mut_ptr().cast(), sum);
     out.iter().map(|&v| v as i64).sum()
+}
+
+/// One `maddubs` of a step: weights `w` against activations `x`; signed weights as the
+/// kernels take them, `|w|` against `x` carrying `w`'s sign. Inlined into its AVX2 caller.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn step_mul<const SIGNED: bool>(
+    w: std::arch::x86_64::__m256i,
+    x: std::arch::x86_64::__m256i,
+) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    if SIGNED {
+        _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w))
+    } else {
+        _mm256_maddubs_epi16(w, x)
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
