@@ -596,12 +596,24 @@ fn step_ceiling(
     let vnni = crate::kernels::qmatmul::vnni();
     let mut seconds = 0.0;
     let mut formats = Vec::new();
+    // Each distinct step measured once, so that formats sharing one share its rate.
+    let mut steps: Vec<(crate::kernels::qmatmul::Avx2Step, f64)> = Vec::new();
     for (t, n) in by {
         // Operations count a multiply-add as two; rates here are products.
         let rate = match t {
             None => fma_peak / 2.0,
             Some(_) if vnni => int8_peak?.0 / 2.0,
-            Some(t) => super::machine::avx2_step_rate(crate::kernels::qmatmul::avx2_step(t))?,
+            Some(t) => {
+                let step = crate::kernels::qmatmul::avx2_step(t);
+                match steps.iter().find(|(s, _)| *s == step) {
+                    Some(&(_, rate)) => rate,
+                    None => {
+                        let rate = super::machine::avx2_step_rate(step)?;
+                        steps.push((step, rate));
+                        rate
+                    }
+                }
+            }
         };
         seconds += n as f64 / (rate * 1e9);
         let name = t.map_or("float".to_string(), |t| format!("{t:?}"));

@@ -40,6 +40,13 @@ struct Layer {
     window: Option<usize>,
 }
 
+impl Layer {
+    /// The layer's weight matrices.
+    fn matrices(&self) -> [&Weight; 4] {
+        [&self.wqkv, &self.wo, &self.w_gate_up, &self.w_down]
+    }
+}
+
 /// Rotary embeddings: one table, or Phi-3's longrope pair chosen by sequence length.
 enum Rotary {
     One(Rope),
@@ -321,7 +328,7 @@ impl Decoder {
     /// f16 KV cache is the default).
     pub fn quantized(&self) -> bool {
         let quant = |w: &Weight| matches!(w, Weight::Quant(_));
-        self.layers.iter().any(|l| [&l.wqkv, &l.wo, &l.w_gate_up, &l.w_down].into_iter().any(quant))
+        self.layers.iter().any(|l| l.matrices().into_iter().any(quant))
     }
 
     /// The KV cache element type `choice` comes to for this model.
@@ -333,11 +340,8 @@ impl Decoder {
     pub fn weight_bytes(&self) -> usize {
         let norms = |l: &Layer| 4 * (l.attn_norm.data().len() + l.ffn_norm.data().len());
         // Biases and q/k norms are small enough to leave out of this estimate.
-        let layer: usize = self
-            .layers
-            .iter()
-            .map(|l| norms(l) + l.wqkv.bytes() + l.wo.bytes() + l.w_gate_up.bytes() + l.w_down.bytes())
-            .sum();
+        let layer: usize =
+            self.layers.iter().map(|l| norms(l) + l.matrices().iter().map(|w| w.bytes()).sum::<usize>()).sum();
         layer + 4 * self.norm.data().len() + self.lm_head.bytes()
     }
 
@@ -345,8 +349,8 @@ impl Decoder {
     /// first: what sets the matrices' ceiling at large batches (`weft bench`).
     pub fn products_by_format(&self) -> Vec<(Option<GgmlType>, usize)> {
         let mut by: Vec<(Option<GgmlType>, usize)> = Vec::new();
-        let weights = self.layers.iter().flat_map(|l| [&l.wqkv, &l.wo, &l.w_gate_up, &l.w_down]);
-        for (t, n) in weights.chain([&self.lm_head]).flat_map(Weight::products) {
+        let weights = self.layers.iter().flat_map(Layer::matrices).chain([&self.lm_head]);
+        for (t, n) in weights.flat_map(Weight::products) {
             match by.iter_mut().find(|(u, _)| *u == t) {
                 Some((_, sum)) => *sum += n,
                 None => by.push((t, n)),
