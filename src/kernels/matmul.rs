@@ -509,6 +509,31 @@ mod tests {
         }
     }
 
+    /// Every row count from 0 to past two M-blocks, with `k` and `n` off the panel and
+    /// tile sizes: each row bit-identical to its result in the largest batch, that batch
+    /// close to the naive product, and nothing written past the `m` rows asked for.
+    #[test]
+    fn every_row_count() {
+        let m_max = 2 * MB + MR + 1;
+        for (k, n) in [(1, 1), (37, NP + 3), (256, 3 * NP)] {
+            let w = random_vec(n * k, 13);
+            let x = random_vec(m_max * k, 14);
+            let packed = PackedMatrix::pack(&w, n, k);
+            let run = |m: usize| {
+                let mut y = vec![f32::NAN; (m + 1) * n];
+                matmul(&x, &packed, &mut y, m);
+                assert!(y[m * n..].iter().all(|v| v.is_nan()), "m={m} k={k} n={n}: wrote past its rows");
+                y.truncate(m * n);
+                y
+            };
+            let all = run(m_max);
+            assert_close(&all, &naive(&x, &w, m_max, k, n), 1e-4, &format!("k={k} n={n}"));
+            for m in 0..m_max {
+                assert_eq!(run(m), all[..m * n], "m={m} k={k} n={n}");
+            }
+        }
+    }
+
     /// 16-bit panels give exactly the f32 result of the widened values, on every path
     /// (edge panels, several K-blocks, one row and many).
     #[test]

@@ -467,6 +467,10 @@ impl Decoder {
             rmsnorm(&h[r * d..(r + 1) * d], self.norm.data(), c.rms_norm_eps, dst);
         }
         let logits = resize(&mut ws.logits, sampled.len() * c.vocab_size);
+        if sampled.is_empty() {
+            // A step of prompt chunks that end no prompt: the LM head has nothing to do.
+            return logits;
+        }
         self.lm_head.matmul(last, &mut ws.xq, logits, sampled.len());
         self.lm_head.refine_top(last, logits, sampled.len(), EXACT_TOP_LOGITS);
         if let Some(cap) = c.final_softcap {

@@ -385,6 +385,11 @@ pub fn qmatmul(xq: &QActs, w: &QMatrix, y: &mut [f32], m: usize) {
     let (n, k) = (w.n, w.k);
     assert!(xq.q.len() >= m * k && y.len() >= m * n, "qmatmul: buffers too small");
     assert!(xq.scales >= w.act_scales(), "qmatmul: activations scaled more finely than the kernels read");
+    // No rows (a step whose rows all sit inside prompts asks the LM head for none): nothing
+    // to write, and no task to start.
+    if m == 0 {
+        return;
+    }
     let out = SharedOut(y.as_mut_ptr());
     let mut first_row = 0;
     for p in &w.parts {
@@ -501,6 +506,48 @@ mod tests {
             let err = (y[0] as f64 - exact).abs();
             assert!(err < 0.01 * (1.0 + size), "{dtype:?} {} vs {exact} (of {size})", y[0]);
             assert!(dtype == GgmlType::Iq4Xs || err < 0.05 * (1.0 + exact.abs()), "{dtype:?} {} vs {exact}", y[0]);
+        }
+    }
+
+    /// Every format at every row count from 0 to past two tiles of either layout (and a
+    /// step's worth), every few `k` it allows, and `n` with and without a ragged tail of
+    /// rows: each row bit-identical to its result in the largest batch, that batch within
+    /// rounding of the naive product, and nothing written past the `m` rows asked for.
+    #[test]
+    fn every_row_count_and_shape() {
+        const M: usize = 2 * TILE + 17;
+        for dtype in TYPES {
+            let per = dtype.block().0;
+            for k in [per, 2 * per, 3 * per] {
+                // One row, one group and a ragged tail, and enough groups that the tasks
+                // run on the pool.
+                for n in [1, x8::GROUP, 2 * x8::GROUP + 3, 24 * x8::GROUP + 3] {
+                    let raw = random_blocks(dtype, n * k / per, 21);
+                    let w = QMatrix::new(k, vec![(dtype, n, (&raw[..]).into())]).unwrap();
+                    let x = random_vec(M * k, 22);
+                    let run = |m: usize| {
+                        let mut xq = QActs::default();
+                        quantize_rows(&x, m, k, w.act_scales(), &mut xq);
+                        let mut y = vec![f32::NAN; (m + 1) * n];
+                        qmatmul(&xq, &w, &mut y, m);
+                        assert!(y[m * n..].iter().all(|v| v.is_nan()), "{dtype:?} m={m}: wrote past its rows");
+                        y.truncate(m * n);
+                        (y, xq)
+                    };
+                    let (all, xq) = run(M);
+                    let wf = dequantize(dtype, &raw);
+                    for (i, j) in (0..M).flat_map(|i| (0..n).map(move |j| (i, j))) {
+                        let want: f64 = (0..k)
+                            .map(|c| wf[j * k + c] as f64 * xq.q[i * k + c] as f64 * xq.d[(i * k + c) / QH] as f64)
+                            .sum();
+                        let got = all[i * n + j] as f64;
+                        assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()), "{dtype:?} k={k} n={n} [{i},{j}]");
+                    }
+                    for m in 0..M {
+                        assert_eq!(run(m).0, all[..m * n], "{dtype:?} k={k} n={n} m={m}");
+                    }
+                }
+            }
         }
     }
 

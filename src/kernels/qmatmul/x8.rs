@@ -478,7 +478,10 @@ pub(super) unsafe fn groups_task(
                 &[]
             };
             let calls_per_tile = if paired { (last - first).div_ceil(2) } else { last - first };
-            let ahead = next.len().div_ceil(m.div_ceil(TILE) * calls_per_tile).next_multiple_of(64);
+            // At least one call, so that a task over no rows or no groups asks for nothing
+            // rather than dividing by zero.
+            let calls = (m.div_ceil(TILE) * calls_per_tile).max(1);
+            let ahead = next.len().div_ceil(calls).next_multiple_of(64);
             let mut asked = 0;
             for i in (0..m).step_by(TILE) {
                 let tile = TILE.min(m - i);
