@@ -13,7 +13,7 @@
 //! (and the memory a sequence takes).
 
 use super::buffer::Zeroable;
-use super::dot::{axpy_lanes, dot_lanes};
+use super::dot::{axpy_lanes, dot_chains};
 use super::exp::exp;
 
 /// An element of the K/V pools, widened to f32 as it is read.
@@ -187,22 +187,74 @@ fn attend_in<E: KvElem>(
 ) {
     let hd = kv.head_dim;
     assert!(span.first_pos <= span.last_pos, "empty attention span");
-    let (start, end) = (span.first_pos, span.last_pos + 1);
-    let n = end - start;
-    let scale = scoring.scale;
+    let n = span.last_pos + 1 - span.first_pos;
     let Scratch { scores, row, runs } = scratch;
     scores.clear();
     scores.resize(q.len() / hd * n, 0.0);
     #[cfg(target_arch = "x86_64")]
-    if hd.is_multiple_of(8) && kv.block_size.is_multiple_of(8) && crate::kernels::matmul::avx2::available() {
-        // SAFETY: the CPU supports AVX2, FMA and F16C; the head dim and block size are
-        // multiples of 8.
-        return unsafe { attend_avx2(q, kp, vp, kv, span, scoring, scores, runs, out) };
+    if crate::kernels::matmul::avx2::available() {
+        if hd.is_multiple_of(8) && kv.block_size.is_multiple_of(8) {
+            // SAFETY: the CPU supports AVX2, FMA and F16C; the head dim and block size are
+            // multiples of 8.
+            return unsafe { attend_avx2(q, kp, vp, kv, span, scoring, scores, runs, out) };
+        }
+        // SAFETY: the CPU supports FMA.
+        return unsafe { attend_portable_fma(q, kp, vp, kv, span, scoring, scores, row, out) };
     }
+    attend_portable(q, kp, vp, kv, span, scoring, scores, row, out)
+}
+
+/// [`attend_portable`] compiled with fused multiply-adds in hardware (its `mul_add`s are
+/// otherwise calls into libm).
+///
+/// # Safety
+/// The CPU must support FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attend_portable_fma<E: KvElem>(
+    q: &[f32],
+    kp: &[E],
+    vp: &[E],
+    kv: PagedKv<'_>,
+    span: KvSpan<'_>,
+    scoring: Scoring,
+    scores: &mut [f32],
+    row: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    attend_portable(q, kp, vp, kv, span, scoring, scores, row, out)
+}
+
+/// [`attend`] in plain code, with the AVX2 path's order of operations: any head dim and
+/// block size, the same bits.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn attend_portable<E: KvElem>(
+    q: &[f32],
+    kp: &[E],
+    vp: &[E],
+    kv: PagedKv<'_>,
+    span: KvSpan<'_>,
+    scoring: Scoring,
+    scores: &mut [f32],
+    row: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    let hd = kv.head_dim;
+    let (start, end) = (span.first_pos, span.last_pos + 1);
+    let n = end - start;
+    let scale = scoring.scale;
     row.resize(hd, 0.0);
     let widen = |row: &mut [f32], src: &[E]| row.iter_mut().zip(src).for_each(|(r, s)| *r = s.to_f32());
     let group_width = q.len() / kv.view_heads;
     let (bs, head_stride) = (kv.block_size, kv.block_size * hd);
+    // Each query head's score in the chains the AVX2 path forms it with, so that a block
+    // size or head dim that this path serves gives the same bits as that one.
+    let mut chains = vec![0; q.len() / hd];
+    for (_, (h0, heads)) in head_chunks(kv.view_heads, group_width / hd) {
+        chains[h0..h0 + heads].fill(score_chains(heads));
+    }
     let mut p0 = 0;
     for (base, slot, len) in kv.runs(span.block_table, start, end) {
         for (g, qg) in q.chunks_exact(group_width).enumerate() {
@@ -210,7 +262,8 @@ fn attend_in<E: KvElem>(
             for j in 0..len {
                 row.iter_mut().enumerate().for_each(|(d, r)| *r = kp[kb + d * bs + j].to_f32());
                 for (hh, qh) in qg.chunks_exact(hd).enumerate() {
-                    scores[(g * group_width / hd + hh) * n + p0 + j] = dot_lanes(qh, row) * scale;
+                    let h = g * group_width / hd + hh;
+                    scores[h * n + p0 + j] = dot_chains(qh, row, chains[h]) * scale;
                 }
             }
         }
@@ -287,6 +340,7 @@ unsafe fn attend_avx2<E: KvElem>(
                 let mut got = [[0f32; 16]; MAX_HEADS];
                 let args = (q.as_ptr().add(h0 * hd), hd, kb.add(s0), bs, scoring.scale, &mut got);
                 let wide = s0 + 16 <= bs;
+                const { assert!(score_chains(1) == 4 && score_chains(2) == 2 && score_chains(3) == 2) };
                 match (heads, wide) {
                     (1, true) => score_slots::<E, 1, 4, 2>(args),
                     (1, false) => score_slots::<E, 1, 4, 1>(args),
@@ -344,13 +398,21 @@ const AHEAD: usize = 2;
 /// Query heads that share each K and V load: three heads' sums (twelve chains of scores,
 /// or three V vectors each), their broadcasts and the loaded vectors fit the sixteen AVX2
 /// registers (sums of four V vectors for three heads spilled, and ran slower).
-#[cfg(target_arch = "x86_64")]
 const MAX_HEADS: usize = 3;
+
+/// Chains of multiply-adds a score is formed in when `heads` query heads share each K load:
+/// four for one head, two for more (their sums then fill the registers).
+const fn score_chains(heads: usize) -> usize {
+    if heads == 1 {
+        4
+    } else {
+        2
+    }
+}
 
 /// The query heads in view cut into chunks that share K and V loads: `(kv head, (first
 /// query head, heads))`, each kv head's `group` heads in about even chunks of at most
 /// [`MAX_HEADS`].
-#[cfg(target_arch = "x86_64")]
 fn head_chunks(kv_heads: usize, group: usize) -> impl Iterator<Item = (usize, (usize, usize))> {
     let chunks = group.div_ceil(MAX_HEADS);
     (0..kv_heads).flat_map(move |g| {
@@ -600,6 +662,58 @@ mod tests {
                 };
                 let (half, full) = (run(Pools::F16 { k: &k16, v: &v16 }), run(Pools::F32 { k: &k32, v: &v32 }));
                 assert_eq!(half, full, "hd {hd} {first}..={last}");
+            }
+        }
+    }
+
+    /// The same positions in blocks of 2, 4, 8 and 24 slots (the portable path and the AVX2
+    /// one where the CPU has it), f32 and f16 pools: the same result bit for bit, so a
+    /// sequence's tokens do not depend on `--block-size`.
+    #[test]
+    fn every_block_size_gives_the_same_bits() {
+        for (hd, group) in [(8, 1), (16, 3), (64, 4), (64, 7)] {
+            let (kvh, len) = (2, 48);
+            let k = random_vec(len * kvh * hd, 7);
+            let v = random_vec(len * kvh * hd, 8);
+            let q = random_vec(kvh * group * hd, 9);
+            let mut halves = (vec![0u16; k.len()], vec![0u16; v.len()]);
+            u16::narrow(&k, &mut halves.0);
+            u16::narrow(&v, &mut halves.1);
+            // Position p of kv head g at block p / bs (table reversed), in the pool layout.
+            let layout = |bs: usize| {
+                let blocks = len / bs;
+                let (mut kl, mut vl) = (vec![0f32; k.len()], vec![0f32; v.len()]);
+                let (mut kh, mut vh) = (vec![0u16; k.len()], vec![0u16; v.len()]);
+                for p in 0..len {
+                    for g in 0..kvh {
+                        let o = (((blocks - 1 - p / bs) * kvh + g) * bs) * hd;
+                        for d in 0..hd {
+                            let src = (p * kvh + g) * hd + d;
+                            (kl[o + d * bs + p % bs], kh[o + d * bs + p % bs]) = (k[src], halves.0[src]);
+                            (vl[o + (p % bs) * hd + d], vh[o + (p % bs) * hd + d]) = (v[src], halves.1[src]);
+                        }
+                    }
+                }
+                let table: Vec<u32> = (0..blocks as u32).rev().collect();
+                (kl, vl, kh, vh, table)
+            };
+            let mut want: Option<Vec<Vec<f32>>> = None;
+            for bs in [2, 4, 8, 24] {
+                let (kl, vl, kh, vh, table) = layout(bs);
+                let mut got = Vec::new();
+                for pools in [Pools::F32 { k: &kl, v: &vl }, Pools::F16 { k: &kh, v: &vh }] {
+                    for (first, last) in [(0, 0), (0, len - 1), (5, 30), (17, 17)] {
+                        let span = KvSpan { block_table: &table, first_pos: first, last_pos: last };
+                        let mut out = vec![0f32; q.len()];
+                        let kv = PagedKv::new(pools, bs, kvh, hd);
+                        attend(&q, kv, span, Scoring { scale: 0.3, softcap: None }, &mut Scratch::default(), &mut out);
+                        got.push(out);
+                    }
+                }
+                match &want {
+                    None => want = Some(got),
+                    Some(w) => assert!(w == &got, "hd {hd}, group {group}: blocks of {bs} differ"),
+                }
             }
         }
     }

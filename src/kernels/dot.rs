@@ -1,23 +1,33 @@
-//! Vector helpers for attention: a dot product (8 partial sums, fixed final order) and
-//! `y += a·x`, written so they vectorize inside the AVX2 attention kernel.
+//! Vector helpers for attention's portable path, in the AVX2 path's order of operations so
+//! that both give the same bits: a dot product in interleaved chains of fused
+//! multiply-adds, and `y += a·x`.
 
-/// Portable code shaped for 8-lane vectors: the compiler turns it into AVX2 wherever it is
-/// inlined into a function compiled with AVX2 + FMA, with the same result either way.
+/// `a · b` as the AVX2 scoring forms it: dim `d` into chain `d mod chains` (1 to 4), each
+/// chain a run of fused multiply-adds in dim order, the chains then added in order.
 #[inline(always)]
-pub(crate) fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn dot_chains(a: &[f32], b: &[f32], chains: usize) -> f32 {
+    match chains {
+        1 => dot_in::<1>(a, b),
+        2 => dot_in::<2>(a, b),
+        3 => dot_in::<3>(a, b),
+        _ => dot_in::<4>(a, b),
+    }
+}
+
+#[inline(always)]
+fn dot_in<const C: usize>(a: &[f32], b: &[f32]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
-    let k8 = a.len() / 8 * 8;
-    let mut acc = [0f32; 8];
-    for (ca, cb) in a[..k8].chunks_exact(8).zip(b[..k8].chunks_exact(8)) {
-        for l in 0..8 {
-            acc[l] = ca[l].mul_add(cb[l], acc[l]);
+    let mut acc = [0f32; C];
+    let whole = a.len() / C * C;
+    for (x, y) in a[..whole].chunks_exact(C).zip(b[..whole].chunks_exact(C)) {
+        for c in 0..C {
+            acc[c] = x[c].mul_add(y[c], acc[c]);
         }
     }
-    let mut s = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
-    for (p, q) in a[k8..].iter().zip(&b[k8..]) {
-        s = p.mul_add(*q, s);
+    for (c, (x, y)) in a[whole..].iter().zip(&b[whole..]).enumerate() {
+        acc[c] = x.mul_add(*y, acc[c]);
     }
-    s
+    acc[1..].iter().fold(acc[0], |s, c| s + c)
 }
 
 #[inline(always)]
@@ -39,7 +49,9 @@ mod tests {
             let a = random_vec(len, 1);
             let b = random_vec(len, 2);
             let want: f64 = a.iter().zip(&b).map(|(p, q)| *p as f64 * *q as f64).sum();
-            assert!((dot_lanes(&a, &b) as f64 - want).abs() < 1e-5, "len {len}");
+            for chains in 1..=4 {
+                assert!((dot_chains(&a, &b, chains) as f64 - want).abs() < 1e-5, "len {len}, {chains} chains");
+            }
         }
     }
 
