@@ -4,20 +4,9 @@
 
 mod common;
 
-use common::{assert_all_blocks_free, collect, engine, greedy, reference, shared_models};
+use common::{assert_all_blocks_free, collect, engine, greedy, reference, shared_models, Lcg, STORIES};
 use weft::engine::{EngineConfig, FinishReason, Request, SubmitError};
 use weft::sampling::SamplingParams;
-
-const STORIES: &str = "stories260k";
-
-/// A deterministic stream of numbers for building mixed workloads.
-struct Lcg(u64);
-impl Lcg {
-    fn next(&mut self, n: u64) -> u64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (self.0 >> 33) % n
-    }
-}
 
 fn random_request(rng: &mut Lcg) -> Request {
     let len = 1 + rng.next(40) as usize;

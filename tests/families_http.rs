@@ -4,10 +4,8 @@
 mod common;
 
 use common::server::Server;
-use common::{reference_json, shared_models};
+use common::{reference_json, shared_models, FAMILIES};
 use serde_json::{json, Value};
-
-const FAMILIES: &[&str] = &["tiny-llama3", "tiny-qwen2", "tiny-qwen3", "tiny-mistral-swa", "tiny-phi3", "tiny-gemma2"];
 
 #[tokio::test(flavor = "multi_thread")]
 async fn families_serve_the_reference_continuations() {

@@ -6,14 +6,11 @@
 
 mod common;
 
-use common::server::Server;
+use common::{server::Server, SMOL, STORIES};
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
-
-const STORIES: &str = "stories260k";
-const SMOL: &str = "smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf";
 
 /// A JSON array nested `depth` deep.
 fn nested(depth: usize) -> String {
@@ -127,7 +124,7 @@ async fn hostile_requests_get_a_quick_4xx_and_change_nothing() {
 /// 4 MB prompts are still being tokenized (it used to wait for them, ~5 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn huge_prompts_do_not_stall_the_server() {
-    if common::shared_models().is_none() {
+    if common::fixture(SMOL).is_none() {
         return;
     }
     let s = Server::start(SMOL, &["--max-body-bytes", "8M"]).await;
@@ -191,7 +188,7 @@ async fn a_hundred_streams_with_half_the_clients_vanishing_leave_nothing_behind(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_step_fails_its_requests_and_the_engine_restarts() {
-    if common::shared_models().is_none() {
+    if common::fixture(SMOL).is_none() {
         return;
     }
     // This test build panics on any step holding a prompt that starts with 300, 300, 300.
@@ -242,7 +239,7 @@ async fn a_failing_step_fails_its_requests_and_the_engine_restarts() {
 /// request timeout passes (its prompts used to run on for minutes, preempting everyone).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn generate_batch_is_cancelled_on_disconnect_and_timeout() {
-    if common::shared_models().is_none() {
+    if common::fixture(SMOL).is_none() {
         return;
     }
     // The native API honours ignore_eos (this prompt ends greedily after about 30 tokens).
@@ -340,7 +337,7 @@ async fn api_key_from_the_environment() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_still_open_when_the_grace_ends_get_an_error_event() {
-    if common::shared_models().is_none() {
+    if common::fixture(SMOL).is_none() {
         return;
     }
     let s = Server::start(SMOL, &["--shutdown-grace", "1"]).await;

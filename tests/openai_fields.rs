@@ -4,14 +4,12 @@
 
 mod common;
 
-use common::server::Server;
+use common::{server::Server, SMOL};
 use serde_json::{json, Value};
-
-const SMOL: &str = "smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn extra_fields_do_what_they_say() {
-    if common::shared_models().is_none() {
+    if common::fixture(SMOL).is_none() {
         return;
     }
     let s = Server::start(SMOL, &["--dtype", "f32"]).await;

@@ -4,13 +4,11 @@
 mod common;
 
 use common::server::Server;
-use common::{collect, shared_models};
+use common::{collect, SMOL};
 use serde_json::{json, Value};
 use weft::engine::{EngineConfig, EngineHandle, Event, Request, RequestStream};
 use weft::model::WeightDtype;
 use weft::sampling::{PromptLogprob, TokenLogprob};
-
-const SMOL: &str = "smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf";
 
 /// A stream's prompt scores and each generated token's logprob.
 fn scores(mut stream: RequestStream) -> (Vec<PromptLogprob>, Vec<TokenLogprob>) {
@@ -37,7 +35,7 @@ fn scoring(prompt: &[u32]) -> Request {
 /// busy batch, on the exact f32 path; the prefix cache never short-cuts a scored prompt.
 #[test]
 fn scoring_a_text_matches_generating_it() {
-    if shared_models().is_none() {
+    if common::fixture(SMOL).is_none() {
         return;
     }
     let model = common::model_as(SMOL, WeightDtype::F32);
@@ -96,7 +94,7 @@ fn scoring_a_text_matches_generating_it() {
 /// vLLM's `prompt_logprobs`; streaming with `echo` sends the prompt first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn echo_logprobs_over_http() {
-    if shared_models().is_none() {
+    if common::fixture(SMOL).is_none() {
         return;
     }
     let s = Server::start(SMOL, &["--dtype", "f32"]).await;

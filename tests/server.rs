@@ -8,10 +8,7 @@ use serde_json::{json, Value};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-const STORIES: &str = "stories260k";
-const SMOL: &str = "smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf";
-
-use common::server::Server;
+use common::{server::Server, SMOL, STORIES};
 
 fn stream_text(events: &[String], field: impl Fn(&Value) -> Option<String>) -> String {
     events.iter().filter(|e| *e != "[DONE]").filter_map(|e| field(&serde_json::from_str(e).unwrap())).collect()
@@ -163,7 +160,7 @@ async fn load_test_64_concurrent_streams() {
 /// a full queue answers 429 with Retry-After; a request over --request-timeout is aborted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disconnects_overload_and_timeouts_free_their_blocks() {
-    if common::shared_models().is_none() {
+    if common::fixture(SMOL).is_none() {
         return;
     }
     let s =
@@ -215,7 +212,7 @@ async fn openai_client_chat_and_completions() {
     use async_openai::types::completions::CreateCompletionRequestArgs;
     use async_openai::Client;
     use tokio_stream::StreamExt;
-    if common::shared_models().is_none() {
+    if common::fixture(SMOL).is_none() {
         return;
     }
     // The exact f32 path, whose greedy answer is known.
@@ -260,7 +257,7 @@ async fn openai_client_chat_and_completions() {
 /// SIGTERM: in-flight requests finish, new ones are refused, the process exits 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_in_flight_requests_then_exits_0() {
-    if common::shared_models().is_none() {
+    if common::fixture(SMOL).is_none() {
         return;
     }
     let mut s = Server::start(SMOL, &["--shutdown-grace", "20"]).await;
@@ -326,7 +323,7 @@ async fn prefix_cache_over_http() {
 /// spec-decode counters on /metrics account for the drafts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn speculative_decoding_over_http() {
-    if common::shared_models().is_none() {
+    if common::fixture(SMOL).is_none() {
         return;
     }
     // Text that continues by copying itself, so n-gram drafts pay and are made.

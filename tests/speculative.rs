@@ -5,14 +5,11 @@
 
 mod common;
 
-use common::{assert_all_blocks_free, model, model_as, reference, shared_models};
+use common::{assert_all_blocks_free, model, model_as, reference, shared_models, SMOL, STORIES};
 use weft::engine::speculative::SpeculativeConfig;
 use weft::engine::{EngineConfig, EngineHandle, Event, Request};
 use weft::model::WeightDtype;
 use weft::sampling::SamplingParams;
-
-const STORIES: &str = "stories260k";
-const SMOL: &str = "smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf";
 
 /// A request's events, grouped by sample (samples of `n > 1` interleave as the batch runs),
 /// without `cached_tokens` (which prompts repeat an earlier one's depends on timing).

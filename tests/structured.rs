@@ -4,14 +4,13 @@
 mod common;
 
 use common::server::Server;
-use common::{collect, shared_models};
+use common::{collect, shared_models, SMOL};
 use serde_json::{json, Value};
 use weft::engine::{EngineConfig, EngineHandle, FinishReason, Request};
 use weft::grammar::{Constraint, Grammar, GrammarCompiler};
 use weft::model::WeightDtype;
 use weft::tokenizer::Tokenizer;
 
-const SMOL: &str = "smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf";
 /// Random weights, the real Qwen2 vocabulary (151k tokens): its free output is noise.
 const NOISE: &str = "tiny-qwen2";
 
@@ -151,7 +150,7 @@ async fn api_constraints_over_http() {
     use async_openai::types::chat::{ChatCompletionRequestUserMessageArgs, CreateChatCompletionRequestArgs};
     use async_openai::types::chat::{ResponseFormat, ResponseFormatJsonSchema};
     use async_openai::Client;
-    if shared_models().is_none() {
+    if common::fixture(SMOL).is_none() {
         return;
     }
     let s = Server::start(SMOL, &[]).await;

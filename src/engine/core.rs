@@ -228,7 +228,7 @@ impl EngineLoop {
             request,
             index,
             sampler,
-            detok: Detokenizer::new(&r.prompt, r.skip_special_tokens),
+            detok: Detokenizer::new(tok, &r.prompt, r.skip_special_tokens),
             stop: StopStrings::new(r.stop.stop_strings.clone(), r.stop.include_stop_str_in_output),
             stop_ids,
             generated: 0,

@@ -1,6 +1,7 @@
 //! Helpers for tests that use the real models in `../shared/models`.
 #![allow(dead_code)]
 
+pub mod naive;
 pub mod server;
 
 use serde_json::Value;
@@ -13,20 +14,77 @@ use weft::model::{SeqStep, StepInput, WeightDtype, Workspace};
 use weft::sampling::argmax;
 use weft::tokenizer::{Detokenizer, Tokenizer};
 
-/// `$WEFT_SHARED_MODELS`, else `shared/models` beside the repository; `None` (and a note on
-/// stderr) when absent, so the suite still runs on a machine without them — except in CI
-/// (`CI=true`), where a missing fixture fails the test.
+/// The fixtures most tests run on, relative to the shared models folder.
+pub const STORIES: &str = "stories260k";
+pub const SMOL: &str = "smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf";
+/// The family fixtures: a Hugging Face directory each, with llama.cpp's GGUF of it beside
+/// it as `NAME/NAME.gguf`.
+pub const FAMILIES: &[&str] =
+    &["tiny-llama3", "tiny-qwen2", "tiny-qwen3", "tiny-mistral-swa", "tiny-phi3", "tiny-gemma2"];
+
+/// A deterministic stream of numbers for building mixed workloads.
+pub struct Lcg(pub u64);
+
+impl Lcg {
+    /// The next number below `n`.
+    pub fn next(&mut self, n: u64) -> u64 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n
+    }
+}
+
+/// `$WEFT_SHARED_MODELS`, else `shared/models` beside the repository; `None` when absent,
+/// so the suite still runs on a machine without them (the test counts itself as skipped,
+/// see [`skip`]) — except in CI (`CI=true`), where a missing fixture fails the test.
 pub fn shared_models() -> Option<PathBuf> {
-    let dir = std::env::var_os("WEFT_SHARED_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/models"));
+    let dir = shared_dir();
     if dir.join("stories260k").exists() {
         Some(dir)
     } else if std::env::var("CI").is_ok_and(|v| v == "true") {
         panic!("CI=true but the shared models are missing at {}", dir.display());
     } else {
-        eprintln!("skipping: no shared models at {}", dir.display());
+        skip();
         None
+    }
+}
+
+fn shared_dir() -> PathBuf {
+    std::env::var_os("WEFT_SHARED_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/models"))
+}
+
+/// The file of fixture `rel`: in the shared models, or for the default model ([`SMOL`]) also
+/// the copy `weft generate` caches on first use, so that its tests run on a fresh clone.
+/// `None` (the test skipped) when neither is there.
+pub fn fixture(rel: &str) -> Option<PathBuf> {
+    let shared = shared_dir().join(rel);
+    let cached = weft::cli::model_cache::cache_dir().join(rel);
+    if shared.exists() {
+        Some(shared)
+    } else if rel == SMOL && cached.exists() {
+        Some(cached)
+    } else {
+        shared_models().map(|d| d.join(rel))
+    }
+}
+
+/// Counts the calling test as skipped for want of fixtures; the first call arranges for one
+/// line at the end of this test binary's run that says how many were, and how to get them.
+pub fn skip() {
+    static SKIPPED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    extern "C" fn report() {
+        let n = SKIPPED.load(std::sync::atomic::Ordering::Relaxed);
+        eprintln!(
+            "weft tests: {n} skipped in this binary for want of the shared models at {} \
+             (put the project's shared/ folder beside the repository or set WEFT_SHARED_MODELS; \
+             `cargo run --release -- generate hi` caches the default model that some tests use)",
+            shared_dir().display()
+        );
+    }
+    if SKIPPED.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0 {
+        // SAFETY: `report` is a plain function that only reads an atomic and prints.
+        unsafe { libc::atexit(report) };
     }
 }
 
@@ -119,7 +177,7 @@ pub fn log_softmax(x: &[f32]) -> Vec<f64> {
 /// The text `generated` adds after `prompt`, streamed through the detokenizer as the
 /// engine streams it.
 pub fn streamed_text(tok: &Tokenizer, prompt: &[u32], generated: &[u32]) -> String {
-    let mut d = Detokenizer::new(prompt, false);
+    let mut d = Detokenizer::new(tok, prompt, false);
     let mut text = String::new();
     for &id in generated {
         text += &d.push(tok, id).unwrap();
@@ -157,7 +215,7 @@ pub fn model_as(rel: &str, dtype: WeightDtype) -> Arc<LoadedModel> {
     static CACHE: OnceLock<Cache> = OnceLock::new();
     let mut map = CACHE.get_or_init(Default::default).lock().unwrap();
     map.entry((rel.to_string(), dtype))
-        .or_insert_with(|| Arc::new(LoadedModel::open(&shared_models().unwrap().join(rel), dtype).unwrap()))
+        .or_insert_with(|| Arc::new(LoadedModel::open(&fixture(rel).unwrap(), dtype).unwrap()))
         .clone()
 }
 

@@ -19,7 +19,7 @@ impl Server {
 
     /// Like [`Server::start`], with extra environment variables.
     pub async fn start_with_env(model: &str, extra: &[&str], env: &[(&str, &str)]) -> Server {
-        let path = super::shared_models().unwrap().join(model);
+        let path = super::fixture(model).unwrap();
         let mut child = Command::new(env!("CARGO_BIN_EXE_weft"))
             .args(["serve", "--port", "0", "--kv-cache-memory", "256M", "--model"])
             .arg(path)
