@@ -15,6 +15,7 @@
 //!   size of the table, alternated with weft's runs (`--pairs`), and weft's speed against
 //!   them ([`super::peer`]).
 
+use super::workload::LengthMix;
 use super::EngineArgs;
 use crate::engine::{EngineConfig, EngineHandle, Event, Request};
 use anyhow::{ensure, Context, Result};
@@ -53,12 +54,13 @@ pub struct BenchArgs {
     /// Requests in the serving run (0: skip it).
     #[arg(long, default_value_t = 64)]
     pub requests: usize,
-    /// Prompt length range of the serving run, MIN:MAX tokens.
-    #[arg(long, default_value = "16:192", value_parser = parse_range)]
-    pub prompt_len: (usize, usize),
-    /// Output length range of the serving run, MIN:MAX tokens.
-    #[arg(long, default_value = "16:128", value_parser = parse_range)]
-    pub output_len: (usize, usize),
+    /// Prompt lengths of the serving run, MIN:MAX tokens, uniform (default: the chat mix
+    /// of `workloads/chat-mix.json`, short turns to documents, as the CI soak sends).
+    #[arg(long, value_parser = parse_range, requires = "output_len")]
+    pub prompt_len: Option<(usize, usize)>,
+    /// Output lengths of the serving run, MIN:MAX tokens, uniform (with `--prompt-len`).
+    #[arg(long, value_parser = parse_range, requires = "prompt_len")]
+    pub output_len: Option<(usize, usize)>,
     /// Poisson arrival rate in requests/s (0: all at once).
     #[arg(long, default_value_t = 0.0)]
     pub request_rate: f64,
@@ -488,24 +490,35 @@ fn median_run(b: usize, mut runs: Vec<Value>) -> Value {
     runs.sort_by(|x, y| tg(x).total_cmp(&tg(y)));
     let mut row = runs[runs.len() / 2].clone();
     if pairs.len() > 1 {
-        let median = |k: &str| percentile(&mut pairs.iter().filter_map(|p| p[k].as_f64()).collect::<Vec<_>>(), 0.5);
-        let (tg, pp) = (median("tg_ratio"), median("pp_ratio"));
+        // Median and range of each ratio over the pairs.
+        let spread = |k: &str| {
+            let mut v: Vec<f64> = pairs.iter().filter_map(|p| p[k].as_f64()).collect();
+            let median = percentile(&mut v, 0.5);
+            (median, v.first().copied().unwrap_or(0.0), v.last().copied().unwrap_or(0.0))
+        };
+        let ((tg, tg_lo, tg_hi), (pp, pp_lo, pp_hi)) = (spread("tg_ratio"), spread("pp_ratio"));
         println!(
-            "{b:>4} weft against llama.cpp over {} alternated pairs: median {tg:.2}x TG, {pp:.2}x PP",
+            "{b:>4} weft against llama.cpp over {} alternated pairs: median {tg:.2}x TG ({tg_lo:.2}-{tg_hi:.2}), \
+             {pp:.2}x PP ({pp_lo:.2}-{pp_hi:.2})",
             pairs.len()
         );
         row["llama_cpp_pairs"] = Value::Array(pairs);
         row["llama_cpp_median"] = json!({"tg_ratio": tg, "pp_ratio": pp});
+        row["llama_cpp_range"] = json!({"tg_ratio": [tg_lo, tg_hi], "pp_ratio": [pp_lo, pp_hi]});
     }
     row
 }
 
-fn percentile(v: &mut [f64], p: f64) -> f64 {
+/// The `p` quantile of `v` (sorted in place), interpolated between the two nearest values:
+/// the median of an even count is the mean of the middle two.
+pub(super) fn percentile(v: &mut [f64], p: f64) -> f64 {
     if v.is_empty() {
         return 0.0;
     }
     v.sort_by(f64::total_cmp);
-    v[((v.len() - 1) as f64 * p).round() as usize]
+    let at = (v.len() - 1) as f64 * p;
+    let (lo, hi) = (at.floor() as usize, at.ceil() as usize);
+    v[lo] + (v[hi] - v[lo]) * (at - lo as f64)
 }
 
 /// Decode next to this machine's limits, measured now: weight bytes read per token and the
@@ -705,10 +718,18 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let mut rng = Rng(args.seed ^ 0x5DEE_CE66_D1CE_4E5B);
         let mut reqs = Vec::new();
         let mut at = 0.0;
+        let mix = match (args.prompt_len, args.output_len) {
+            (Some(p), Some(o)) => LengthMix::uniform(p, o),
+            _ => LengthMix::chat(),
+        };
+        let ctx = model.model.config.max_position_embeddings;
+        let (mut shortest, mut longest) = (usize::MAX, 0);
         for _ in 0..args.requests {
-            let p = args.prompt_len;
-            let o = args.output_len;
-            let (plen, olen) = (rng.range(p.0, p.1), rng.range(o.0, o.1));
+            let (plen, olen) = mix.draw(&mut |lo, hi| rng.range(lo, hi));
+            // Within the model's context, as a client that knows it would send.
+            let olen = olen.min(ctx / 4);
+            let plen = plen.min(ctx - olen - 1);
+            (shortest, longest) = (shortest.min(plen), longest.max(plen));
             let mut r = Request::new(random_prompt(&mut rng, plen, vocab), olen);
             r.stop.ignore_eos = true;
             reqs.push((Duration::from_secs_f64(at), r));
@@ -718,9 +739,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
         let rate =
             if args.request_rate > 0.0 { format!("Poisson {} req/s", args.request_rate) } else { "all at once".into() };
+        let source = if args.prompt_len.is_some() { "uniform" } else { "the chat mix" };
         println!(
-            "\nserving: {} requests, prompt {}..{} tokens, output {}..{} tokens, {rate}",
-            args.requests, args.prompt_len.0, args.prompt_len.1, args.output_len.0, args.output_len.1
+            "\nserving: {} requests, prompts of {shortest}..{longest} tokens from {source}, {rate}",
+            args.requests
         );
         println!(
             "{:>12} {:>9} {:>10} {:>8} {:>10} {:>10} {:>9} {:>9} {:>8} {:>10} {:>10}",
@@ -781,8 +803,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let speedup =
             modes[0]["output_tok_s"].as_f64().unwrap_or(0.0) / modes[1]["output_tok_s"].as_f64().unwrap_or(1.0);
         println!("continuous batching: {speedup:.2}x the throughput of one request at a time");
-        report["serving"] = json!({"requests": args.requests, "prompt_len": [args.prompt_len.0, args.prompt_len.1],
-            "output_len": [args.output_len.0, args.output_len.1], "request_rate": args.request_rate, "modes": modes, "speedup": speedup});
+        report["serving"] = json!({"requests": args.requests, "lengths": source, "prompt_len": [shortest, longest],
+            "request_rate": args.request_rate, "modes": modes, "speedup": speedup});
     }
 
     if args.shared_requests > 0 {
@@ -804,4 +826,19 @@ pub fn run(args: BenchArgs) -> Result<()> {
         println!("wrote {}", path.display());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::percentile;
+
+    /// The median of two ratios is their mean, not the larger (1.83x and 0.83x: 1.33x).
+    #[test]
+    fn percentiles_interpolate() {
+        assert!((percentile(&mut [1.83, 0.83], 0.5) - 1.33).abs() < 1e-12);
+        assert_eq!(percentile(&mut [3.0, 1.0, 2.0], 0.5), 2.0);
+        assert_eq!(percentile(&mut [4.0, 1.0, 3.0, 2.0], 1.0), 4.0);
+        assert_eq!(percentile(&mut [4.0, 1.0, 3.0, 2.0], 0.0), 1.0);
+        assert_eq!(percentile(&mut [], 0.5), 0.0);
+    }
 }

@@ -2,6 +2,8 @@
 //! llama-server) with N concurrent streaming clients and reports output tokens/s,
 //! requests/s, time to first token and inter-token latency percentiles, per concurrency.
 
+use super::bench::percentile;
+use super::workload::LengthMix;
 use anyhow::{ensure, Context, Result};
 use clap::Args;
 use serde_json::{json, Value};
@@ -24,12 +26,14 @@ pub struct BenchServeArgs {
     /// Requests per run (default: 4 per client, at least 8).
     #[arg(long)]
     pub requests: Option<usize>,
-    /// Prompt length in words (about one token each), MIN:MAX.
-    #[arg(long, default_value = "16:128", value_parser = super::bench::parse_range)]
-    pub prompt_len: (usize, usize),
-    /// Output tokens per request, MIN:MAX (sent as max_tokens with ignore_eos).
-    #[arg(long, default_value = "32:128", value_parser = super::bench::parse_range)]
-    pub output_len: (usize, usize),
+    /// Prompt length in words (about one token each), MIN:MAX, uniform (default: the chat
+    /// mix of `workloads/chat-mix.json`, within the server's `max_model_len`).
+    #[arg(long, value_parser = super::bench::parse_range, requires = "output_len")]
+    pub prompt_len: Option<(usize, usize)>,
+    /// Output tokens per request, MIN:MAX, uniform, with `--prompt-len` (sent as max_tokens
+    /// with ignore_eos).
+    #[arg(long, value_parser = super::bench::parse_range, requires = "prompt_len")]
+    pub output_len: Option<(usize, usize)>,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Write the results as JSON here.
@@ -46,14 +50,6 @@ struct Sample {
     ttft: f64,
     gaps: Vec<f64>,
     tokens: usize,
-}
-
-fn pct(v: &mut [f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    v[((v.len() - 1) as f64 * p).round() as usize]
 }
 
 /// One streaming completion: time to the first text, gaps between texts, tokens generated.
@@ -100,12 +96,16 @@ pub fn run(args: BenchServeArgs) -> Result<()> {
         // (llama-server) would otherwise fail a request sent on a dying one.
         let http = reqwest::Client::builder().timeout(Duration::from_secs(600)).pool_max_idle_per_host(0).build()?;
         let url = args.url.trim_end_matches('/').to_string();
+        let models: Value = http.get(format!("{url}/v1/models")).send().await?.json().await?;
         let model = match &args.model {
             Some(m) => m.clone(),
-            None => {
-                let v: Value = http.get(format!("{url}/v1/models")).send().await?.json().await?;
-                v["data"][0]["id"].as_str().context("/v1/models lists no model")?.to_string()
-            }
+            None => models["data"][0]["id"].as_str().context("/v1/models lists no model")?.to_string(),
+        };
+        // Servers that say their context (weft, vLLM) get prompts that fit; else 4096.
+        let ctx = models["data"][0]["max_model_len"].as_u64().unwrap_or(4096) as usize;
+        let mix = match (args.prompt_len, args.output_len) {
+            (Some(p), Some(o)) => LengthMix::uniform(p, o),
+            _ => LengthMix::chat(),
         };
         println!("server {url}, model {model}");
         println!("{:>6} {:>8} {:>9} {:>8} {:>10} {:>10} {:>10} {:>9} {:>9}", "conc", "requests", "time s", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99");
@@ -123,9 +123,12 @@ pub fn run(args: BenchServeArgs) -> Result<()> {
             let bodies: Arc<Vec<Value>> = Arc::new(
                 (0..n)
                     .map(|_| {
-                        let words = rand(args.prompt_len.0, args.prompt_len.1);
+                        let (words, max_tokens) = mix.draw(&mut rand);
+                        let max_tokens = max_tokens.min(ctx / 4);
+                        // Room for words of more than one token.
+                        let words = words.min((ctx - max_tokens) * 2 / 3);
                         let prompt: Vec<&str> = (0..words).map(|_| WORDS[rand(0, WORDS.len() - 1)]).collect();
-                        json!({"model": model, "prompt": prompt.join(" "), "max_tokens": rand(args.output_len.0, args.output_len.1),
+                        json!({"model": model, "prompt": prompt.join(" "), "max_tokens": max_tokens,
                             "temperature": 0, "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true}})
                     })
                     .collect(),
@@ -155,8 +158,8 @@ pub fn run(args: BenchServeArgs) -> Result<()> {
             let mut ttft: Vec<f64> = samples.iter().map(|s| s.ttft).collect();
             let mut itl: Vec<f64> = samples.iter().flat_map(|s| s.gaps.iter().copied()).collect();
             let r = json!({"concurrency": conc, "requests": n, "total_s": total, "requests_s": n as f64 / total,
-                "output_tok_s": tokens as f64 / total, "ttft_p50_s": pct(&mut ttft, 0.5), "ttft_p99_s": pct(&mut ttft, 0.99),
-                "itl_p50_s": pct(&mut itl, 0.5), "itl_p99_s": pct(&mut itl, 0.99)});
+                "output_tok_s": tokens as f64 / total, "ttft_p50_s": percentile(&mut ttft, 0.5), "ttft_p99_s": percentile(&mut ttft, 0.99),
+                "itl_p50_s": percentile(&mut itl, 0.5), "itl_p99_s": percentile(&mut itl, 0.99)});
             let f = |k: &str| r[k].as_f64().unwrap_or(0.0);
             println!(
                 "{:>6} {:>8} {:>9.2} {:>8.2} {:>10.1} {:>8.0}ms {:>8.0}ms {:>7.1}ms {:>7.1}ms",

@@ -10,6 +10,7 @@ mod peer;
 pub mod perplexity;
 mod plot;
 mod quantize;
+mod workload;
 
 use crate::engine::{EngineConfig, EngineHandle, RequestLimits};
 use crate::loaded::LoadedModel;
