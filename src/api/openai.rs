@@ -397,7 +397,7 @@ impl GenerationFields {
         let ctx = engine.max_model_len();
         if let Some(m) = max_tokens.filter(|&m| m >= ctx) {
             return Err(ApiError::invalid(
-                format!("max_tokens ({m}) leaves no room for a prompt in the context length of {ctx}"),
+                format!("max_tokens ({m}) leaves no room for a prompt in the context length of {ctx} (max_model_len)"),
                 Some("max_tokens"),
             ));
         }

@@ -5,7 +5,7 @@ use super::EngineArgs;
 use crate::engine::{Event, Request};
 use anyhow::{bail, Result};
 use clap::Args;
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::time::Instant;
 
 #[derive(Args)]
@@ -57,8 +57,13 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             Event::PromptLogprobs { .. } => {}
         }
     }
-    writeln!(stdout)?;
+    stdout.flush()?;
     let end = Instant::now();
+    // stdout is exactly the generated text; on a terminal the statistics start on a line of
+    // their own.
+    if stdout.is_terminal() {
+        eprintln!();
+    }
     let ttft = first.map_or(0.0, |f| (f - start).as_secs_f64());
     let decode = first.map_or(0.0, |f| (end - f).as_secs_f64());
     eprintln!(

@@ -242,14 +242,17 @@ impl EngineHandle {
         if r.prompt.len() >= ctx {
             return Err(invalid(
                 "prompt",
-                format!("the prompt has {} tokens; this server's context length is {ctx}", r.prompt.len()),
+                format!(
+                    "the prompt has {} tokens, more than fit in this server's context length of {ctx} (max_model_len)",
+                    r.prompt.len()
+                ),
             ));
         }
         let total = r.prompt.len().checked_add(r.stop.max_tokens).filter(|&t| t <= ctx).ok_or_else(|| {
             invalid(
                 "max_tokens",
                 format!(
-                    "the prompt ({} tokens) plus max_tokens ({}) is over the context length of {ctx}",
+                    "the prompt ({} tokens) plus max_tokens ({}) is over the context length of {ctx} (max_model_len)",
                     r.prompt.len(),
                     r.stop.max_tokens
                 ),
