@@ -134,3 +134,28 @@ fn long_prompts_in_a_busy_batch_on_every_format_and_family() {
         assert_all_blocks_free(&busy);
     }
 }
+
+/// A step of no rows, and a step of prompt rows none of which wants logits, on every
+/// quantized file and the f32 path: no logits, no panic (the LM head is not called).
+#[test]
+fn steps_without_logits_compute_none() {
+    if shared_models().is_none() {
+        return;
+    }
+    for t in ["Q8_0", "Q4_0", "Q4_1", "Q4_K_M", "Q5_K_M", "Q6_K"] {
+        for dtype in [WeightDtype::Auto, WeightDtype::F32] {
+            let m = model_as(&format!("tiny-llama3-q/tiny-llama3-q.{t}.gguf"), dtype);
+            let c = &m.model.config;
+            let mut kv =
+                KvCache::new(m.model.kv_dtype(KvCacheDtype::Auto), c.num_layers, 4, 16, c.num_kv_heads, c.head_dim);
+            let mut alloc = BlockAllocator::new(kv.num_blocks(), false);
+            let mut table = BlockTable::default();
+            table.reserve(&mut alloc, 64, 16).unwrap();
+            let mut ws = Workspace::default();
+            assert!(m.model.forward(&StepInput { tokens: &[], seqs: &[] }, &mut kv, &mut ws).is_empty());
+            let prompt = random_ids(40, c.vocab_size, 5);
+            let seq = [SeqStep { context_len: 0, num_tokens: 40, seq_len: 64, block_table: table.blocks(), logits: 0 }];
+            assert!(m.model.forward(&StepInput { tokens: &prompt, seqs: &seq }, &mut kv, &mut ws).is_empty(), "{t}");
+        }
+    }
+}

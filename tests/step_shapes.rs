@@ -121,7 +121,8 @@ fn schedule(rng: &mut Lcg, model: &LoadedModel, blocks: &[usize]) -> (EngineConf
     let mut first = Vec::new();
     for _ in 0..3 + rng.next(4) {
         // Lengths from a short chat turn to several chunks: a third within one chunk.
-        let len = if rng.next(3) == 0 { 1 + rng.next(budget as u64) } else { 1 + rng.next(longest as u64) };
+        let upto = if rng.next(3) == 0 { budget.min(longest) } else { longest };
+        let len = 1 + rng.next(upto as u64);
         let mut r = greedy(&prompt(rng, len as usize, vocab), 1 + rng.next(12) as usize);
         r.n = pick(rng, &[1, 1, 1, 2, 3]);
         first.push(Planned { request: r, checked: true });

@@ -259,6 +259,9 @@ mod tests {
         let head = Weight::Quant(QMatrix::new(k, vec![(GgmlType::Q8_0, n, raw.into())]).unwrap());
         let x = random_vec(m * k, 2);
         let mut y = vec![0.0; m * n];
+        // No rows: nothing to compute, nothing written.
+        head.matmul(&[], &mut QActs::default(), &mut [], 0);
+        head.refine_top(&[], &mut [], 0, top);
         head.matmul(&x, &mut QActs::default(), &mut y, m);
         let before = y.clone();
         head.refine_top(&x, &mut y, m, top);
