@@ -6,9 +6,10 @@
 mod common;
 
 use common::naive::Naive;
-use common::{assert_all_blocks_free, collect, greedy, model_as, shared_models, Lcg, FAMILIES, MARGIN, SMOL, STORIES};
+use common::{
+    assert_all_blocks_free, collect, greedy, kv_for, model_as, shared_models, Lcg, FAMILIES, MARGIN, SMOL, STORIES,
+};
 use weft::engine::{EngineConfig, EngineHandle, Request};
-use weft::kv::{BlockAllocator, BlockTable, KvCache, KvCacheDtype};
 use weft::loaded::LoadedModel;
 use weft::model::{SeqStep, StepInput, WeightDtype, Workspace};
 use weft::sampling::{argmax, SamplingParams};
@@ -22,18 +23,7 @@ fn random_ids(len: usize, vocab: usize, seed: u64) -> Vec<u32> {
 /// prefilled in steps of `chunk` tokens (each step asking for no logits until the last).
 fn forward_chunked(m: &LoadedModel, prompt: &[u32], generated: &[u32], chunk: usize) -> Vec<Vec<f32>> {
     let c = &m.model.config;
-    let n = prompt.len() + generated.len();
-    let mut kv = KvCache::new(
-        m.model.kv_dtype(KvCacheDtype::Auto),
-        c.num_layers,
-        n.div_ceil(16),
-        16,
-        c.num_kv_heads,
-        c.head_dim,
-    );
-    let mut alloc = BlockAllocator::new(kv.num_blocks(), false);
-    let mut table = BlockTable::default();
-    table.reserve(&mut alloc, n, 16).unwrap();
+    let (mut kv, table) = kv_for(m, prompt.len() + generated.len());
     let mut ws = Workspace::default();
     let mut out = Vec::new();
     for start in (0..prompt.len()).step_by(chunk) {
@@ -146,11 +136,7 @@ fn steps_without_logits_compute_none() {
         for dtype in [WeightDtype::Auto, WeightDtype::F32] {
             let m = model_as(&format!("tiny-llama3-q/tiny-llama3-q.{t}.gguf"), dtype);
             let c = &m.model.config;
-            let mut kv =
-                KvCache::new(m.model.kv_dtype(KvCacheDtype::Auto), c.num_layers, 4, 16, c.num_kv_heads, c.head_dim);
-            let mut alloc = BlockAllocator::new(kv.num_blocks(), false);
-            let mut table = BlockTable::default();
-            table.reserve(&mut alloc, 64, 16).unwrap();
+            let (mut kv, table) = kv_for(&m, 64);
             let mut ws = Workspace::default();
             assert!(m.model.forward(&StepInput { tokens: &[], seqs: &[] }, &mut kv, &mut ws).is_empty());
             let prompt = random_ids(40, c.vocab_size, 5);

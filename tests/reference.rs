@@ -7,7 +7,6 @@ use common::{
     VARIANTS,
 };
 use weft::engine::EngineConfig;
-use weft::kv::{BlockAllocator, BlockTable, KvCache, KvCacheDtype};
 use weft::model::{SeqStep, StepInput, Workspace};
 use weft::tokenizer::Tokenizer;
 
@@ -233,19 +232,8 @@ fn sixteen_bit_weights_stay_16_bit_and_exact() {
             assert!(b < 0.55 * a, "{path}: {b} bytes of weights against {a} as f32");
             for case in reference(family) {
                 let logits = |m: &weft::loaded::LoadedModel| {
-                    let c = &m.model.config;
                     let n = case.prompt_ids.len();
-                    let mut kv = KvCache::new(
-                        m.model.kv_dtype(KvCacheDtype::Auto),
-                        c.num_layers,
-                        n.div_ceil(16),
-                        16,
-                        c.num_kv_heads,
-                        c.head_dim,
-                    );
-                    let mut alloc = BlockAllocator::new(kv.num_blocks(), false);
-                    let mut table = BlockTable::default();
-                    table.reserve(&mut alloc, n, 16).unwrap();
+                    let (mut kv, table) = common::kv_for(m, n);
                     let seq =
                         [SeqStep { context_len: 0, num_tokens: n, seq_len: n, block_table: table.blocks(), logits: 1 }];
                     let mut ws = Workspace::default();

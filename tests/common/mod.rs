@@ -146,17 +146,29 @@ pub fn reference(rel: &str) -> Vec<Case> {
 /// Steps whose top-1/top-2 reference margin is below this may legitimately differ.
 pub const MARGIN: f32 = 1e-3;
 
+/// A KV cache of the model's default element type in blocks of 16, and the block table of
+/// one sequence of `n` tokens in it, for driving `Decoder::forward` by hand.
+pub fn kv_for(m: &LoadedModel, n: usize) -> (KvCache, BlockTable) {
+    let c = &m.model.config;
+    let kv = KvCache::new(
+        m.model.kv_dtype(KvCacheDtype::Auto),
+        c.num_layers,
+        n.div_ceil(16),
+        16,
+        c.num_kv_heads,
+        c.head_dim,
+    );
+    let mut alloc = BlockAllocator::new(kv.num_blocks(), false);
+    let mut table = BlockTable::default();
+    table.reserve(&mut alloc, n, 16).unwrap();
+    (kv, table)
+}
+
 /// Logits at every step of `prompt` followed by `generated`, one token at a time after
 /// the prompt.
 pub fn teacher_forced(m: &LoadedModel, prompt: &[u32], generated: &[u32]) -> Vec<Vec<f32>> {
     let llama = &m.model;
-    let c = &llama.config;
-    let n = prompt.len() + generated.len();
-    let mut kv =
-        KvCache::new(llama.kv_dtype(KvCacheDtype::Auto), c.num_layers, n.div_ceil(16), 16, c.num_kv_heads, c.head_dim);
-    let mut alloc = BlockAllocator::new(kv.num_blocks(), false);
-    let mut table = BlockTable::default();
-    table.reserve(&mut alloc, n, 16).unwrap();
+    let (mut kv, table) = kv_for(m, prompt.len() + generated.len());
     let mut ws = Workspace::default();
     let (mut ctx, mut feed, mut out) = (0, prompt.to_vec(), Vec::new());
     for &next in generated {
