@@ -2,8 +2,9 @@
 //!
 //! Layers, from the bottom: [`kernels`] (numeric kernels), [`kv`] (paged KV cache),
 //! [`model`] (weights and the ragged-batch forward pass), [`tokenizer`], [`grammar`]
-//! (structured output), [`sampling`], [`scheduler`] (who runs each step), [`engine`] (the serving loop), [`api`] (OpenAI
-//! request and response types), [`server`] (HTTP) and [`cli`].
+//! (structured output), [`loaded`] (a model path opened into weights and tokenizer),
+//! [`sampling`], [`scheduler`] (who runs each step), [`engine`] (the serving loop), [`api`]
+//! (OpenAI request and response types), [`server`] (HTTP) and [`cli`].
 
 pub mod api;
 pub mod cli;
