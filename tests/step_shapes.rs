@@ -9,7 +9,7 @@ mod common;
 use common::{assert_all_blocks_free, collect, greedy, model_as, shared_models, Lcg, FAMILIES, SMOL, STORIES};
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use weft::engine::{EngineConfig, EngineHandle, EngineStats, FinishReason, Request};
 use weft::kernels::quant::GgmlType;
 use weft::loaded::LoadedModel;
@@ -217,17 +217,13 @@ fn run_schedules(label: &str, model: Arc<LoadedModel>, schedules: usize, seed: u
     seen
 }
 
-/// tiny-llama3-q (hidden 256, so K-quant super-blocks apply) in every block format weft
-/// can write, requantized from its Q8_0 file into a scratch directory once per run.
-fn requantized(base: GgmlType) -> Arc<LoadedModel> {
-    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
-    let dir = DIR.get_or_init(|| tempfile::tempdir().unwrap());
+/// tiny-llama3-q (hidden 256, so K-quant super-blocks apply) in `base`, requantized from its
+/// Q8_0 file into the scratch directory `dir`.
+fn requantized(base: GgmlType, dir: &Path) -> Arc<LoadedModel> {
     let src = shared_models().unwrap().join("tiny-llama3-q/tiny-llama3-q.Q8_0.gguf");
-    let out = dir.path().join(format!("{base}.gguf"));
-    if !out.exists() {
-        weft::model::requantize::requantize(&src, &out, FileType { base, mix: Mix::Pure }).unwrap();
-    }
-    Arc::new(LoadedModel::open(Path::new(&out), WeightDtype::Auto).unwrap())
+    let out = dir.join(format!("{base}.gguf"));
+    weft::model::requantize::requantize(&src, &out, FileType { base, mix: Mix::Pure }).unwrap();
+    Arc::new(LoadedModel::open(&out, WeightDtype::Auto).unwrap())
 }
 
 /// The files of tiny-llama3-q as they come (Q8_0, Q4_0, Q4_1, and the K-quant mixes).
@@ -250,9 +246,10 @@ fn every_written_format_and_f32() {
     if shared_models().is_none() {
         return;
     }
+    let dir = tempfile::tempdir().unwrap();
     let written = [GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Iq4Nl, GgmlType::Iq4Xs, GgmlType::F16];
     for (i, t) in written.into_iter().enumerate() {
-        run_schedules(&t.to_string(), requantized(t), 4, 20 + i as u64, &BLOCKS);
+        run_schedules(&t.to_string(), requantized(t, dir.path()), 4, 20 + i as u64, &BLOCKS);
     }
     run_schedules("F32", model_as("tiny-llama3-q/tiny-llama3-q.Q8_0.gguf", WeightDtype::F32), 4, 30, &BLOCKS);
 }
