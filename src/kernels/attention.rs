@@ -249,21 +249,20 @@ fn attend_portable<E: KvElem>(
     let widen = |row: &mut [f32], src: &[E]| row.iter_mut().zip(src).for_each(|(r, s)| *r = s.to_f32());
     let group_width = q.len() / kv.view_heads;
     let (bs, head_stride) = (kv.block_size, kv.block_size * hd);
-    // Each query head's score in the chains the AVX2 path forms it with, so that a block
-    // size or head dim that this path serves gives the same bits as that one.
-    let mut chains = vec![0; q.len() / hd];
-    for (_, (h0, heads)) in head_chunks(kv.view_heads, group_width / hd) {
-        chains[h0..h0 + heads].fill(score_chains(heads));
-    }
+    let group = group_width / hd;
     let mut p0 = 0;
     for (base, slot, len) in kv.runs(span.block_table, start, end) {
-        for (g, qg) in q.chunks_exact(group_width).enumerate() {
+        for g in 0..kv.view_heads {
             let kb = base + (kv.first_head + g) * head_stride + slot;
             for j in 0..len {
                 row.iter_mut().enumerate().for_each(|(d, r)| *r = kp[kb + d * bs + j].to_f32());
-                for (hh, qh) in qg.chunks_exact(hd).enumerate() {
-                    let h = g * group_width / hd + hh;
-                    scores[h * n + p0 + j] = dot_chains(qh, row, chains[h]) * scale;
+                // Each query head's score in the chains of its head chunk on the AVX2 path,
+                // so that a block size or head dim this path serves gives that path's bits.
+                for (_, (first, heads)) in head_chunks(1, group) {
+                    let chains = score_chains(heads);
+                    for h in g * group + first..g * group + first + heads {
+                        scores[h * n + p0 + j] = dot_chains(&q[h * hd..(h + 1) * hd], row, chains) * scale;
+                    }
                 }
             }
         }
