@@ -36,10 +36,12 @@ impl KvElem for f32 {
     fn to_f32(self) -> f32 {
         self
     }
+    /// # Safety
+    /// AVX2 and F16C must be available, and `p` hold eight values.
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
-        std::arch::x86_64::_mm256_loadu_ps(p)
+        unsafe { std::arch::x86_64::_mm256_loadu_ps(p) }
     }
 }
 
@@ -53,11 +55,15 @@ impl KvElem for u16 {
     fn to_f32(self) -> f32 {
         half::f16::from_bits(self).to_f32()
     }
+    /// # Safety
+    /// AVX2 and F16C must be available, and `p` hold eight values.
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn load8(p: *const u16) -> std::arch::x86_64::__m256 {
-        use std::arch::x86_64::*;
-        _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
+        unsafe {
+            use std::arch::x86_64::*;
+            _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
+        }
     }
 }
 
@@ -290,6 +296,9 @@ fn attend_portable<E: KvElem>(
 /// by a chunk of up to [`MAX_HEADS`] query heads of its group. Scores come sixteen slots
 /// at a time from K's dim-major slabs, one lane per slot, so no horizontal sums; the
 /// weighted sum of V keeps its sums in registers.
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available; the slices are those [`attend`] checked.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
@@ -304,72 +313,73 @@ unsafe fn attend_avx2<E: KvElem>(
     runs: &mut Vec<(usize, usize, usize)>,
     out: &mut [f32],
 ) {
-    let hd = kv.head_dim;
-    let (start, end) = (span.first_pos, span.last_pos + 1);
-    let n = end - start;
-    let group = q.len() / hd / kv.view_heads;
-    let (bs, head_stride) = (kv.block_size, kv.block_size * hd);
-    let kv_heads = kv.first_head..kv.first_head + kv.view_heads;
-    runs.clear();
-    runs.extend(kv.runs(span.block_table, start, end));
-    // Blocks are scattered in the pool, where the hardware prefetcher cannot follow: the
-    // runs are fetched `AHEAD` ahead in the order they are read, K's (whole dim-major
-    // slabs) and then V's (their rows).
-    let fetch = |i: usize| {
-        let (pool, i, whole) = if i < runs.len() { (kp, i, true) } else { (vp, i - runs.len(), false) };
-        if let Some(&(base, slot, len)) = runs.get(i) {
-            for kvh in kv_heads.clone() {
-                let slab = &pool[base + kvh * head_stride..][..head_stride];
-                let run = if whole { slab } else { &slab[slot * hd..(slot + len) * hd] };
-                crate::kernels::prefetch_lines(run.as_ptr().cast(), std::mem::size_of_val(run));
-            }
-        }
-    };
-    (0..AHEAD).for_each(fetch);
-    let mut p0 = 0;
-    for (i, &(base, slot, len)) in runs.iter().enumerate() {
-        fetch(i + AHEAD);
-        for (g, (h0, heads)) in head_chunks(kv.view_heads, group) {
-            let kb = kp.as_ptr().add(base + (kv.first_head + g) * head_stride);
-            // Sixteen slots at a time (eight at a block's end) from the eight holding the
-            // run's first, every slot's score formed alike; those outside the run are not
-            // kept.
-            let mut s0 = slot / 8 * 8;
-            while s0 < slot + len {
-                let mut got = [[0f32; 16]; MAX_HEADS];
-                let args = (q.as_ptr().add(h0 * hd), hd, kb.add(s0), bs, scoring.scale, &mut got);
-                let wide = s0 + 16 <= bs;
-                const { assert!(score_chains(1) == 4 && score_chains(2) == 2 && score_chains(3) == 2) };
-                match (heads, wide) {
-                    (1, true) => score_slots::<E, 1, 4, 2>(args),
-                    (1, false) => score_slots::<E, 1, 4, 1>(args),
-                    (2, true) => score_slots::<E, 2, 2, 2>(args),
-                    (2, false) => score_slots::<E, 2, 2, 1>(args),
-                    (_, true) => score_slots::<E, 3, 2, 2>(args),
-                    (_, false) => score_slots::<E, 3, 2, 1>(args),
+    unsafe {
+        let hd = kv.head_dim;
+        let (start, end) = (span.first_pos, span.last_pos + 1);
+        let n = end - start;
+        let group = q.len() / hd / kv.view_heads;
+        let (bs, head_stride) = (kv.block_size, kv.block_size * hd);
+        let kv_heads = kv.first_head..kv.first_head + kv.view_heads;
+        runs.clear();
+        runs.extend(kv.runs(span.block_table, start, end));
+        // Blocks are scattered in the pool, where the hardware prefetcher cannot follow: the
+        // runs are fetched `AHEAD` ahead in the order they are read, K's (whole dim-major
+        // slabs) and then V's (their rows).
+        let fetch = |i: usize| {
+            let (pool, i, whole) = if i < runs.len() { (kp, i, true) } else { (vp, i - runs.len(), false) };
+            if let Some(&(base, slot, len)) = runs.get(i) {
+                for kvh in kv_heads.clone() {
+                    let slab = &pool[base + kvh * head_stride..][..head_stride];
+                    let run = if whole { slab } else { &slab[slot * hd..(slot + len) * hd] };
+                    crate::kernels::prefetch_lines(run.as_ptr().cast(), std::mem::size_of_val(run));
                 }
-                let s1 = s0 + if wide { 16 } else { 8 };
-                let keep = s0.max(slot)..s1.min(slot + len);
-                for (h, got) in got.iter().enumerate().take(heads) {
-                    let at = (h0 + h) * n + p0 + keep.start - slot;
-                    scores[at..at + keep.len()].copy_from_slice(&got[keep.start - s0..keep.end - s0]);
-                }
-                s0 = s1;
             }
+        };
+        (0..AHEAD).for_each(fetch);
+        let mut p0 = 0;
+        for (i, &(base, slot, len)) in runs.iter().enumerate() {
+            fetch(i + AHEAD);
+            for (g, (h0, heads)) in head_chunks(kv.view_heads, group) {
+                let kb = kp.as_ptr().add(base + (kv.first_head + g) * head_stride);
+                // Sixteen slots at a time (eight at a block's end) from the eight holding the
+                // run's first, every slot's score formed alike; those outside the run are not
+                // kept.
+                let mut s0 = slot / 8 * 8;
+                while s0 < slot + len {
+                    let mut got = [[0f32; 16]; MAX_HEADS];
+                    let args = (q.as_ptr().add(h0 * hd), hd, kb.add(s0), bs, scoring.scale, &mut got);
+                    let wide = s0 + 16 <= bs;
+                    const { assert!(score_chains(1) == 4 && score_chains(2) == 2 && score_chains(3) == 2) };
+                    match (heads, wide) {
+                        (1, true) => score_slots::<E, 1, 4, 2>(args),
+                        (1, false) => score_slots::<E, 1, 4, 1>(args),
+                        (2, true) => score_slots::<E, 2, 2, 2>(args),
+                        (2, false) => score_slots::<E, 2, 2, 1>(args),
+                        (_, true) => score_slots::<E, 3, 2, 2>(args),
+                        (_, false) => score_slots::<E, 3, 2, 1>(args),
+                    }
+                    let s1 = s0 + if wide { 16 } else { 8 };
+                    let keep = s0.max(slot)..s1.min(slot + len);
+                    for (h, got) in got.iter().enumerate().take(heads) {
+                        let at = (h0 + h) * n + p0 + keep.start - slot;
+                        scores[at..at + keep.len()].copy_from_slice(&got[keep.start - s0..keep.end - s0]);
+                    }
+                    s0 = s1;
+                }
+            }
+            p0 += len;
         }
-        p0 += len;
-    }
-    scoring.cap(scores);
-    scores.chunks_exact_mut(n).for_each(softmax);
-    let mut p0 = 0;
-    for (i, &(base, slot, len)) in runs.iter().enumerate() {
-        fetch(runs.len() + i + AHEAD);
-        for (g, (h0, heads)) in head_chunks(kv.view_heads, group) {
-            let vb = vp.as_ptr().add(base + (kv.first_head + g) * head_stride + slot * hd);
-            let (w, o) = (scores.as_ptr().add(h0 * n + p0), out.as_mut_ptr().add(h0 * hd));
-            // Each chunk of heads sums as many vectors of V at a time as keep its
-            // accumulators, broadcast weights and one V vector within the 16 registers.
-            macro_rules! sum_v {
+        scoring.cap(scores);
+        scores.chunks_exact_mut(n).for_each(softmax);
+        let mut p0 = 0;
+        for (i, &(base, slot, len)) in runs.iter().enumerate() {
+            fetch(runs.len() + i + AHEAD);
+            for (g, (h0, heads)) in head_chunks(kv.view_heads, group) {
+                let vb = vp.as_ptr().add(base + (kv.first_head + g) * head_stride + slot * hd);
+                let (w, o) = (scores.as_ptr().add(h0 * n + p0), out.as_mut_ptr().add(h0 * hd));
+                // Each chunk of heads sums as many vectors of V at a time as keep its
+                // accumulators, broadcast weights and one V vector within the 16 registers.
+                macro_rules! sum_v {
                 ($h:literal: $($d:literal)+) => {{
                     let widest = [$($d),+].len();
                     for c0 in (0..hd).step_by(8 * widest) {
@@ -381,13 +391,14 @@ unsafe fn attend_avx2<E: KvElem>(
                     }
                 }};
             }
-            match heads {
-                1 => sum_v!(1: 1 2 3 4 5 6 7 8),
-                2 => sum_v!(2: 1 2 3 4),
-                _ => sum_v!(3: 1 2 3),
+                match heads {
+                    1 => sum_v!(1: 1 2 3 4 5 6 7 8),
+                    2 => sum_v!(2: 1 2 3 4),
+                    _ => sum_v!(3: 1 2 3),
+                }
             }
+            p0 += len;
         }
-        p0 += len;
     }
 }
 
@@ -427,35 +438,41 @@ fn head_chunks(kv_heads: usize, group: usize) -> impl Iterator<Item = (usize, (u
 /// dim, each loaded once for the `H` heads. Dims are taken in `C` interleaved chains (dim
 /// `d` into chain `d mod C`), added in order at the end, so the multiply-adds are not one
 /// dependent chain; a slot's score does not depend on `S` or on the other slots.
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available; `kp` holds the K blocks that `kv` and `span`
+/// name, `q` `H` heads' queries and `scores` room for their slots.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn score_slots<E: KvElem, const H: usize, const C: usize, const S: usize>(
     (q, hd, k, bs, scale, out): (*const f32, usize, *const E, usize, f32, &mut [[f32; 16]; MAX_HEADS]),
 ) {
-    use std::arch::x86_64::*;
-    let mut acc = [[[_mm256_setzero_ps(); S]; H]; C];
-    for d in (0..hd).step_by(C) {
-        for (c, acc) in acc.iter_mut().enumerate() {
-            if d + c < hd {
-                let row = k.add((d + c) * bs);
-                let kv: [__m256; S] = std::array::from_fn(|v| E::load8(row.add(8 * v)));
-                for (h, acc) in acc.iter_mut().enumerate() {
-                    let qv = _mm256_set1_ps(*q.add(h * hd + d + c));
-                    for (a, kv) in acc.iter_mut().zip(&kv) {
-                        *a = _mm256_fmadd_ps(qv, *kv, *a);
+    unsafe {
+        use std::arch::x86_64::*;
+        let mut acc = [[[_mm256_setzero_ps(); S]; H]; C];
+        for d in (0..hd).step_by(C) {
+            for (c, acc) in acc.iter_mut().enumerate() {
+                if d + c < hd {
+                    let row = k.add((d + c) * bs);
+                    let kv: [__m256; S] = std::array::from_fn(|v| E::load8(row.add(8 * v)));
+                    for (h, acc) in acc.iter_mut().enumerate() {
+                        let qv = _mm256_set1_ps(*q.add(h * hd + d + c));
+                        for (a, kv) in acc.iter_mut().zip(&kv) {
+                            *a = _mm256_fmadd_ps(qv, *kv, *a);
+                        }
                     }
                 }
             }
         }
-    }
-    for (h, out) in out.iter_mut().enumerate().take(H) {
-        for v in 0..S {
-            let mut sum = acc[0][h][v];
-            for chain in &acc[1..] {
-                sum = _mm256_add_ps(sum, chain[h][v]);
+        for (h, out) in out.iter_mut().enumerate().take(H) {
+            for v in 0..S {
+                let mut sum = acc[0][h][v];
+                for chain in &acc[1..] {
+                    sum = _mm256_add_ps(sum, chain[h][v]);
+                }
+                _mm256_storeu_ps(out.as_mut_ptr().add(8 * v), _mm256_mul_ps(sum, _mm256_set1_ps(scale)));
             }
-            _mm256_storeu_ps(out.as_mut_ptr().add(8 * v), _mm256_mul_ps(sum, _mm256_set1_ps(scale)));
         }
     }
 }
@@ -463,34 +480,40 @@ unsafe fn score_slots<E: KvElem, const H: usize, const C: usize, const S: usize>
 /// `out_h[..8·D] (+)= Σ_j w[h·n + j] · v[j·hd..][..8·D]` for `H` heads (`out` rows `hd`
 /// apart), summed over the `len` positions in order with the accumulators in registers;
 /// each V vector is loaded once for the `H` heads.
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available; `vp` holds the V blocks that `kv` and `span`
+/// name, and `out` `H` heads of `D` values.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn weighted_sum<E: KvElem, const H: usize, const D: usize>(
     (w, n, v, hd, len, out, accumulate): (*const f32, usize, *const E, usize, usize, *mut f32, bool),
 ) {
-    use std::arch::x86_64::*;
-    let mut acc = [[_mm256_setzero_ps(); D]; H];
-    if accumulate {
-        for (h, acc) in acc.iter_mut().enumerate() {
-            for (d, a) in acc.iter_mut().enumerate() {
-                *a = _mm256_loadu_ps(out.add(h * hd + 8 * d));
+    unsafe {
+        use std::arch::x86_64::*;
+        let mut acc = [[_mm256_setzero_ps(); D]; H];
+        if accumulate {
+            for (h, acc) in acc.iter_mut().enumerate() {
+                for (d, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_loadu_ps(out.add(h * hd + 8 * d));
+                }
             }
         }
-    }
-    for j in 0..len {
-        let wj: [__m256; H] = std::array::from_fn(|h| _mm256_set1_ps(*w.add(h * n + j)));
-        let row = v.add(j * hd);
-        let xs: [__m256; D] = std::array::from_fn(|d| E::load8(row.add(8 * d)));
-        for (acc, w) in acc.iter_mut().zip(&wj) {
-            for (a, x) in acc.iter_mut().zip(&xs) {
-                *a = _mm256_fmadd_ps(*w, *x, *a);
+        for j in 0..len {
+            let wj: [__m256; H] = std::array::from_fn(|h| _mm256_set1_ps(*w.add(h * n + j)));
+            let row = v.add(j * hd);
+            let xs: [__m256; D] = std::array::from_fn(|d| E::load8(row.add(8 * d)));
+            for (acc, w) in acc.iter_mut().zip(&wj) {
+                for (a, x) in acc.iter_mut().zip(&xs) {
+                    *a = _mm256_fmadd_ps(*w, *x, *a);
+                }
             }
         }
-    }
-    for (h, acc) in acc.iter().enumerate() {
-        for (d, a) in acc.iter().enumerate() {
-            _mm256_storeu_ps(out.add(h * hd + 8 * d), *a);
+        for (h, acc) in acc.iter().enumerate() {
+            for (d, a) in acc.iter().enumerate() {
+                _mm256_storeu_ps(out.add(h * hd + 8 * d), *a);
+            }
         }
     }
 }
@@ -513,38 +536,43 @@ fn softmax(row: &mut [f32]) {
 }
 
 /// [`softmax`] with eight lanes of exponentials and partial sums.
+///
+/// # Safety
+/// AVX2 and FMA must be available.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn softmax_avx2(row: &mut [f32]) {
-    use super::exp::avx2;
-    use std::arch::x86_64::*;
-    let n8 = row.len() / 8 * 8;
-    let p = row.as_mut_ptr();
-    let mut mv = _mm256_set1_ps(f32::NEG_INFINITY);
-    for i in (0..n8).step_by(8) {
-        mv = _mm256_max_ps(mv, _mm256_loadu_ps(p.add(i)));
-    }
-    let mut lanes = [0f32; 8];
-    _mm256_storeu_ps(lanes.as_mut_ptr(), mv);
-    let max = lanes.iter().chain(&row[n8..]).cloned().fold(f32::NEG_INFINITY, f32::max);
-    let (maxv, mut sv) = (_mm256_set1_ps(max), _mm256_setzero_ps());
-    for i in (0..n8).step_by(8) {
-        let e = avx2::exp(_mm256_sub_ps(_mm256_loadu_ps(p.add(i)), maxv));
-        _mm256_storeu_ps(p.add(i), e);
-        sv = _mm256_add_ps(sv, e);
-    }
-    _mm256_storeu_ps(lanes.as_mut_ptr(), sv);
-    let mut sum = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
-    for s in &mut row[n8..] {
-        *s = exp(*s - max);
-        sum += *s;
-    }
-    let inv = _mm256_set1_ps(1.0 / sum);
-    for i in (0..n8).step_by(8) {
-        _mm256_storeu_ps(p.add(i), _mm256_mul_ps(_mm256_loadu_ps(p.add(i)), inv));
-    }
-    for s in &mut row[n8..] {
-        *s *= 1.0 / sum;
+    unsafe {
+        use super::exp::avx2;
+        use std::arch::x86_64::*;
+        let n8 = row.len() / 8 * 8;
+        let p = row.as_mut_ptr();
+        let mut mv = _mm256_set1_ps(f32::NEG_INFINITY);
+        for i in (0..n8).step_by(8) {
+            mv = _mm256_max_ps(mv, _mm256_loadu_ps(p.add(i)));
+        }
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), mv);
+        let max = lanes.iter().chain(&row[n8..]).cloned().fold(f32::NEG_INFINITY, f32::max);
+        let (maxv, mut sv) = (_mm256_set1_ps(max), _mm256_setzero_ps());
+        for i in (0..n8).step_by(8) {
+            let e = avx2::exp(_mm256_sub_ps(_mm256_loadu_ps(p.add(i)), maxv));
+            _mm256_storeu_ps(p.add(i), e);
+            sv = _mm256_add_ps(sv, e);
+        }
+        _mm256_storeu_ps(lanes.as_mut_ptr(), sv);
+        let mut sum = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+        for s in &mut row[n8..] {
+            *s = exp(*s - max);
+            sum += *s;
+        }
+        let inv = _mm256_set1_ps(1.0 / sum);
+        for i in (0..n8).step_by(8) {
+            _mm256_storeu_ps(p.add(i), _mm256_mul_ps(_mm256_loadu_ps(p.add(i)), inv));
+        }
+        for s in &mut row[n8..] {
+            *s *= 1.0 / sum;
+        }
     }
 }
 

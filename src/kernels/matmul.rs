@@ -254,35 +254,37 @@ unsafe fn panel_range<const KIND: u8>(
     p0: usize,
     p1: usize,
 ) {
-    let (n, k) = (w.n, w.k);
-    let panels = n.div_ceil(NP);
-    let (base, _) = w.raw();
-    let es = elem_size(KIND);
-    // An M-block's outputs stay in cache while every K-block adds to them; within a K-block
-    // the block's tiles share a panel of weights while it is in L1.
-    for (b0, block_tiles) in m_blocks(tiles) {
-        for k0 in (0..k).step_by(KC) {
-            let kcb = KC.min(k - k0);
-            for p in p0..p1 {
-                let wp = base.add((k0 * panels * NP + p * kcb * NP) * es);
-                let cols = NP.min(n - p * NP);
-                for (t, tile) in block_tiles.iter().enumerate() {
-                    let xs = &xp[(b0 + t) * MR * k + k0 * MR..];
-                    let yp = y.0.add(tile.start * n + p * NP);
-                    if cols == NP {
-                        tile_kernel::<KIND>(tile.rows, xs, wp, kcb, yp, n, k0 == 0);
-                    } else {
-                        // Edge panel: run the full-width tile on a scratch copy.
-                        let mut tmp = [0f32; MR * NP];
-                        for r in 0..tile.rows {
-                            for c in 0..cols {
-                                tmp[r * NP + c] = *yp.add(r * n + c);
+    unsafe {
+        let (n, k) = (w.n, w.k);
+        let panels = n.div_ceil(NP);
+        let (base, _) = w.raw();
+        let es = elem_size(KIND);
+        // An M-block's outputs stay in cache while every K-block adds to them; within a K-block
+        // the block's tiles share a panel of weights while it is in L1.
+        for (b0, block_tiles) in m_blocks(tiles) {
+            for k0 in (0..k).step_by(KC) {
+                let kcb = KC.min(k - k0);
+                for p in p0..p1 {
+                    let wp = base.add((k0 * panels * NP + p * kcb * NP) * es);
+                    let cols = NP.min(n - p * NP);
+                    for (t, tile) in block_tiles.iter().enumerate() {
+                        let xs = &xp[(b0 + t) * MR * k + k0 * MR..];
+                        let yp = y.0.add(tile.start * n + p * NP);
+                        if cols == NP {
+                            tile_kernel::<KIND>(tile.rows, xs, wp, kcb, yp, n, k0 == 0);
+                        } else {
+                            // Edge panel: run the full-width tile on a scratch copy.
+                            let mut tmp = [0f32; MR * NP];
+                            for r in 0..tile.rows {
+                                for c in 0..cols {
+                                    tmp[r * NP + c] = *yp.add(r * n + c);
+                                }
                             }
-                        }
-                        tile_kernel::<KIND>(tile.rows, xs, wp, kcb, tmp.as_mut_ptr(), NP, k0 == 0);
-                        for r in 0..tile.rows {
-                            for c in 0..cols {
-                                *yp.add(r * n + c) = tmp[r * NP + c];
+                            tile_kernel::<KIND>(tile.rows, xs, wp, kcb, tmp.as_mut_ptr(), NP, k0 == 0);
+                            for r in 0..tile.rows {
+                                for c in 0..cols {
+                                    *yp.add(r * n + c) = tmp[r * NP + c];
+                                }
                             }
                         }
                     }
@@ -319,10 +321,12 @@ fn elem_size(kind: u8) -> usize {
 /// `p` must be valid for element `i`.
 #[inline]
 unsafe fn read<const KIND: u8>(p: *const u8, i: usize) -> f32 {
-    match KIND {
-        KIND_F32 => *p.cast::<f32>().add(i),
-        KIND_F16 => Half::F16.to_f32(*p.cast::<u16>().add(i)),
-        _ => Half::Bf16.to_f32(*p.cast::<u16>().add(i)),
+    unsafe {
+        match KIND {
+            KIND_F32 => *p.cast::<f32>().add(i),
+            KIND_F16 => Half::F16.to_f32(*p.cast::<u16>().add(i)),
+            _ => Half::Bf16.to_f32(*p.cast::<u16>().add(i)),
+        }
     }
 }
 
@@ -343,27 +347,29 @@ unsafe fn tile_kernel<const KIND: u8>(
     ldy: usize,
     first: bool,
 ) {
-    debug_assert!(x.len() >= kcb * MR);
-    #[cfg(target_arch = "x86_64")]
-    if avx2::available() {
-        let x = x.as_ptr();
-        match rows {
-            6 => avx2::tile::<6, KIND>(x, wp, kcb, y, ldy, first),
-            5 => avx2::tile::<5, KIND>(x, wp, kcb, y, ldy, first),
-            4 => avx2::tile::<4, KIND>(x, wp, kcb, y, ldy, first),
-            3 => avx2::tile::<3, KIND>(x, wp, kcb, y, ldy, first),
-            2 => avx2::tile::<2, KIND>(x, wp, kcb, y, ldy, first),
-            _ => avx2::tile::<1, KIND>(x, wp, kcb, y, ldy, first),
-        }
-        return;
-    }
-    for r in 0..rows {
-        for c in 0..NP {
-            let mut acc = if first { 0.0 } else { *y.add(r * ldy + c) };
-            for kk in 0..kcb {
-                acc = x[kk * MR + r].mul_add(read::<KIND>(wp, kk * NP + c), acc);
+    unsafe {
+        debug_assert!(x.len() >= kcb * MR);
+        #[cfg(target_arch = "x86_64")]
+        if avx2::available() {
+            let x = x.as_ptr();
+            match rows {
+                6 => avx2::tile::<6, KIND>(x, wp, kcb, y, ldy, first),
+                5 => avx2::tile::<5, KIND>(x, wp, kcb, y, ldy, first),
+                4 => avx2::tile::<4, KIND>(x, wp, kcb, y, ldy, first),
+                3 => avx2::tile::<3, KIND>(x, wp, kcb, y, ldy, first),
+                2 => avx2::tile::<2, KIND>(x, wp, kcb, y, ldy, first),
+                _ => avx2::tile::<1, KIND>(x, wp, kcb, y, ldy, first),
             }
-            *y.add(r * ldy + c) = acc;
+            return;
+        }
+        for r in 0..rows {
+            for c in 0..NP {
+                let mut acc = if first { 0.0 } else { *y.add(r * ldy + c) };
+                for kk in 0..kcb {
+                    acc = x[kk * MR + r].mul_add(read::<KIND>(wp, kk * NP + c), acc);
+                }
+                *y.add(r * ldy + c) = acc;
+            }
         }
     }
 }
@@ -385,16 +391,21 @@ pub(crate) mod avx2 {
     }
 
     /// Eight weights of kind `KIND` at element `i` of `wp`, widened to f32 (exactly).
+    ///
+    /// # Safety
+    /// AVX must be available, and `wp` hold eight weights of kind `KIND` from index `i`.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     unsafe fn load8<const KIND: u8>(wp: *const u8, i: usize) -> __m256 {
-        match KIND {
-            KIND_F32 => _mm256_loadu_ps(wp.cast::<f32>().add(i)),
-            KIND_F16 => _mm256_cvtph_ps(_mm_loadu_si128(wp.cast::<u16>().add(i).cast())),
-            // bf16 is the top half of an f32.
-            _ => {
-                let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(wp.cast::<u16>().add(i).cast()));
-                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(h))
+        unsafe {
+            match KIND {
+                KIND_F32 => _mm256_loadu_ps(wp.cast::<f32>().add(i)),
+                KIND_F16 => _mm256_cvtph_ps(_mm_loadu_si128(wp.cast::<u16>().add(i).cast())),
+                // bf16 is the top half of an f32.
+                _ => {
+                    let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(wp.cast::<u16>().add(i).cast()));
+                    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(h))
+                }
             }
         }
     }
@@ -411,36 +422,38 @@ pub(crate) mod avx2 {
         ldy: usize,
         first: bool,
     ) {
-        let es = super::elem_size(KIND);
-        const V: usize = NP / 8;
-        let mut acc = [[_mm256_setzero_ps(); V]; R];
-        if !first {
-            for (r, a) in acc.iter_mut().enumerate() {
-                for (v, av) in a.iter_mut().enumerate() {
-                    *av = _mm256_loadu_ps(y.add(r * ldy + 8 * v));
+        unsafe {
+            let es = super::elem_size(KIND);
+            const V: usize = NP / 8;
+            let mut acc = [[_mm256_setzero_ps(); V]; R];
+            if !first {
+                for (r, a) in acc.iter_mut().enumerate() {
+                    for (v, av) in a.iter_mut().enumerate() {
+                        *av = _mm256_loadu_ps(y.add(r * ldy + 8 * v));
+                    }
                 }
             }
-        }
-        for kk in 0..kcb {
-            // With several rows the tile is compute-bound, so ask for the weights early; a
-            // single row is bandwidth-bound and the hardware prefetcher does better alone.
-            if R > 1 {
-                _mm_prefetch::<_MM_HINT_T0>(wp.add((kk + PREFETCH_AHEAD) * NP * es) as *const i8);
-            }
-            let mut wv = [_mm256_setzero_ps(); V];
-            for (v, w) in wv.iter_mut().enumerate() {
-                *w = load8::<KIND>(wp, kk * NP + 8 * v);
-            }
-            for (r, a) in acc.iter_mut().enumerate() {
-                let xb = _mm256_broadcast_ss(&*x.add(kk * MR + r));
-                for (av, w) in a.iter_mut().zip(&wv) {
-                    *av = _mm256_fmadd_ps(xb, *w, *av);
+            for kk in 0..kcb {
+                // With several rows the tile is compute-bound, so ask for the weights early; a
+                // single row is bandwidth-bound and the hardware prefetcher does better alone.
+                if R > 1 {
+                    _mm_prefetch::<_MM_HINT_T0>(wp.add((kk + PREFETCH_AHEAD) * NP * es) as *const i8);
+                }
+                let mut wv = [_mm256_setzero_ps(); V];
+                for (v, w) in wv.iter_mut().enumerate() {
+                    *w = load8::<KIND>(wp, kk * NP + 8 * v);
+                }
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let xb = _mm256_broadcast_ss(&*x.add(kk * MR + r));
+                    for (av, w) in a.iter_mut().zip(&wv) {
+                        *av = _mm256_fmadd_ps(xb, *w, *av);
+                    }
                 }
             }
-        }
-        for (r, a) in acc.iter().enumerate() {
-            for (v, av) in a.iter().enumerate() {
-                _mm256_storeu_ps(y.add(r * ldy + 8 * v), *av);
+            for (r, a) in acc.iter().enumerate() {
+                for (v, av) in a.iter().enumerate() {
+                    _mm256_storeu_ps(y.add(r * ldy + 8 * v), *av);
+                }
             }
         }
     }

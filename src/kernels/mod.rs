@@ -25,9 +25,7 @@ pub(crate) fn prefetch_lines(p: *const u8, bytes: usize) {
 }
 
 /// [`prefetch_lines`] into L2 only, for data read long after the ask: in L1 it would evict
-/// the lines in use, and be evicted before its turn (1B Q4_K_M, 32 streams, the next
-/// chunk's records asked for while the tiles run: 151–153 tok/s into L1, 150–154 with no
-/// prefetch, 164–172 into L2).
+/// the lines in use, and be evicted before its turn.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(crate) fn prefetch_lines_l2(p: *const u8, bytes: usize) {

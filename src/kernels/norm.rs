@@ -60,18 +60,23 @@ pub fn gelu_tanh_mul(gate_up: &[f32], f: usize, out: &mut [f32]) {
 
 /// The vector part of one row of [`silu_mul`], the same operations 8 lanes at a time;
 /// returns how many elements it wrote.
+///
+/// # Safety
+/// AVX2 and FMA must be available; `g` and `u` are at least as long as `out`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn silu_mul_avx2(g: &[f32], u: &[f32], out: &mut [f32]) -> usize {
-    use std::arch::x86_64::*;
-    let n8 = out.len() / 8 * 8;
-    for i in (0..n8).step_by(8) {
-        let gv = _mm256_loadu_ps(g.as_ptr().add(i));
-        let e = super::exp::avx2::exp(_mm256_xor_ps(gv, _mm256_set1_ps(-0.0)));
-        let s = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0), e));
-        _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_mul_ps(s, _mm256_loadu_ps(u.as_ptr().add(i))));
+    unsafe {
+        use std::arch::x86_64::*;
+        let n8 = out.len() / 8 * 8;
+        for i in (0..n8).step_by(8) {
+            let gv = _mm256_loadu_ps(g.as_ptr().add(i));
+            let e = super::exp::avx2::exp(_mm256_xor_ps(gv, _mm256_set1_ps(-0.0)));
+            let s = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0), e));
+            _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_mul_ps(s, _mm256_loadu_ps(u.as_ptr().add(i))));
+        }
+        n8
     }
-    n8
 }
 
 #[cfg(test)]

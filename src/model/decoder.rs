@@ -159,11 +159,6 @@ const EXACT_TOP_LOGITS: usize = 16;
 /// enough to keep the cores busy (at least four per thread), so that each block's K and V,
 /// every kv head side by side, are one contiguous read; else one, so that the few rows of a
 /// decode step still spread over the cores. A head's result is the same either way.
-/// SmolLM2's attention alone (32 sequences of 192 positions, f16 cache, 30 layers, two
-/// threads, three alternated pairs): over blocks laid out as a batch leaves them (each
-/// prompt's together, then one per sequence in turn) 13.3–15.5 -> 12.7–13.2 ms a step; over
-/// randomly scattered blocks level (17.9–19.2 against 18.0–20.0). SmolLM2 Q4_1 at 32
-/// streams: attention's samples per Q4_1 matrix multiply's 0.23–0.26 -> 0.21.
 fn attention_task_heads(rows: usize, kv_heads: usize) -> usize {
     if rows >= 4 * rayon::current_num_threads() {
         kv_heads

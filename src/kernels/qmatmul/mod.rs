@@ -60,8 +60,8 @@ impl Part {
 
 /// A weight `[n, k]` in GGML block formats; stacked projections of different formats (say
 /// Q4_K q/k and Q6_K v) are parts that follow each other. Formats with an interleaved
-/// kernel are repacked at load into groups of eight rows (the file's bytes, 2–3 % more for
-/// Q4_K and Q5_K), the rest stay row by row.
+/// kernel are repacked at load into groups of eight rows (the file's bytes, a little more
+/// where packed scales are unpacked), the rest stay row by row.
 pub struct QMatrix {
     n: usize,
     k: usize,
@@ -161,19 +161,17 @@ impl QMatrix {
 /// or coarser (ordered from finest to coarsest).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub enum ActScales {
-    /// One scale per 16 values: an outlier coarsens 15 others, not 31. On SmolLM2 Q4_1 it
-    /// halves the KL divergence from the f32 path (0.0029 → 0.0016) and lifts top-1
-    /// agreement from 95.8% to 97.7%.
+    /// One scale per 16 values: an outlier coarsens 15 others, not 31, which about halves
+    /// the KL divergence from the f32 path against per 32 (`docs/kernels.md`).
     #[default]
     PerHalf,
     /// One per 32, for Q6_K: the scaled sums of its two 16-value sub-blocks add in i32 and
-    /// convert once (one core, 32 rows: 72 → 78 GMAC/s), for SmolLM2 in Q6_K KL 0.00672 →
-    /// 0.00694 and top-1 93.4% → 93.2%.
+    /// convert once, for a little more KL divergence than per 16.
     PerBlock,
     /// One per 256, a K-quant super-block (llama.cpp's `q8_K`), for Q4_K and Q5_K: a
     /// block's scaled sub-block sums then add in i32, and the kernel converts and scales
-    /// once per block and row instead of once per 32 (or, Q5_K before, 16) values (Q6_K
-    /// stays per 32 for its quality).
+    /// once per block and row instead of once per 32 values (Q6_K stays per 32 for its
+    /// quality).
     PerSuper,
 }
 
@@ -227,10 +225,7 @@ impl QActs {
 
     /// Per 16 values, `−32 ·` their sum: where Q6_K's VNNI sums of unsigned values start.
     /// Read with a broadcast load per row and 16 values, the offset costs no multiply and
-    /// no move into a vector (`qmatmul` alone, 32 rows, 160 × 2048, one thread: 95–99 ->
-    /// 86–88 µs; 1B Q4_K_M, 32 streams, alternated: 174–184 -> 183–198 tok/s; Q4_0's and
-    /// Q8_0's offsets read this way gained nothing or lost). Formed once per quantization,
-    /// on the first call.
+    /// no move into a vector. Formed once per quantization, on the first call.
     pub(super) fn q6_starts(&self) -> &[i32] {
         self.q6_starts.get_or_init(|| self.sums.iter().map(|&s| -32 * s).collect())
     }
@@ -335,38 +330,40 @@ mod avx2 {
         dsum: &mut [f32],
         halves: usize,
     ) {
-        assert!(x.len() <= 64 * QB && x.len() == q.len() && d.len() * QH >= x.len() && sums.len() == d.len());
-        let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
-        let halves_here = x.len() / QH;
-        let mut amax = [0f32; 128];
-        // Plain loops: intrinsics in a closure would not take this function's features.
-        for (h, a) in amax[..halves_here].iter_mut().enumerate() {
-            let lo = _mm256_loadu_ps(x[h * QH..h * QH + 8].as_ptr());
-            let hi = _mm256_loadu_ps(x[h * QH + 8..h * QH + 16].as_ptr());
-            let m = _mm256_max_ps(_mm256_and_ps(lo, abs_mask), _mm256_and_ps(hi, abs_mask));
-            let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-            let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-            *a = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
-        }
-        run_max(&mut amax[..halves_here], halves);
-        for (h, &amax) in amax[..halves_here].iter().enumerate() {
-            let at = h * QH;
-            let lo = _mm256_loadu_ps(x[at..at + 8].as_ptr());
-            let hi = _mm256_loadu_ps(x[at + 8..at + 16].as_ptr());
-            d[h] = amax / 127.0;
-            let id = _mm256_set1_ps(if amax > 0.0 { 127.0 / amax } else { 0.0 });
-            let (il, ih) = (_mm256_cvtps_epi32(_mm256_mul_ps(lo, id)), _mm256_cvtps_epi32(_mm256_mul_ps(hi, id)));
-            // i16 in order, then i8 (every value is within ±127, so nothing saturates).
-            let w = _mm256_permute4x64_epi64(_mm256_packs_epi32(il, ih), 0b11_01_10_00);
-            let bytes = _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
-            _mm_storeu_si128(q[at..at + 16].as_mut_ptr().cast(), bytes);
-            let t = _mm256_add_epi32(il, ih);
-            let t = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
-            let t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0b01_00_11_10));
-            sums[h] = _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0b10_11_00_01)));
-        }
-        for (b, ds) in dsum.iter_mut().enumerate() {
-            *ds = d[2 * b] * sums[2 * b] as f32 + d[2 * b + 1] * sums[2 * b + 1] as f32;
+        unsafe {
+            assert!(x.len() <= 64 * QB && x.len() == q.len() && d.len() * QH >= x.len() && sums.len() == d.len());
+            let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
+            let halves_here = x.len() / QH;
+            let mut amax = [0f32; 128];
+            // Plain loops: intrinsics in a closure would not take this function's features.
+            for (h, a) in amax[..halves_here].iter_mut().enumerate() {
+                let lo = _mm256_loadu_ps(x[h * QH..h * QH + 8].as_ptr());
+                let hi = _mm256_loadu_ps(x[h * QH + 8..h * QH + 16].as_ptr());
+                let m = _mm256_max_ps(_mm256_and_ps(lo, abs_mask), _mm256_and_ps(hi, abs_mask));
+                let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+                let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+                *a = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+            }
+            run_max(&mut amax[..halves_here], halves);
+            for (h, &amax) in amax[..halves_here].iter().enumerate() {
+                let at = h * QH;
+                let lo = _mm256_loadu_ps(x[at..at + 8].as_ptr());
+                let hi = _mm256_loadu_ps(x[at + 8..at + 16].as_ptr());
+                d[h] = amax / 127.0;
+                let id = _mm256_set1_ps(if amax > 0.0 { 127.0 / amax } else { 0.0 });
+                let (il, ih) = (_mm256_cvtps_epi32(_mm256_mul_ps(lo, id)), _mm256_cvtps_epi32(_mm256_mul_ps(hi, id)));
+                // i16 in order, then i8 (every value is within ±127, so nothing saturates).
+                let w = _mm256_permute4x64_epi64(_mm256_packs_epi32(il, ih), 0b11_01_10_00);
+                let bytes = _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+                _mm_storeu_si128(q[at..at + 16].as_mut_ptr().cast(), bytes);
+                let t = _mm256_add_epi32(il, ih);
+                let t = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+                let t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0b01_00_11_10));
+                sums[h] = _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0b10_11_00_01)));
+            }
+            for (b, ds) in dsum.iter_mut().enumerate() {
+                *ds = d[2 * b] * sums[2 * b] as f32 + d[2 * b + 1] * sums[2 * b + 1] as f32;
+            }
         }
     }
 }

@@ -214,24 +214,37 @@ mod avx2 {
     }
 
     /// The f16 at byte `i` of `b`, converted by the F16C unit.
+    ///
+    /// # Safety
+    /// F16C must be available and `b` hold two bytes at `i`.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn f16_at(b: &[u8], i: usize) -> f32 {
-        let h = u16::from_le_bytes([*b.get_unchecked(i), *b.get_unchecked(i + 1)]);
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+        unsafe {
+            let h = u16::from_le_bytes([*b.get_unchecked(i), *b.get_unchecked(i + 1)]);
+            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+        }
     }
 
     /// The 16 bytes at `at` as 32 nibbles: low nibbles first, then high ones.
+    ///
+    /// # Safety
+    /// AVX2 must be available and `p` hold 16 bytes from `at`.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn nibbles(p: *const u8, at: usize) -> __m256i {
-        let b = _mm_loadu_si128(p.add(at).cast());
-        let lo = _mm_and_si128(b, _mm_set1_epi8(0xF));
-        let hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0xF));
-        _mm256_set_m128i(hi, lo)
+        unsafe {
+            let b = _mm_loadu_si128(p.add(at).cast());
+            let lo = _mm_and_si128(b, _mm_set1_epi8(0xF));
+            let hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0xF));
+            _mm256_set_m128i(hi, lo)
+        }
     }
 
     /// Bit i of the u32 at `at` as byte i: 0x10 where set.
+    ///
+    /// # Safety
+    /// AVX2 must be available and `blk` hold four bytes at `at`.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn fifth_bits(blk: &[u8], at: usize) -> __m256i {
@@ -246,89 +259,94 @@ mod avx2 {
     }
 
     /// Weights of one 32-block as int8 lanes, plus its scales and offsets.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C must be available and `blk` be one whole block of `dtype`.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn decode_vec(dtype: GgmlType, blk: &[u8], sub: usize) -> (__m256i, [f32; 2], [f32; 2]) {
-        let p = blk.as_ptr();
-        let low4 = _mm256_set1_epi8(0xF);
-        let nibbles = |at: usize| nibbles(p, at);
-        let fifth_bits = |at: usize| fifth_bits(blk, at);
-        let same = |s: f32, o: f32| ([s, s], [o, o]);
-        match dtype {
-            GgmlType::Q8_0 => (_mm256_loadu_si256(p.add(2).cast()), [f16_at(blk, 0); 2], [0.0; 2]),
-            GgmlType::Q4_0 => {
-                let (s, o) = same(f16_at(blk, 0), 0.0);
-                (_mm256_sub_epi8(nibbles(2), _mm256_set1_epi8(8)), s, o)
-            }
-            GgmlType::Q4_1 => {
-                let (s, o) = same(f16_at(blk, 0), f16_at(blk, 2));
-                (nibbles(4), s, o)
-            }
-            GgmlType::Q5_0 => {
-                let q = _mm256_or_si256(nibbles(6), fifth_bits(2));
-                let (s, o) = same(f16_at(blk, 0), 0.0);
-                (_mm256_sub_epi8(q, _mm256_set1_epi8(16)), s, o)
-            }
-            GgmlType::Q5_1 => {
-                let (s, o) = same(f16_at(blk, 0), f16_at(blk, 2));
-                (_mm256_or_si256(nibbles(8), fifth_bits(4)), s, o)
-            }
-            GgmlType::Q4K | GgmlType::Q5K => {
-                let (pair, half) = (sub / 2, sub % 2);
-                let five = dtype == GgmlType::Q5K;
-                let at = if five { 48 } else { 16 } + pair * 32;
-                let v = _mm256_loadu_si256(p.add(at).cast());
-                let mut q = if half == 0 { v } else { _mm256_srli_epi16(v, 4) };
-                q = _mm256_and_si256(q, low4);
-                if five {
-                    let bit = _mm256_set1_epi8(1 << sub);
-                    let h = _mm256_loadu_si256(p.add(16).cast());
-                    let set = _mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit);
-                    q = _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+        unsafe {
+            let p = blk.as_ptr();
+            let low4 = _mm256_set1_epi8(0xF);
+            let nibbles = |at: usize| nibbles(p, at);
+            let fifth_bits = |at: usize| fifth_bits(blk, at);
+            let same = |s: f32, o: f32| ([s, s], [o, o]);
+            match dtype {
+                GgmlType::Q8_0 => (_mm256_loadu_si256(p.add(2).cast()), [f16_at(blk, 0); 2], [0.0; 2]),
+                GgmlType::Q4_0 => {
+                    let (s, o) = same(f16_at(blk, 0), 0.0);
+                    (_mm256_sub_epi8(nibbles(2), _mm256_set1_epi8(8)), s, o)
                 }
-                let (sc, m) = scale_min_k4(sub, &blk[4..16]);
-                let (s, o) = same(f16_at(blk, 0) * sc as f32, -(f16_at(blk, 2) * m as f32));
-                (q, s, o)
+                GgmlType::Q4_1 => {
+                    let (s, o) = same(f16_at(blk, 0), f16_at(blk, 2));
+                    (nibbles(4), s, o)
+                }
+                GgmlType::Q5_0 => {
+                    let q = _mm256_or_si256(nibbles(6), fifth_bits(2));
+                    let (s, o) = same(f16_at(blk, 0), 0.0);
+                    (_mm256_sub_epi8(q, _mm256_set1_epi8(16)), s, o)
+                }
+                GgmlType::Q5_1 => {
+                    let (s, o) = same(f16_at(blk, 0), f16_at(blk, 2));
+                    (_mm256_or_si256(nibbles(8), fifth_bits(4)), s, o)
+                }
+                GgmlType::Q4K | GgmlType::Q5K => {
+                    let (pair, half) = (sub / 2, sub % 2);
+                    let five = dtype == GgmlType::Q5K;
+                    let at = if five { 48 } else { 16 } + pair * 32;
+                    let v = _mm256_loadu_si256(p.add(at).cast());
+                    let mut q = if half == 0 { v } else { _mm256_srli_epi16(v, 4) };
+                    q = _mm256_and_si256(q, low4);
+                    if five {
+                        let bit = _mm256_set1_epi8(1 << sub);
+                        let h = _mm256_loadu_si256(p.add(16).cast());
+                        let set = _mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit);
+                        q = _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+                    }
+                    let (sc, m) = scale_min_k4(sub, &blk[4..16]);
+                    let (s, o) = same(f16_at(blk, 0) * sc as f32, -(f16_at(blk, 2) * m as f32));
+                    (q, s, o)
+                }
+                GgmlType::Q6K => {
+                    let (n, part) = (sub / 4, sub % 4);
+                    let ql = _mm256_loadu_si256(p.add(n * 64 + (part % 2) * 32).cast());
+                    let low = if part < 2 { ql } else { _mm256_srli_epi16(ql, 4) };
+                    let qh = _mm256_loadu_si256(p.add(128 + n * 32).cast());
+                    let high =
+                        _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * part as i32)), _mm256_set1_epi8(3));
+                    let q = _mm256_or_si256(_mm256_and_si256(low, low4), _mm256_slli_epi16(high, 4));
+                    let d = f16_at(blk, 208);
+                    let sc = &blk[192 + n * 8..200 + n * 8];
+                    let s = [d * (sc[2 * part] as i8) as f32, d * (sc[2 * part + 1] as i8) as f32];
+                    (_mm256_sub_epi8(q, _mm256_set1_epi8(32)), s, [0.0; 2])
+                }
+                GgmlType::Q2K => {
+                    let (n, shift) = (sub / 4, _mm_cvtsi32_si128(2 * (sub % 4) as i32));
+                    let v = _mm256_loadu_si256(p.add(16 + n * 32).cast());
+                    let q = _mm256_and_si256(_mm256_srl_epi16(v, shift), _mm256_set1_epi8(3));
+                    let (d, dmin) = (f16_at(blk, 80), f16_at(blk, 82));
+                    let sc = [blk[2 * sub], blk[2 * sub + 1]];
+                    let scale = [d * (sc[0] & 0xF) as f32, d * (sc[1] & 0xF) as f32];
+                    (q, scale, [-(dmin * (sc[0] >> 4) as f32), -(dmin * (sc[1] >> 4) as f32)])
+                }
+                GgmlType::Q3K => {
+                    let (n, shift) = (sub / 4, _mm_cvtsi32_si128(2 * (sub % 4) as i32));
+                    let v = _mm256_loadu_si256(p.add(32 + n * 32).cast());
+                    let low = _mm256_and_si256(_mm256_srl_epi16(v, shift), _mm256_set1_epi8(3));
+                    // Less 4 where the value's high bit (bit `sub` of its mask byte) is clear.
+                    let bit = _mm256_set1_epi8((1u8 << sub) as i8);
+                    let set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_loadu_si256(p.cast()), bit), bit);
+                    let four = _mm256_set1_epi8(4);
+                    let q = _mm256_sub_epi8(_mm256_or_si256(low, _mm256_and_si256(set, four)), four);
+                    (q, [q3_k_scale(blk, 2 * sub), q3_k_scale(blk, 2 * sub + 1)], [0.0; 2])
+                }
+                GgmlType::Iq4Nl | GgmlType::Iq4Xs => {
+                    let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(IQ4_VALUES.as_ptr().cast()));
+                    let (s, o) = same(iq4_run_scale(dtype, blk, sub), 0.0);
+                    (_mm256_shuffle_epi8(table, nibbles(iq4_indices_at(dtype, sub))), s, o)
+                }
+                GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => unreachable!("float weights are not block formats"),
             }
-            GgmlType::Q6K => {
-                let (n, part) = (sub / 4, sub % 4);
-                let ql = _mm256_loadu_si256(p.add(n * 64 + (part % 2) * 32).cast());
-                let low = if part < 2 { ql } else { _mm256_srli_epi16(ql, 4) };
-                let qh = _mm256_loadu_si256(p.add(128 + n * 32).cast());
-                let high =
-                    _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * part as i32)), _mm256_set1_epi8(3));
-                let q = _mm256_or_si256(_mm256_and_si256(low, low4), _mm256_slli_epi16(high, 4));
-                let d = f16_at(blk, 208);
-                let sc = &blk[192 + n * 8..200 + n * 8];
-                let s = [d * (sc[2 * part] as i8) as f32, d * (sc[2 * part + 1] as i8) as f32];
-                (_mm256_sub_epi8(q, _mm256_set1_epi8(32)), s, [0.0; 2])
-            }
-            GgmlType::Q2K => {
-                let (n, shift) = (sub / 4, _mm_cvtsi32_si128(2 * (sub % 4) as i32));
-                let v = _mm256_loadu_si256(p.add(16 + n * 32).cast());
-                let q = _mm256_and_si256(_mm256_srl_epi16(v, shift), _mm256_set1_epi8(3));
-                let (d, dmin) = (f16_at(blk, 80), f16_at(blk, 82));
-                let sc = [blk[2 * sub], blk[2 * sub + 1]];
-                let scale = [d * (sc[0] & 0xF) as f32, d * (sc[1] & 0xF) as f32];
-                (q, scale, [-(dmin * (sc[0] >> 4) as f32), -(dmin * (sc[1] >> 4) as f32)])
-            }
-            GgmlType::Q3K => {
-                let (n, shift) = (sub / 4, _mm_cvtsi32_si128(2 * (sub % 4) as i32));
-                let v = _mm256_loadu_si256(p.add(32 + n * 32).cast());
-                let low = _mm256_and_si256(_mm256_srl_epi16(v, shift), _mm256_set1_epi8(3));
-                // Less 4 where the value's high bit (bit `sub` of its mask byte) is clear.
-                let bit = _mm256_set1_epi8((1u8 << sub) as i8);
-                let set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_loadu_si256(p.cast()), bit), bit);
-                let four = _mm256_set1_epi8(4);
-                let q = _mm256_sub_epi8(_mm256_or_si256(low, _mm256_and_si256(set, four)), four);
-                (q, [q3_k_scale(blk, 2 * sub), q3_k_scale(blk, 2 * sub + 1)], [0.0; 2])
-            }
-            GgmlType::Iq4Nl | GgmlType::Iq4Xs => {
-                let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(IQ4_VALUES.as_ptr().cast()));
-                let (s, o) = same(iq4_run_scale(dtype, blk, sub), 0.0);
-                (_mm256_shuffle_epi8(table, nibbles(iq4_indices_at(dtype, sub))), s, o)
-            }
-            GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => unreachable!("float weights are not block formats"),
         }
     }
 
@@ -346,41 +364,46 @@ mod avx2 {
         blocks: usize,
         acc_out: &mut [f32; TILE],
     ) {
-        // One copy of the loop per format and tile height, so decoding compiles to
-        // straight-line code and the accumulators stay in registers.
-        macro_rules! by_tile {
-            ($f:literal) => {
-                match tile {
-                    1 => dot_rows_as::<$f, 1>,
-                    2 => dot_rows_as::<$f, 2>,
-                    3 => dot_rows_as::<$f, 3>,
-                    4 => dot_rows_as::<$f, 4>,
-                    5 => dot_rows_as::<$f, 5>,
-                    6 => dot_rows_as::<$f, 6>,
-                    7 => dot_rows_as::<$f, 7>,
-                    _ => dot_rows_as::<$f, 8>,
-                }
+        unsafe {
+            // One copy of the loop per format and tile height, so decoding compiles to
+            // straight-line code and the accumulators stay in registers.
+            macro_rules! by_tile {
+                ($f:literal) => {
+                    match tile {
+                        1 => dot_rows_as::<$f, 1>,
+                        2 => dot_rows_as::<$f, 2>,
+                        3 => dot_rows_as::<$f, 3>,
+                        4 => dot_rows_as::<$f, 4>,
+                        5 => dot_rows_as::<$f, 5>,
+                        6 => dot_rows_as::<$f, 6>,
+                        7 => dot_rows_as::<$f, 7>,
+                        _ => dot_rows_as::<$f, 8>,
+                    }
+                };
+            }
+            let f = match dtype {
+                GgmlType::Q8_0 => by_tile!(0),
+                GgmlType::Q4_0 => by_tile!(1),
+                GgmlType::Q4_1 => by_tile!(2),
+                GgmlType::Q5_0 => by_tile!(3),
+                GgmlType::Q5_1 => by_tile!(4),
+                GgmlType::Q2K => by_tile!(5),
+                GgmlType::Q3K => by_tile!(6),
+                GgmlType::Q4K => by_tile!(7),
+                GgmlType::Q5K => by_tile!(8),
+                GgmlType::Q6K => by_tile!(9),
+                GgmlType::Iq4Nl => by_tile!(10),
+                GgmlType::Iq4Xs => by_tile!(11),
+                GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => unreachable!("float weights are not block formats"),
             };
+            debug_assert!((1..=TILE).contains(&tile));
+            f(row, xq, first, blocks, acc_out)
         }
-        let f = match dtype {
-            GgmlType::Q8_0 => by_tile!(0),
-            GgmlType::Q4_0 => by_tile!(1),
-            GgmlType::Q4_1 => by_tile!(2),
-            GgmlType::Q5_0 => by_tile!(3),
-            GgmlType::Q5_1 => by_tile!(4),
-            GgmlType::Q2K => by_tile!(5),
-            GgmlType::Q3K => by_tile!(6),
-            GgmlType::Q4K => by_tile!(7),
-            GgmlType::Q5K => by_tile!(8),
-            GgmlType::Q6K => by_tile!(9),
-            GgmlType::Iq4Nl => by_tile!(10),
-            GgmlType::Iq4Xs => by_tile!(11),
-            GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => unreachable!("float weights are not block formats"),
-        };
-        debug_assert!((1..=TILE).contains(&tile));
-        f(row, xq, first, blocks, acc_out)
     }
 
+    /// # Safety
+    /// AVX2, FMA and F16C must be available; `row` holds `blocks` blocks of format `F` and
+    /// `xq` the activation rows `first..first + R`.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn dot_rows_as<const F: usize, const R: usize>(
         row: &[u8],
@@ -389,43 +412,45 @@ mod avx2 {
         blocks: usize,
         acc_out: &mut [f32; TILE],
     ) {
-        let dtype = BLOCK_FORMATS[F];
-        let mut acc = [_mm256_setzero_ps(); R];
-        let mut acc_off = [0f32; R];
-        let ones = _mm256_set1_epi16(1);
-        for b in 0..blocks {
-            let (blk, sub) = locate(dtype, row, b);
-            let (w, scale, offset) = decode_vec(dtype, blk, sub);
-            let aw = _mm256_sign_epi8(w, w);
-            let one_scale = scale[0] == scale[1];
-            let scales = if one_scale {
-                _mm256_set1_ps(scale[0])
-            } else {
-                _mm256_setr_ps(scale[0], scale[0], scale[0], scale[0], scale[1], scale[1], scale[1], scale[1])
-            };
-            for (t, acc) in acc.iter_mut().enumerate() {
-                let xb = (first + t) * blocks + b;
-                let x = _mm256_loadu_si256(xq.q.as_ptr().add(xb * QB).cast());
-                // |w| · (x with w's sign): products as pairs of i16, then sums of 4 as i32.
-                let prod = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w)), ones);
-                // Lanes 0..4 hold the first 16 values' sums, 4..8 the second's.
-                let d = _mm256_set_m128(
-                    _mm_set1_ps(*xq.d.get_unchecked(2 * xb + 1)),
-                    _mm_set1_ps(*xq.d.get_unchecked(2 * xb)),
-                );
-                *acc = _mm256_fmadd_ps(_mm256_mul_ps(d, scales), _mm256_cvtepi32_ps(prod), *acc);
-            }
-            if offset != [0.0; 2] {
-                for (t, acc_off) in acc_off.iter_mut().enumerate() {
-                    *acc_off += offset_term(xq, (first + t) * blocks + b, offset);
+        unsafe {
+            let dtype = BLOCK_FORMATS[F];
+            let mut acc = [_mm256_setzero_ps(); R];
+            let mut acc_off = [0f32; R];
+            let ones = _mm256_set1_epi16(1);
+            for b in 0..blocks {
+                let (blk, sub) = locate(dtype, row, b);
+                let (w, scale, offset) = decode_vec(dtype, blk, sub);
+                let aw = _mm256_sign_epi8(w, w);
+                let one_scale = scale[0] == scale[1];
+                let scales = if one_scale {
+                    _mm256_set1_ps(scale[0])
+                } else {
+                    _mm256_setr_ps(scale[0], scale[0], scale[0], scale[0], scale[1], scale[1], scale[1], scale[1])
+                };
+                for (t, acc) in acc.iter_mut().enumerate() {
+                    let xb = (first + t) * blocks + b;
+                    let x = _mm256_loadu_si256(xq.q.as_ptr().add(xb * QB).cast());
+                    // |w| · (x with w's sign): products as pairs of i16, then sums of 4 as i32.
+                    let prod = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w)), ones);
+                    // Lanes 0..4 hold the first 16 values' sums, 4..8 the second's.
+                    let d = _mm256_set_m128(
+                        _mm_set1_ps(*xq.d.get_unchecked(2 * xb + 1)),
+                        _mm_set1_ps(*xq.d.get_unchecked(2 * xb)),
+                    );
+                    *acc = _mm256_fmadd_ps(_mm256_mul_ps(d, scales), _mm256_cvtepi32_ps(prod), *acc);
+                }
+                if offset != [0.0; 2] {
+                    for (t, acc_off) in acc_off.iter_mut().enumerate() {
+                        *acc_off += offset_term(xq, (first + t) * blocks + b, offset);
+                    }
                 }
             }
-        }
-        for ((out, v), off) in acc_out.iter_mut().zip(acc).zip(acc_off) {
-            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-            let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-            *out = _mm_cvtss_f32(s) + off;
+            for ((out, v), off) in acc_out.iter_mut().zip(acc).zip(acc_off) {
+                let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+                let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+                let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+                *out = _mm_cvtss_f32(s) + off;
+            }
         }
     }
 }

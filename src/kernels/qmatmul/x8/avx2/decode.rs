@@ -1,0 +1,144 @@
+//! The K-quants' values decoded to a byte each, once per chunk of groups, in the order
+//! the kernels read them, so that tiles after the first skip the bit unpacking.
+
+use super::*;
+
+/// A group's `blocks` K-quant records at `p`, their values decoded to bytes at `out` in
+/// the order [`k_sub`] and [`q6_out`] read them: per block, 32-byte chunks by
+/// sub-block (Q6_K: by output) and then chunk.
+///
+/// # Safety
+/// AVX2 must be available; `p` holds `blocks` records, `out` room for `blocks` decoded.
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn decode(dtype: GgmlType, p: *const u8, blocks: usize, out: *mut u8) {
+    unsafe {
+        let (rec_bytes, head) = record(dtype);
+        for b in 0..blocks {
+            let (rec, out) = (p.add(b * rec_bytes), out.add(b * DECODED));
+            match dtype {
+                GgmlType::Q4K => decode_k::<false>(rec, out),
+                GgmlType::Q5K => decode_k::<true>(rec, out),
+                GgmlType::Q3K => decode_q3(rec.add(head), out),
+                GgmlType::Q2K => decode_q2(rec.add(head), out),
+                _ => decode_q6(rec.add(head), out),
+            }
+        }
+    }
+}
+
+/// Chunk `c` of run `i` (a sub-block, or a Q6_K output) of a decoded block at `out`.
+///
+/// # Safety
+/// `out` must hold a decoded block.
+#[inline(always)]
+pub(super) unsafe fn put(out: *mut u8, i: usize, c: usize, w: __m256i) {
+    unsafe {
+        _mm256_storeu_si256(out.add(32 * (8 * i + c)).cast(), w);
+    }
+}
+
+/// One Q4_K/Q5_K (`FIVE`) record's values, decoded for [`decode`].
+///
+/// # Safety
+/// AVX2 must be available; `rec` is one Q4_K (Q5_K with `FIVE`) record and `out` has
+/// room for its decoded block.
+#[inline(always)]
+pub(super) unsafe fn decode_k<const FIVE: bool>(rec: *const u8, out: *mut u8) {
+    unsafe {
+        for pair in 0..4 {
+            for c in 0..8 {
+                put(out, 2 * pair, c, k_chunk::<FIVE, 0>(rec, pair, c));
+                put(out, 2 * pair + 1, c, k_chunk::<FIVE, 1>(rec, pair, c));
+            }
+        }
+    }
+}
+
+/// One Q3_K record's values (from `vals`), decoded for [`decode`] ([`q3_chunk`]).
+///
+/// # Safety
+/// AVX2 must be available; `vals` holds one Q3_K record's values and `out` room for its
+/// decoded block.
+#[inline(always)]
+pub(super) unsafe fn decode_q3(vals: *const u8, out: *mut u8) {
+    unsafe {
+        for o in 0..8 {
+            for c in 0..8 {
+                put(out, o, c, q3_chunk(vals, o, c));
+            }
+        }
+    }
+}
+
+/// One Q2_K record's values (from `vals`), decoded for [`decode`] ([`q2_chunk`]).
+///
+/// # Safety
+/// AVX2 must be available; `vals` holds one Q2_K record's values and `out` room for its
+/// decoded block.
+#[inline(always)]
+pub(super) unsafe fn decode_q2(vals: *const u8, out: *mut u8) {
+    unsafe {
+        for o in 0..8 {
+            for c in 0..8 {
+                put(out, o, c, q2_chunk(vals, o, c));
+            }
+        }
+    }
+}
+
+/// Chunk `c` of output `o` (values `32o..32o + 32`) of the Q3_K values at `vals` (the
+/// high bits' 8 chunks, then the low two bits' 16) as Q6_K's are: value `q − 4` (`q` its
+/// three bits) as `q − 4 + 32`, so that Q6_K's kernels, their −32 offsets and the scales
+/// `sc − 32` in the record compute Q3_K exactly. Bits `2·(o % 4)` of the low chunks of
+/// its half and bit `o` of the high ones.
+///
+/// # Safety
+/// AVX2 must be available and `vals` hold one Q3_K record's values.
+#[inline(always)]
+pub(super) unsafe fn q3_chunk(vals: *const u8, o: usize, c: usize) -> __m256i {
+    unsafe {
+        let (low_shift, high_shift) = (_mm_cvtsi32_si128(2 * (o as i32 % 4)), _mm_cvtsi32_si128(o as i32));
+        let low = _mm256_loadu_si256(vals.add(32 * (8 + 8 * (o / 4) + c)).cast());
+        let high = _mm256_loadu_si256(vals.add(32 * c).cast());
+        let low = _mm256_and_si256(_mm256_srl_epi16(low, low_shift), _mm256_set1_epi8(3));
+        let high = _mm256_and_si256(_mm256_srl_epi16(high, high_shift), _mm256_set1_epi8(1));
+        let q = _mm256_or_si256(low, _mm256_slli_epi16(high, 2));
+        _mm256_add_epi8(q, _mm256_set1_epi8(28))
+    }
+}
+
+/// Chunk `c` of output `o` of the Q2_K values at `vals` (16 chunks, each byte holding
+/// four outputs' values) as Q6_K's are: value `q` as `q + 32`, so that Q6_K's kernels
+/// and their −32 offsets compute `Σ sc·q·x` exactly (the mins follow in [`q2_mins`]).
+/// Bits `2·(o % 4)` of the chunks of its half.
+///
+/// # Safety
+/// AVX2 must be available and `vals` hold one Q2_K record's values.
+#[inline(always)]
+pub(super) unsafe fn q2_chunk(vals: *const u8, o: usize, c: usize) -> __m256i {
+    unsafe {
+        let q = _mm256_loadu_si256(vals.add(32 * (8 * (o / 4) + c)).cast());
+        let q = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * (o as i32 % 4))), _mm256_set1_epi8(3));
+        _mm256_or_si256(q, _mm256_set1_epi8(32))
+    }
+}
+
+/// One Q6_K record's values (from `vals`), decoded for [`decode`]. The four outputs are
+/// written out, so that their shifts are constants and the chunks they share load once.
+///
+/// # Safety
+/// AVX2 must be available; `vals` holds one Q6_K record's values and `out` room for its
+/// decoded block.
+#[inline(always)]
+pub(super) unsafe fn decode_q6(vals: *const u8, out: *mut u8) {
+    unsafe {
+        for n in 0..2 {
+            for c in 0..8 {
+                put(out, 4 * n, c, q6_chunk(vals, n, 0, c));
+                put(out, 4 * n + 1, c, q6_chunk(vals, n, 1, c));
+                put(out, 4 * n + 2, c, q6_chunk(vals, n, 2, c));
+                put(out, 4 * n + 3, c, q6_chunk(vals, n, 3, c));
+            }
+        }
+    }
+}

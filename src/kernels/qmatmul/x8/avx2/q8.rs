@@ -1,0 +1,102 @@
+//! Signed byte values: Q8_0's, and IQ4_NL's and IQ4_XS's looked up from their indices.
+
+use super::*;
+use crate::kernels::quant::IQ4_VALUES;
+
+/// Q8_0: signed weights, so `|w|` against `x` carrying `w`'s sign. Each chunk loads
+/// once for the tile's rows; a row's half-block sums gather in i32 and go straight
+/// into its results under the product of the two scales, so that a row holds two
+/// registers, not three (with a per-block sum as well, four rows spilled and ran
+/// slower than one). `G` groups run side by side, each broadcast of activations
+/// feeding `G` multiply-adds (with VNNI only, whose 32 registers hold two groups'
+/// sums: [`pairs`]); each group's operations are the same as alone.
+///
+/// IQ4_NL (`F`) and IQ4_XS run here too: each chunk of their 4-bit indices (as Q4_0's
+/// nibbles) becomes its signed values with one byte shuffle from [`IQ4_VALUES`], and
+/// IQ4_XS's weight scale of 32 values is `d · (ls − 32)` (`blocks` counts its 256-value
+/// blocks; the loop runs over 32).
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available (with `V`, what [`vnni`] checks too); `src`
+/// holds `blocks` records (and decoded values with `PRE`) and `xq` the activation rows
+/// `first..first + R`.
+#[inline(always)]
+pub(super) unsafe fn q8<const V: bool, const F: u8, const G: usize, const R: usize>(
+    src: [Src; G],
+    xq: &QActs,
+    first: usize,
+    blocks: usize,
+    out: &mut [[[f32; GROUP]; TILE]; G],
+) {
+    unsafe {
+        let dtype = match F {
+            F_IQ4_NL => GgmlType::Iq4Nl,
+            F_IQ4_XS => GgmlType::Iq4Xs,
+            _ => GgmlType::Q8_0,
+        };
+        let ((rec_bytes, head), subs, sc_at) = (record(dtype), dtype.block().0 / QB, shape(dtype).bytes_at());
+        let blocks = blocks * subs;
+        let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(IQ4_VALUES.as_ptr().cast()));
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [[_mm256_setzero_ps(); G]; R];
+        for b in 0..blocks {
+            let sub = b % subs;
+            let rec: [*const u8; G] = std::array::from_fn(|g| src[g].rec.add(b / subs * rec_bytes));
+            let mut dw = [_mm256_setzero_ps(); G];
+            for (dw, rec) in dw.iter_mut().zip(rec) {
+                *dw = _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()));
+                if F == F_IQ4_XS {
+                    let sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(rec.add(sc_at + GROUP * sub).cast()));
+                    *dw = _mm256_mul_ps(*dw, _mm256_cvtepi32_ps(sc));
+                }
+            }
+            for h in 0..2 {
+                let mut s = [[_mm256_setzero_si256(); G]; R];
+                if V {
+                    // `w + 128` is unsigned, and `Σ (w + 128)·x` starts from `−128 · Σx`.
+                    for (t, s) in s.iter_mut().enumerate() {
+                        *s = [_mm256_set1_epi32(-128 * xq.sums.get_unchecked(2 * ((first + t) * blocks + b) + h)); G];
+                    }
+                }
+                for c in 0..4 {
+                    let (mut w, mut aw, mut uw) =
+                        ([_mm256_setzero_si256(); G], [_mm256_setzero_si256(); G], [_mm256_setzero_si256(); G]);
+                    for g in 0..G {
+                        w[g] = if F == F_Q8_0 {
+                            _mm256_loadu_si256(rec[g].add(head + 32 * (4 * h + c)).cast())
+                        } else {
+                            let v = _mm256_loadu_si256(rec[g].add(head + 128 * sub + 32 * c).cast());
+                            let v = if h == 0 { v } else { _mm256_srli_epi16(v, 4) };
+                            _mm256_shuffle_epi8(table, _mm256_and_si256(v, _mm256_set1_epi8(0xF)))
+                        };
+                        (aw[g], uw[g]) = (_mm256_abs_epi8(w[g]), _mm256_xor_si256(w[g], _mm256_set1_epi8(-128)));
+                    }
+                    for (t, s) in s.iter_mut().enumerate() {
+                        let x = bcast(xq.q.as_ptr().add(((first + t) * blocks + b) * QB + QH * h + 4 * c));
+                        for g in 0..G {
+                            s[g] = if V {
+                                dot4(s[g], uw[g], x)
+                            } else {
+                                let prod = _mm256_maddubs_epi16(aw[g], _mm256_sign_epi8(x, w[g]));
+                                _mm256_add_epi32(s[g], _mm256_madd_epi16(prod, ones))
+                            };
+                        }
+                    }
+                }
+                for (t, (acc, s)) in acc.iter_mut().zip(&s).enumerate() {
+                    let dx = _mm256_set1_ps(*xq.d.get_unchecked(2 * ((first + t) * blocks + b) + h));
+                    for g in 0..G {
+                        acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[g]), _mm256_mul_ps(dw[g], dx), acc[g]);
+                    }
+                }
+            }
+        }
+        for (g, out) in out.iter_mut().enumerate() {
+            let mut col = [_mm256_setzero_ps(); R];
+            for (col, acc) in col.iter_mut().zip(&acc) {
+                *col = acc[g];
+            }
+            store(&col, out);
+        }
+    }
+}

@@ -1,0 +1,211 @@
+//! The task driver: parallel tasks over groups of rows, chunks of groups that fit in L2,
+//! activation tiles over each chunk, and the next chunk asked for on the way.
+
+use super::*;
+
+/// Groups per parallel task, out of `groups`.
+pub(crate) fn groups_per_task(groups: usize) -> usize {
+    groups.div_ceil(TASKS_PER_THREAD * rayon::current_num_threads()).max(1)
+}
+
+/// Groups `groups` of part `p` against every row of `X`, written to their columns
+/// (from `col0`) of `y` (row stride `n`).
+///
+/// # Safety
+/// `y` must hold `m × n` values and no other task may write these columns.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn groups_task(
+    xq: &QActs,
+    p: &Part,
+    k: usize,
+    groups: std::ops::Range<usize>,
+    col0: usize,
+    n: usize,
+    m: usize,
+    y: SharedOut,
+) {
+    let blocks = k / p.dtype.block().0;
+    let group_bytes = blocks * record(p.dtype).0;
+    // With more than one tile, K-quant values are decoded once per chunk, and every tile
+    // reads the bytes the kernel would have decoded: results do not change.
+    let decoded = decodes(p.dtype) && m > TILE;
+    let decoded_bytes = if decoded { blocks * DECODED } else { 0 };
+    // Chunks of groups that fit in L2 (with their decoded values), then activation tiles,
+    // then the chunk's groups: the weights are read from memory once, and the tile stays
+    // in L1.
+    // Paired formats take an even number of groups, so that none runs alone.
+    let paired = m > TILE && pairs(p.dtype);
+    let fit = CHUNK_BYTES / (group_bytes + decoded_bytes);
+    let chunk = if paired { (fit & !1).max(2) } else { fit.max(1) };
+    let records = |g: usize| &p.data[g * group_bytes..(g + 1) * group_bytes];
+    DECODE_SCRATCH.with_borrow_mut(|scratch| {
+        for first in groups.clone().step_by(chunk) {
+            let last = (first + chunk).min(groups.end);
+            // Grown only: truncated for a shorter chunk or a smaller matrix, it would be
+            // zeroed again for the next longer one.
+            let need = (last - first) * decoded_bytes;
+            if scratch.len() < need {
+                scratch.resize(need, 0);
+            }
+            if decoded_bytes > 0 {
+                for (g, out) in (first..last).zip(scratch.chunks_exact_mut(decoded_bytes)) {
+                    decode(p.dtype, records(g), blocks, out);
+                }
+            }
+            let vals = |g: usize| (decoded_bytes > 0).then(|| &scratch[(g - first) * decoded_bytes..][..decoded_bytes]);
+            // SAFETY: the caller owns these eight columns of rows `i..i + tile`.
+            let put = |acc: &[[f32; GROUP]; TILE], g: usize, i: usize, tile: usize| unsafe {
+                for (t, row) in acc[..tile].iter().enumerate() {
+                    std::ptr::copy_nonoverlapping(row.as_ptr(), y.0.add((i + t) * n + col0 + g * GROUP), GROUP)
+                }
+            };
+            // While the tiles run over this chunk, the next chunk's records (when it is to be
+            // decoded, or read by paired kernels) are asked for a slice per kernel call, into
+            // L2, so that its first pass does not wait on memory. A paired K-quant kernel
+            // spreads its slice over its blocks: asked in one burst, the lines held the call
+            // up until they came. After a task's last chunk that is the next task's
+            // first, which this thread usually runs next (rayon splits the task range in
+            // halves).
+            let next: &[u8] = if paired || decoded_bytes > 0 {
+                &p.data[last * group_bytes..(last + chunk).min(p.rows / GROUP) * group_bytes]
+            } else {
+                &[]
+            };
+            let calls_per_tile = if paired { (last - first).div_ceil(2) } else { last - first };
+            // At least one call, so that a task over no rows or no groups asks for nothing
+            // rather than dividing by zero.
+            let calls = (m.div_ceil(TILE) * calls_per_tile).max(1);
+            let ahead = next.len().div_ceil(calls).next_multiple_of(64);
+            let mut asked = 0;
+            for i in (0..m).step_by(TILE) {
+                let tile = TILE.min(m - i);
+                let mut g = first;
+                while g < last {
+                    let ask = &next[asked.min(next.len())..(asked + ahead).min(next.len())];
+                    asked += ahead;
+                    let two = paired && g + 1 < last;
+                    let spread = two && k_quant(p.dtype);
+                    if !spread {
+                        crate::kernels::prefetch_lines_l2(ask.as_ptr(), ask.len());
+                    }
+                    if two {
+                        let mut acc = [[[0f32; GROUP]; TILE]; 2];
+                        let (data, vals) = ([records(g), records(g + 1)], [vals(g), vals(g + 1)]);
+                        let ask = if spread { ask } else { &[] };
+                        pair(p.dtype, data, vals, xq, i, tile, k, &mut acc, ask);
+                        put(&acc[0], g, i, tile);
+                        put(&acc[1], g + 1, i, tile);
+                        g += 2;
+                    } else {
+                        let mut acc = [[0f32; GROUP]; TILE];
+                        group(p.dtype, records(g), vals(g), xq, i, tile, k, &mut acc);
+                        put(&acc, g, i, tile);
+                        g += 1;
+                    }
+                }
+            }
+        }
+    });
+}
+
+thread_local! {
+    /// Decoded values of a task's chunk of groups, kept between calls so that the step's
+    /// matrices do not each allocate (and fault in) a fresh buffer.
+    static DECODE_SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// One group's `blocks` records `data` of a K-quant, its values decoded to a byte each
+/// into `out` (`blocks × DECODED` bytes) in the order its kernel reads them.
+pub(super) fn decode(dtype: GgmlType, data: &[u8], blocks: usize, out: &mut [u8]) {
+    assert!(k_quant(dtype) && data.len() == blocks * record(dtype).0 && out.len() == blocks * DECODED);
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `k_quant` checked for AVX2; the lengths were checked above.
+    unsafe {
+        avx2::decode(dtype, data.as_ptr(), blocks, out.as_mut_ptr())
+    }
+}
+
+/// Two neighbouring groups' records and decoded values against activation rows
+/// `first..first + tile`, for the formats that [`pairs`]; `ahead`: bytes of records to ask
+/// into L2 on the way ([`avx2::Ahead`]).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn pair(
+    dtype: GgmlType,
+    data: [&[u8]; 2],
+    vals: [Option<&[u8]>; 2],
+    xq: &QActs,
+    first: usize,
+    tile: usize,
+    k: usize,
+    acc: &mut [[[f32; GROUP]; TILE]; 2],
+    ahead: &[u8],
+) {
+    assert!(pairs(dtype) && (1..=TILE).contains(&tile));
+    #[cfg(target_arch = "x86_64")]
+    {
+        let src =
+            |g: usize| avx2::Src { rec: data[g].as_ptr(), vals: vals[g].map_or(std::ptr::null(), |v| v.as_ptr()) };
+        let blocks = k / dtype.block().0;
+        let ahead = avx2::Ahead::spread(ahead, blocks);
+        // SAFETY: `pairs` implies AVX2, FMA and F16C; each group's records and decoded values.
+        unsafe { avx2::pair(avx2::vnni(), dtype, [src(0), src(1)], xq, first, tile, blocks, acc, ahead) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (data, vals, xq, first, k, acc, ahead);
+}
+
+/// One group's records `data` (and its values decoded by [`decode`], `vals`) against
+/// activation rows `first..first + tile`: the AVX2 kernels where the CPU has them, else
+/// the portable fallback.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn group(
+    dtype: GgmlType,
+    data: &[u8],
+    vals: Option<&[u8]>,
+    xq: &QActs,
+    first: usize,
+    tile: usize,
+    k: usize,
+    acc: &mut [[f32; GROUP]; TILE],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::matmul::avx2::available() {
+        let src = avx2::Src { rec: data.as_ptr(), vals: vals.map_or(std::ptr::null(), |v| v.as_ptr()) };
+        // SAFETY: AVX2, FMA and F16C were detected; `data` is one group's records and
+        // `vals` (from `decode`) its values.
+        return unsafe { avx2::group(avx2::vnni(), dtype, src, xq, first, tile, k / dtype.block().0, acc) };
+    }
+    debug_assert!(vals.is_none(), "values are decoded ahead only for the AVX2 kernels");
+    portable_group(dtype, data, xq, first, tile, k, acc)
+}
+
+/// The portable fallback: each row of the group back in its file layout, through the
+/// row-by-row kernel.
+pub(super) fn portable_group(
+    dtype: GgmlType,
+    data: &[u8],
+    xq: &QActs,
+    first: usize,
+    tile: usize,
+    k: usize,
+    acc: &mut [[f32; GROUP]; TILE],
+) {
+    let cols: Vec<[f32; super::super::TILE]> = (0..GROUP)
+        .map(|r| {
+            let mut col = [0f32; super::super::TILE];
+            super::super::rows::portable_dot_rows(
+                dtype,
+                &raw_row(dtype, data, r, k),
+                xq,
+                first,
+                tile,
+                k / QB,
+                &mut col,
+            );
+            col
+        })
+        .collect();
+    for (t, row) in acc[..tile].iter_mut().enumerate() {
+        row.iter_mut().zip(&cols).for_each(|(v, col)| *v = col[t]);
+    }
+}

@@ -1,0 +1,49 @@
+//! The interleaved path: eight weight rows repacked block by block at load, so that one
+//! AVX2 register holds four consecutive values of each of the eight rows and each 32-bit
+//! lane accumulates a different output column (llama.cpp's `q4_0_8x8` idea). Four
+//! activation bytes are broadcast against it; there are no horizontal sums, the f16 scales
+//! of eight rows convert in one instruction, and the unsigned nibble formats need no sign
+//! tricks.
+//!
+//! - [`layout`]: each format's record (one block of eight rows), repacking and reading back.
+//! - [`paths`]: which kernel each format runs on, and the activation scales it needs.
+//! - [`driver`]: the parallel tasks, chunks of groups sized to L2, activation tiles.
+//! - `avx2`: the kernels, one file per format family, each body compiled for AVX2 and again
+//!   for AVX-512 VNNI (`vpdpbusd`), computing the same integers, so the same bits.
+//!
+//! Each row of `X` is one chain of operations whatever the tile it is in, and decoded
+//! values are the very bytes the kernels would unpack, so results stay batch-invariant.
+//! Why each kernel is shaped as it is, with the measurements: `docs/kernels.md`.
+
+use super::{ActScales, Buf, Part, QActs, SharedOut, QB, QH};
+use crate::kernels::quant::GgmlType;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+mod driver;
+mod layout;
+mod paths;
+#[cfg(test)]
+mod tests;
+
+pub(super) use driver::{groups_per_task, groups_task};
+pub use layout::{interleave, raw_row};
+use layout::{record, shape};
+pub use paths::{act_scales, avx2_step, supports, vnni, Avx2Step};
+use paths::{decodes, k_quant, pairs, signed_bytes};
+
+/// Rows interleaved into one group.
+pub const GROUP: usize = 8;
+/// Parallel tasks per thread: few, so each streams a long contiguous run of weights, but
+/// enough that work stealing evens out the threads.
+const TASKS_PER_THREAD: usize = 4;
+/// Bytes of weights a task runs all activation tiles over before moving on (half of L2).
+const CHUNK_BYTES: usize = 256 << 10;
+/// Activation rows computed together against one group's (or a pair's) weights.
+const TILE: usize = 4;
+/// Bytes of one K-quant block's values decoded to a byte each, for the group's rows.
+const DECODED: usize = 256 * GROUP;
+/// How far ahead of the record in use the K-quants' one-group kernels ask for records,
+/// into L2: their loads jump about inside a record, and the hardware prefetchers alone
+/// left them short of the streaming rate.
+const AHEAD: usize = 12 << 10;

@@ -1,0 +1,84 @@
+//! Which kernel each interleaved format runs on: the flags the driver and the kernels
+//! branch on, and what `weft bench` reports of them.
+
+use super::*;
+
+/// Whether the kernels run their AVX-512 VNNI copies (same results, bit for bit).
+pub fn vnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return avx2::vnni();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Whether `dtype` has an interleaved kernel: every block format does.
+pub fn supports(dtype: GgmlType) -> bool {
+    crate::kernels::quant::BLOCK_FORMATS.contains(&dtype)
+}
+
+/// Whether `dtype` is a K-quant whose values [`decode`] can decode (on AVX2).
+pub(super) fn k_quant(dtype: GgmlType) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::matmul::avx2::available() {
+        return matches!(dtype, GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K);
+    }
+    false
+}
+
+/// Whether `dtype`'s values are decoded to bytes once per chunk of groups ([`decode`])
+/// when more than one tile of rows runs over them: the K-quants, whose bit unpacking
+/// would otherwise be repeated for every tile (Q6_K's costs a vector operation per
+/// `maddubs` at four rows). Not Q4_K with VNNI, whose paired kernel masks the nibbles in
+/// place, an `and` per chunk against 16 `vpdpbusd` ([`avx2::k_block_vnni`]).
+pub(super) fn decodes(dtype: GgmlType) -> bool {
+    k_quant(dtype) && !(dtype == GgmlType::Q4K && vnni())
+}
+
+/// Whether two groups of `dtype` run side by side ([`pair`]) when more than one tile of
+/// rows runs over them: every broadcast of activations then feeds two multiply-adds. Q8_0
+/// pairs only with VNNI, whose 32 registers hold both groups' sums.
+pub(super) fn pairs(dtype: GgmlType) -> bool {
+    k_quant(dtype) || signed_bytes(dtype) && vnni()
+}
+
+/// Whether `dtype` runs on [`avx2::q8`]'s kernels, its values signed bytes: Q8_0's, and
+/// IQ4_NL's and IQ4_XS's looked up from their indices.
+pub(super) fn signed_bytes(dtype: GgmlType) -> bool {
+    matches!(dtype, GgmlType::Q8_0 | GgmlType::Iq4Nl | GgmlType::Iq4Xs)
+}
+
+/// The coarsest activation scales `dtype`'s kernel needs (every kernel reads coarser
+/// ones): Q4_K's and Q5_K's per 256 values, so that a block's sums stay integer until
+/// their activation scale; Q6_K's per 32, so that a 32-value output's two scaled halves add in
+/// i32 (per 256 cost more KL divergence than it saved time), and Q3_K's and Q2_K's, which
+/// run on Q6_K's kernels; the others per 16.
+pub fn act_scales(dtype: GgmlType) -> ActScales {
+    match dtype {
+        GgmlType::Q4K | GgmlType::Q5K => ActScales::PerSuper,
+        GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q6K => ActScales::PerBlock,
+        _ => ActScales::PerHalf,
+    }
+}
+
+/// How the AVX2 kernels (without VNNI) add up `dtype`'s byte products, for `weft bench`'s
+/// ceiling of each format: `per_madd` `maddubs` results gather in i16 (as many as it holds
+/// and the activation scales allow) before one `madd` widens, and for the K-quants scales,
+/// them; signed values (Q8_0's, IQ4's) take a `sign` before each `maddubs` too ([`avx2::q8`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Avx2Step {
+    pub per_madd: usize,
+    pub signed: bool,
+}
+
+/// [`Avx2Step`] of `dtype`: Q4_K's 32-value sub-blocks are one run of eight chunks; Q5_K's
+/// runs and the legacy formats' 16-value halves are four; Q6_K's 6-bit values fill an i16
+/// in two (Q3_K and Q2_K run on its kernels).
+pub fn avx2_step(dtype: GgmlType) -> Avx2Step {
+    let (per_madd, signed) = match dtype {
+        _ if signed_bytes(dtype) => (1, true),
+        GgmlType::Q4K => (8, false),
+        GgmlType::Q6K | GgmlType::Q3K | GgmlType::Q2K => (2, false),
+        _ => (4, false),
+    };
+    Avx2Step { per_madd, signed }
+}

@@ -1,0 +1,394 @@
+use super::super::tests::random_blocks;
+use super::super::{quantize_rows, QActs};
+use super::driver::{decode, group, pair, portable_group};
+use super::*;
+use crate::kernels::quant::BLOCK_FORMATS;
+use crate::kernels::testing::random_vec;
+
+/// One interleaved group of random `dtype` rows of `k` values (seed `seed`), and `rows`
+/// random activation rows quantized for it (seed `seed + 1`).
+fn one_group(dtype: GgmlType, k: usize, rows: usize, seed: u64) -> (Buf<u8>, QActs) {
+    let data = interleave(dtype, &random_blocks(dtype, GROUP * k / dtype.block().0, seed), k);
+    let mut xq = QActs::default();
+    quantize_rows(&random_vec(rows * k, seed + 1), rows, k, act_scales(dtype), &mut xq);
+    (data, xq)
+}
+
+/// When the CPU has AVX2: for every interleaved format, one group of rows of
+/// `k = width · max(block, 64)` values with [`TILE`] activation rows ([`one_group`]),
+/// handed to `check(dtype, k, blocks per row, data, activations)`.
+#[cfg(target_arch = "x86_64")]
+fn each_format_on_avx2(width: usize, seed: u64, check: impl Fn(GgmlType, usize, usize, &[u8], &QActs)) {
+    if !crate::kernels::matmul::avx2::available() {
+        return;
+    }
+    for dtype in BLOCK_FORMATS {
+        let per = dtype.block().0;
+        let k = width * per.max(64);
+        let (data, xq) = one_group(dtype, k, TILE, seed);
+        check(dtype, k, k / per, &data, &xq);
+    }
+}
+
+/// A group's records, with no values decoded ahead.
+#[cfg(target_arch = "x86_64")]
+fn records(data: &[u8]) -> avx2::Src {
+    avx2::Src { rec: data.as_ptr(), vals: std::ptr::null() }
+}
+
+/// Eight rows of one 256-value `block` against [`TILE`] rows of `x`, through the AVX2
+/// kernel: the group, its activations and the results.
+#[cfg(target_arch = "x86_64")]
+fn one_block_avx2(dtype: GgmlType, block: &[u8], x: f32) -> (Buf<u8>, QActs, [[f32; GROUP]; TILE]) {
+    let k = 256;
+    let data = interleave(dtype, &block.repeat(GROUP), k);
+    let mut xq = QActs::default();
+    quantize_rows(&vec![x; TILE * k], TILE, k, act_scales(dtype), &mut xq);
+    let mut out = [[0f32; GROUP]; TILE];
+    // SAFETY: the callers checked for AVX2; `data` is one group's records.
+    unsafe { avx2::group(avx2::vnni(), dtype, records(&data), &xq, 0, TILE, 1, &mut out) };
+    (data, xq, out)
+}
+
+/// Q6_K's 16-bit sums at their extremes (every value 0 or 63, every activation ±127,
+/// scales ±127): the AVX2 kernel matches the portable one, nothing wraps.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn q6_k_extremes_stay_in_range() {
+    if !crate::kernels::matmul::avx2::available() {
+        return;
+    }
+    let k = 256;
+    for (q, x, sc) in [(0u8, 1.0f32, 127i8), (0, -1.0, -127), (0xFF, 1.0, 127), (0xFF, -1.0, -128)] {
+        let mut block = [q; 210];
+        block[192..208].fill(sc as u8);
+        block[208..210].copy_from_slice(&half::f16::from_f32(0.5).to_le_bytes());
+        let (data, xq, b) = one_block_avx2(GgmlType::Q6K, &block, x);
+        let mut a = [[0f32; GROUP]; TILE];
+        portable_group(GgmlType::Q6K, &data, &xq, 0, TILE, k, &mut a);
+        assert_eq!(a, b, "values {q:#x}, activations {x}, scales {sc}");
+        // The paired kernel, over decoded values (its 16 sums with VNNI).
+        let mut vals = vec![0u8; DECODED];
+        decode(GgmlType::Q6K, &data, 1, &mut vals);
+        let src = avx2::Src { rec: data.as_ptr(), vals: vals.as_ptr() };
+        let mut paired = [[[0f32; GROUP]; TILE]; 2];
+        // SAFETY: AVX2 is present; `data` is one group's records and `vals` their values.
+        unsafe { avx2::pair(avx2::vnni(), GgmlType::Q6K, [src; 2], &xq, 0, TILE, 1, &mut paired, avx2::Ahead::NONE) };
+        assert_eq!(paired, [a; 2], "paired: values {q:#x}, activations {x}, scales {sc}");
+        let want = 0.5 * sc as f32 * if q == 0 { -32.0 } else { 31.0 } * x * k as f32;
+        assert!((a[0][0] - want).abs() <= 1e-3 * want.abs(), "{} vs {want}", a[0][0]);
+    }
+}
+
+/// Q4_K's and Q5_K's 16-bit sums at their extremes (every value at its largest, every
+/// activation ±127, scales 63): the AVX2 kernels match the exact sum, nothing wraps.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn k_quant_extremes_stay_in_range() {
+    if !crate::kernels::matmul::avx2::available() {
+        return;
+    }
+    for (dtype, top) in [(GgmlType::Q4K, 15.0), (GgmlType::Q5K, 31.0)] {
+        for x in [1.0f32, -1.0] {
+            // All bits set: every value `top`, every 6-bit scale and min 63; then
+            // d = 0.5 and dmin = 0, so the sum is exact in f32.
+            let mut block = vec![0xFFu8; dtype.block().1];
+            block[..2].copy_from_slice(&half::f16::from_f32(0.5).to_le_bytes());
+            block[2..4].fill(0);
+            let (data, xq, got) = one_block_avx2(dtype, &block, x);
+            let want = 0.5 * 63.0 * top * x * 256.0;
+            assert!(got.iter().flatten().all(|&v| v == want), "{dtype:?} {x}: {:?} vs {want}", got[0]);
+            // The paired VNNI kernels: Q4_K's from the records (its sums run 16 times the
+            // value), Q5_K's from decoded values.
+            if avx2::vnni() {
+                let mut vals = vec![0u8; DECODED];
+                decode(dtype, &data, 1, &mut vals);
+                let src = if dtype == GgmlType::Q5K {
+                    avx2::Src { rec: data.as_ptr(), vals: vals.as_ptr() }
+                } else {
+                    records(&data)
+                };
+                let mut paired = [[[0f32; GROUP]; TILE]; 2];
+                // SAFETY: VNNI is present; `data` is one group's records (and `vals` their
+                // values), paired with itself.
+                unsafe { avx2::pair(true, dtype, [src; 2], &xq, 0, TILE, 1, &mut paired, avx2::Ahead::NONE) };
+                assert!(paired.iter().flatten().flatten().all(|&v| v == want), "paired {x}: {:?}", paired[0][0]);
+            }
+        }
+    }
+}
+
+/// The nibble formats' 16-bit sums at their extremes (every value at its largest, with
+/// Q5's fifth bits; every activation ±127): the AVX2 kernels, and the VNNI ones where
+/// the CPU has them, match the exact sum, nothing wraps.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn nibble_extremes_stay_in_range() {
+    if !crate::kernels::matmul::avx2::available() {
+        return;
+    }
+    let k = 256;
+    for (dtype, top) in [(GgmlType::Q4_0, 7.0), (GgmlType::Q4_1, 15.0), (GgmlType::Q5_0, 15.0), (GgmlType::Q5_1, 31.0)]
+    {
+        // All bits set, then d = 0.5 and (Q4_1, Q5_1) m = 0.
+        let mut block = vec![0xFFu8; dtype.block().1];
+        block[..2].copy_from_slice(&half::f16::from_f32(0.5).to_le_bytes());
+        if matches!(dtype, GgmlType::Q4_1 | GgmlType::Q5_1) {
+            block[2..4].fill(0);
+        }
+        let data = interleave(dtype, &block.repeat(GROUP * k / 32), k);
+        for x in [1.0f32, -1.0] {
+            let mut xq = QActs::default();
+            quantize_rows(&vec![x; TILE * k], TILE, k, act_scales(dtype), &mut xq);
+            let want = 0.5 * top * x * k as f32;
+            for vnni in [false, avx2::vnni()] {
+                let mut got = [[0f32; GROUP]; TILE];
+                // SAFETY: AVX2 is present, and VNNI when asked for; `data` is one group.
+                unsafe { avx2::group(vnni, dtype, records(&data), &xq, 0, TILE, k / 32, &mut got) };
+                let near = |v: f32| (v - want).abs() <= 1e-5 * want.abs();
+                assert!(got.iter().flatten().all(|&v| near(v)), "{dtype:?} {x} vnni {vnni}: {:?}", got[0]);
+            }
+        }
+    }
+}
+
+/// The portable fallback and the AVX2 kernels agree on every format and tile height.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn portable_matches_avx2() {
+    each_format_on_avx2(2, 31, |dtype, k, blocks, data, xq| {
+        for tile in 1..=TILE {
+            let (mut a, mut b) = ([[0f32; GROUP]; TILE], [[0f32; GROUP]; TILE]);
+            portable_group(dtype, data, xq, 0, tile, k, &mut a);
+            // SAFETY: AVX2 is present (checked by the helper); `data` is one group's records.
+            unsafe { avx2::group(avx2::vnni(), dtype, records(data), xq, 0, tile, blocks, &mut b) };
+            for (ra, rb) in a.iter().zip(&b).take(tile) {
+                for (va, vb) in ra.iter().zip(rb) {
+                    assert!((va - vb).abs() <= 1e-4 * (1.0 + va.abs()), "{dtype:?} tile {tile}: {va} vs {vb}");
+                }
+            }
+        }
+    });
+}
+
+/// A row's result does not depend on its tile: every format's kernel gives each row of
+/// a full tile exactly what it gives that row alone (batch invariance).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn rows_are_tile_invariant() {
+    each_format_on_avx2(3, 51, |dtype, _, blocks, data, xq| {
+        let mut tiled = [[0f32; GROUP]; TILE];
+        // SAFETY: AVX2 is present (checked by the helper); `data` is one group's records.
+        unsafe { avx2::group(avx2::vnni(), dtype, records(data), xq, 0, TILE, blocks, &mut tiled) };
+        for (t, want) in tiled.iter().enumerate() {
+            let mut alone = [[0f32; GROUP]; TILE];
+            // SAFETY: as above.
+            unsafe { avx2::group(avx2::vnni(), dtype, records(data), xq, t, 1, blocks, &mut alone) };
+            assert_eq!(alone[0], *want, "{dtype:?} row {t}");
+        }
+    });
+}
+
+/// Values decoded ahead give every K-quant kernel, at every tile height, the very
+/// results it computes from the records, and the decoded bytes are the file's values.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn decoded_values_change_nothing() {
+    each_format_on_avx2(3, 71, |dtype, k, blocks, data, xq| {
+        if !k_quant(dtype) {
+            return;
+        }
+        let mut vals = vec![0u8; blocks * DECODED];
+        decode(dtype, data, blocks, &mut vals);
+        for tile in 1..=TILE {
+            let (mut want, mut got) = ([[0f32; GROUP]; TILE], [[0f32; GROUP]; TILE]);
+            let src = avx2::Src { rec: data.as_ptr(), vals: vals.as_ptr() };
+            // SAFETY: AVX2 is present (checked by the helper); `data` is one group's
+            // records and `vals` their decoded values.
+            unsafe {
+                avx2::group(avx2::vnni(), dtype, records(data), xq, 0, tile, blocks, &mut want);
+                avx2::group(avx2::vnni(), dtype, src, xq, 0, tile, blocks, &mut got);
+            }
+            assert_eq!(got, want, "{dtype:?} tile {tile}");
+        }
+        // Each decoded byte is a row's value with its format's offset left in (the
+        // nibble, the 6-bit value before Q6_K's −32, and Q3_K's and Q2_K's as Q6_K's).
+        let raw: Vec<Vec<u8>> = (0..GROUP).map(|r| raw_row(dtype, data, r, k)).collect();
+        let value = |r: usize, j: usize| -> u8 {
+            let blk = &raw[r][j / 256 * dtype.block().1..];
+            let (sub, i) = (j % 256 / 32, j % 32);
+            match dtype {
+                GgmlType::Q4K => (blk[16 + sub / 2 * 32 + i] >> (4 * (sub % 2))) & 0xF,
+                GgmlType::Q5K => {
+                    let low = (blk[48 + sub / 2 * 32 + i] >> (4 * (sub % 2))) & 0xF;
+                    low | ((blk[16 + i] >> sub) & 1) << 4
+                }
+                // Value `q − 4` as `q + 28`, `q` as `q + 32` (runs as Q6_K's outputs).
+                GgmlType::Q3K => {
+                    let low = (blk[32 + sub / 4 * 32 + i] >> (2 * (sub % 4))) & 3;
+                    28 + (low | ((blk[i] >> sub) & 1) << 2)
+                }
+                GgmlType::Q2K => 32 + ((blk[16 + sub / 4 * 32 + i] >> (2 * (sub % 4))) & 3),
+                _ => {
+                    let (n, l) = (j % 256 / 128, j % 128);
+                    let (ql, qh) = (&blk[64 * n..], &blk[128 + 32 * n..]);
+                    let low = if l < 64 { ql[l] & 0xF } else { ql[l - 64] >> 4 };
+                    low | ((qh[l % 32] >> (2 * (l / 32))) & 3) << 4
+                }
+            }
+        };
+        for (at, &v) in vals.iter().enumerate() {
+            // Block, then 32-value run (sub-block or output), then chunk, row, value.
+            let (b, run, c, r, i) = (at / DECODED, at % DECODED / 256, at % 256 / 32, at % 32 / 4, at % 4);
+            assert_eq!(v, value(r, 256 * b + 32 * run + 4 * c + i), "{dtype:?} byte {at}");
+        }
+    });
+}
+
+/// Two groups side by side give each group, at every tile height, the very results
+/// it gets alone (the paired kernels, the assembly sums among them, change nothing).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn pairs_change_nothing() {
+    if !crate::kernels::matmul::avx2::available() {
+        return;
+    }
+    for dtype in BLOCK_FORMATS.into_iter().filter(|&d| pairs(d)) {
+        let (k, rows) = (3 * 256, 2 * GROUP);
+        let blocks = k / dtype.block().0;
+        let data = interleave(dtype, &random_blocks(dtype, rows * blocks, 81), k);
+        let (a, b) = data.split_at(data.len() / 2);
+        let mut xq = QActs::default();
+        quantize_rows(&random_vec(TILE * k, 82), TILE, k, act_scales(dtype), &mut xq);
+        // Alone from decoded values where the format has them (else from the records);
+        // paired as the step runs them: from decoded values, or with VNNI (Q4_K, Q8_0)
+        // from the records.
+        let vals: Vec<Option<Vec<u8>>> = [a, b]
+            .iter()
+            .map(|d| {
+                k_quant(dtype).then(|| {
+                    let mut v = vec![0u8; blocks * DECODED];
+                    decode(dtype, d, blocks, &mut v);
+                    v
+                })
+            })
+            .collect();
+        let paired_vals = if decodes(dtype) { [vals[0].as_deref(), vals[1].as_deref()] } else { [None, None] };
+        for tile in 1..=TILE {
+            let mut paired = [[[0f32; GROUP]; TILE]; 2];
+            pair(dtype, [a, b], paired_vals, &xq, 0, tile, k, &mut paired, &[]);
+            for (g, d) in [a, b].into_iter().enumerate() {
+                let mut alone = [[0f32; GROUP]; TILE];
+                group(dtype, d, vals[g].as_deref(), &xq, 0, tile, k, &mut alone);
+                assert_eq!(paired[g][..tile], alone[..tile], "{dtype:?} tile {tile} group {g}");
+            }
+        }
+    }
+}
+
+/// Where the CPU has AVX-512 VNNI, its copies of the kernels give the AVX2 ones'
+/// results bit for bit (the same integers, then the same float operations in the same
+/// order): every format and tile height, from records and from decoded values, alone
+/// and paired.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn vnni_matches_avx2_bit_for_bit() {
+    if !avx2::vnni() {
+        return;
+    }
+    each_format_on_avx2(3, 91, |dtype, _, blocks, data, xq| {
+        let mut vals = vec![0u8; blocks * DECODED];
+        let mut srcs = vec![records(data)];
+        if k_quant(dtype) {
+            decode(dtype, data, blocks, &mut vals);
+            srcs.push(avx2::Src { rec: data.as_ptr(), vals: vals.as_ptr() });
+        }
+        for (tile, src) in (1..=TILE).flat_map(|t| srcs.iter().map(move |s| (t, *s))) {
+            let (mut avx2, mut vnni) = ([[0f32; GROUP]; TILE], [[0f32; GROUP]; TILE]);
+            // SAFETY: VNNI (and so AVX2) is present; `src` is one group's records and,
+            // where not null, their decoded values.
+            unsafe {
+                avx2::group(false, dtype, src, xq, 0, tile, blocks, &mut avx2);
+                avx2::group(true, dtype, src, xq, 0, tile, blocks, &mut vnni);
+            }
+            assert_eq!(avx2, vnni, "{dtype:?} tile {tile}, decoded {}", !src.vals.is_null());
+        }
+    });
+    for dtype in BLOCK_FORMATS.into_iter().filter(|&d| pairs(d)) {
+        let k = 3 * 256;
+        let blocks = k / dtype.block().0;
+        let data = interleave(dtype, &random_blocks(dtype, 2 * GROUP * blocks, 93), k);
+        let mut xq = QActs::default();
+        quantize_rows(&random_vec(TILE * k, 94), TILE, k, act_scales(dtype), &mut xq);
+        let (a, b) = data.split_at(data.len() / 2);
+        if !k_quant(dtype) {
+            // Q8_0 and IQ4 pair with VNNI only: against the AVX2 kernel alone.
+            for tile in 1..=TILE {
+                let mut vnni = [[[0f32; GROUP]; TILE]; 2];
+                // SAFETY: as above, for two groups' records.
+                unsafe {
+                    avx2::pair(
+                        true,
+                        dtype,
+                        [records(a), records(b)],
+                        &xq,
+                        0,
+                        tile,
+                        blocks,
+                        &mut vnni,
+                        avx2::Ahead::NONE,
+                    )
+                };
+                for (g, d) in [a, b].into_iter().enumerate() {
+                    let mut avx2 = [[0f32; GROUP]; TILE];
+                    // SAFETY: as above, one group's records.
+                    unsafe { avx2::group(false, dtype, records(d), &xq, 0, tile, blocks, &mut avx2) };
+                    assert_eq!(avx2, vnni[g], "{dtype:?} paired, tile {tile}, group {g}");
+                }
+            }
+            continue;
+        }
+        let mut vals = vec![0u8; 2 * blocks * DECODED];
+        let (va, vb) = vals.split_at_mut(blocks * DECODED);
+        decode(dtype, a, blocks, va);
+        decode(dtype, b, blocks, vb);
+        let src = [avx2::Src { rec: a.as_ptr(), vals: va.as_ptr() }, avx2::Src { rec: b.as_ptr(), vals: vb.as_ptr() }];
+        // VNNI reads Q4_K's records, not decoded values ([`decodes`]).
+        let vnni_src = if decodes(dtype) { src } else { [records(a), records(b)] };
+        for tile in 1..=TILE {
+            let (mut avx2, mut vnni) = ([[[0f32; GROUP]; TILE]; 2], [[[0f32; GROUP]; TILE]; 2]);
+            // SAFETY: as above, for two groups with their values decoded (or not, where
+            // VNNI reads the records).
+            unsafe {
+                avx2::pair(false, dtype, src, &xq, 0, tile, blocks, &mut avx2, avx2::Ahead::NONE);
+                avx2::pair(true, dtype, vnni_src, &xq, 0, tile, blocks, &mut vnni, avx2::Ahead::NONE);
+            }
+            assert_eq!(avx2, vnni, "{dtype:?} paired, tile {tile}");
+        }
+    }
+}
+
+/// Repacking and reading a row back give the file's bytes, for every interleaved format.
+#[test]
+fn interleave_round_trips() {
+    for dtype in BLOCK_FORMATS {
+        let (per, bytes) = dtype.block();
+        let k = 2 * per.max(64);
+        let rows = 16;
+        let raw = random_blocks(dtype, rows * k / per, 21);
+        let packed = interleave(dtype, &raw, k);
+        assert_eq!(packed.len(), rows * k / per * bytes / GROUP * record(dtype).0 / bytes);
+        let row_bytes = k / per * bytes;
+        for r in 0..rows {
+            assert_eq!(raw_row(dtype, &packed, r, k), raw[r * row_bytes..(r + 1) * row_bytes], "{dtype:?} {r}");
+        }
+    }
+}
+
+/// Every block format has its record size checked at compile time.
+#[test]
+fn every_format_has_a_checked_record_size() {
+    for dtype in BLOCK_FORMATS {
+        assert!(super::layout::RECORD_BYTES.iter().any(|&(d, _)| d == dtype), "{dtype:?}");
+    }
+}
