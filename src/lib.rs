@@ -6,6 +6,8 @@
 //! [`sampling`], [`scheduler`] (who runs each step), [`engine`] (the serving loop), [`api`]
 //! (OpenAI request and response types), [`server`] (HTTP) and [`cli`].
 
+#![deny(unsafe_op_in_unsafe_fn)]
+
 pub mod api;
 pub mod cli;
 pub mod engine;

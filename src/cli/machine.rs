@@ -135,102 +135,125 @@ const STEP_CHAINS: usize = 8;
 /// [`STEP_CHAINS`] i32 sums, each step `PER` `maddubs` (after a `sign` where `SIGNED`)
 /// added in i16, then one `madd` and an i32 add. Each `maddubs` takes another chain's last
 /// sum as its activations, so none can be hoisted and the chains' steps overlap.
+///
+/// # Safety
+/// AVX2 must be available.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn avx2_step_chains<const PER: usize, const SIGNED: bool>(iters: usize, seed: i8) -> i64 {
-    use std::arch::x86_64::*;
-    // Weights of both signs for Q8_0's step, so its `sign` has work to do; one per place
-    // in the step, so that no two chains' products are the same (and computed once).
-    let w: [__m256i; PER] = std::array::from_fn(|j| match SIGNED {
-        true => _mm256_set1_epi16(0x03FD + j as i16),
-        false => _mm256_set1_epi8(3 + j as i8),
-    });
-    let ones = _mm256_set1_epi16(1);
-    let mut acc = [_mm256_set1_epi8(seed); STEP_CHAINS];
-    for _ in 0..iters {
-        let x = acc;
-        for (c, a) in acc.iter_mut().enumerate() {
-            // Plain loops, no closure: one would not take this function's target features.
-            let mut s = step_mul::<SIGNED>(w[0], x[c]);
-            for (j, &w) in w.iter().enumerate().skip(1) {
-                s = _mm256_add_epi16(s, step_mul::<SIGNED>(w, x[(c + j) % STEP_CHAINS]));
+    unsafe {
+        use std::arch::x86_64::*;
+        // Weights of both signs for Q8_0's step, so its `sign` has work to do; one per place
+        // in the step, so that no two chains' products are the same (and computed once).
+        let w: [__m256i; PER] = std::array::from_fn(|j| match SIGNED {
+            true => _mm256_set1_epi16(0x03FD + j as i16),
+            false => _mm256_set1_epi8(3 + j as i8),
+        });
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_set1_epi8(seed); STEP_CHAINS];
+        for _ in 0..iters {
+            let x = acc;
+            for (c, a) in acc.iter_mut().enumerate() {
+                // Plain loops, no closure: one would not take this function's target features.
+                let mut s = step_mul::<SIGNED>(w[0], x[c]);
+                for (j, &w) in w.iter().enumerate().skip(1) {
+                    s = _mm256_add_epi16(s, step_mul::<SIGNED>(w, x[(c + j) % STEP_CHAINS]));
+                }
+                *a = _mm256_add_epi32(*a, _mm256_madd_epi16(s, ones));
             }
-            *a = _mm256_add_epi32(*a, _mm256_madd_epi16(s, ones));
         }
+        let mut out = [0i32; 8];
+        let sum = acc.iter().fold(_mm256_setzero_si256(), |s, &a| _mm256_add_epi32(s, a));
+        _mm256_storeu_si256(out.as_mut_ptr().cast(), sum);
+        out.iter().map(|&v| v as i64).sum()
     }
-    let mut out = [0i32; 8];
-    let sum = acc.iter().fold(_mm256_setzero_si256(), |s, &a| _mm256_add_epi32(s, a));
-    _mm256_storeu_si256(out.as_mut_ptr().cast(), sum);
-    out.iter().map(|&v| v as i64).sum()
 }
 
 /// One `maddubs` of a step: weights `w` against activations `x`; signed weights as the
 /// kernels take them, `|w|` against `x` carrying `w`'s sign. Inlined into its AVX2 caller.
+///
+/// # Safety
+/// AVX2 must be available.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn step_mul<const SIGNED: bool>(
     w: std::arch::x86_64::__m256i,
     x: std::arch::x86_64::__m256i,
 ) -> std::arch::x86_64::__m256i {
-    use std::arch::x86_64::*;
-    if SIGNED {
-        _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w))
-    } else {
-        _mm256_maddubs_epi16(w, x)
+    unsafe {
+        use std::arch::x86_64::*;
+        if SIGNED {
+            _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w))
+        } else {
+            _mm256_maddubs_epi16(w, x)
+        }
     }
 }
 
+/// # Safety
+/// AVX2 must be available.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn avx2_int8_chains(iters: usize, seed: i8) -> i64 {
-    use std::arch::x86_64::*;
-    let w = _mm256_set1_epi8(3);
-    let mut acc = [_mm256_set1_epi8(seed); 12];
-    for _ in 0..iters {
-        // Each chain's bytes are its next activations, so no product can be hoisted; twelve
-        // chains hide the latency.
-        for a in acc.iter_mut() {
-            *a = _mm256_add_epi16(*a, _mm256_maddubs_epi16(w, *a));
+    unsafe {
+        use std::arch::x86_64::*;
+        let w = _mm256_set1_epi8(3);
+        let mut acc = [_mm256_set1_epi8(seed); 12];
+        for _ in 0..iters {
+            // Each chain's bytes are its next activations, so no product can be hoisted; twelve
+            // chains hide the latency.
+            for a in acc.iter_mut() {
+                *a = _mm256_add_epi16(*a, _mm256_maddubs_epi16(w, *a));
+            }
         }
+        let mut out = [0i16; 16];
+        let sum = acc.iter().fold(_mm256_setzero_si256(), |s, &a| _mm256_add_epi16(s, a));
+        _mm256_storeu_si256(out.as_mut_ptr().cast(), sum);
+        out.iter().map(|&v| v as i64).sum()
     }
-    let mut out = [0i16; 16];
-    let sum = acc.iter().fold(_mm256_setzero_si256(), |s, &a| _mm256_add_epi16(s, a));
-    _mm256_storeu_si256(out.as_mut_ptr().cast(), sum);
-    out.iter().map(|&v| v as i64).sum()
 }
 
 /// [`avx2_int8_chains`] with one `vpdpbusd` a step.
+///
+/// # Safety
+/// What [`crate::kernels::qmatmul::vnni`] checks must be available.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn vnni_int8_chains(iters: usize, seed: i8) -> i64 {
-    use std::arch::x86_64::*;
-    let w = _mm256_set1_epi8(3);
-    let mut acc = [_mm256_set1_epi8(seed); 12];
-    for _ in 0..iters {
-        for a in acc.iter_mut() {
-            *a = _mm256_dpbusd_epi32(*a, w, *a);
+    unsafe {
+        use std::arch::x86_64::*;
+        let w = _mm256_set1_epi8(3);
+        let mut acc = [_mm256_set1_epi8(seed); 12];
+        for _ in 0..iters {
+            for a in acc.iter_mut() {
+                *a = _mm256_dpbusd_epi32(*a, w, *a);
+            }
         }
+        let mut out = [0i32; 8];
+        let sum = acc.iter().fold(_mm256_setzero_si256(), |s, &a| _mm256_add_epi32(s, a));
+        _mm256_storeu_si256(out.as_mut_ptr().cast(), sum);
+        out.iter().map(|&v| v as i64).sum()
     }
-    let mut out = [0i32; 8];
-    let sum = acc.iter().fold(_mm256_setzero_si256(), |s, &a| _mm256_add_epi32(s, a));
-    _mm256_storeu_si256(out.as_mut_ptr().cast(), sum);
-    out.iter().map(|&v| v as i64).sum()
 }
 
+/// # Safety
+/// AVX2 and FMA must be available.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn avx2_chains(iters: usize, seed: f32) -> f32 {
-    use std::arch::x86_64::*;
-    let (m, c) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
-    let mut acc = [_mm256_set1_ps(seed); 12];
-    for _ in 0..iters {
-        for a in acc.iter_mut() {
-            *a = _mm256_fmadd_ps(*a, m, c);
+    unsafe {
+        use std::arch::x86_64::*;
+        let (m, c) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
+        let mut acc = [_mm256_set1_ps(seed); 12];
+        for _ in 0..iters {
+            for a in acc.iter_mut() {
+                *a = _mm256_fmadd_ps(*a, m, c);
+            }
         }
+        let mut out = [0f32; 8];
+        _mm256_storeu_ps(out.as_mut_ptr(), acc.iter().fold(_mm256_setzero_ps(), |s, &a| _mm256_add_ps(s, a)));
+        out.iter().sum()
     }
-    let mut out = [0f32; 8];
-    _mm256_storeu_ps(out.as_mut_ptr(), acc.iter().fold(_mm256_setzero_ps(), |s, &a| _mm256_add_ps(s, a)));
-    out.iter().sum()
 }
 
 #[cfg(test)]
