@@ -1,6 +1,6 @@
 //! The engine loop: commands in, steps run, events out.
 
-use super::handle::Shared;
+use super::shared::{Command, Shared};
 use super::speculative::{Ask, Speculator};
 use super::stats::RECENT_STEPS;
 use super::step_cost::{attended, StepCost};
@@ -17,11 +17,6 @@ use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
-
-pub(super) enum Command {
-    Submit { id: u64, request: Box<Request>, events: UnboundedSender<Event>, submitted: Instant },
-    Abort(u64),
-}
 
 struct RequestState {
     request: Request,
@@ -276,6 +271,8 @@ impl EngineLoop {
         }
     }
 
+    /// One step: schedule and prepare the batch, run one forward pass over it (the grammar
+    /// masks beside it), then hand each sequence its logits.
     fn step(&mut self) {
         let t0 = Instant::now();
         let (decodes, decode_attended) = self.sched.decode_load();
@@ -299,21 +296,7 @@ impl EngineLoop {
             .filter(|s| s.sample)
             .filter_map(|s| Some((s.id, self.sched.get_mut(s.id)?.state.constraint.take()?)))
             .collect();
-        let mut tokens = Vec::with_capacity(plan.iter().map(|s| s.num_tokens).sum());
-        let mut steps = Vec::with_capacity(plan.len());
-        for s in &plan {
-            let seq = self.sched.get(s.id).expect("scheduled sequence exists");
-            let own = s.num_tokens - s.draft;
-            tokens.extend_from_slice(&seq.tokens[s.context_len..s.context_len + own]);
-            tokens.extend_from_slice(&seq.draft[..s.draft]);
-            steps.push(SeqStep {
-                context_len: s.context_len,
-                num_tokens: s.num_tokens,
-                seq_len: seq.tokens.len() + s.draft,
-                block_table: seq.block_table.blocks(),
-                logits: s.logit_rows(),
-            });
-        }
+        let (tokens, steps) = batch_input(&self.sched, &plan);
         let t1 = Instant::now();
         let model = self.shared.model.clone();
         // The workspace leaves `self` for the step, so its logits can be read while the
@@ -329,9 +312,17 @@ impl EngineLoop {
         let t2 = Instant::now();
         self.store_masks(masked);
         self.sched.step_done(&plan);
-        let vocab = model.model.config.vocab_size;
+        self.dispatch_logits(&plan, logits, model.model.config.vocab_size);
+        self.ws = ws;
+        let t3 = Instant::now();
+        self.record_step(&plan, tokens.len(), [t0, t1, t2, t3]);
+    }
+
+    /// Hands each scheduled sequence its rows of the step's logits: prompt rows to be
+    /// scored, then the sampled row (or the rows that verify a draft).
+    fn dispatch_logits(&mut self, plan: &[Scheduled], logits: &[f32], vocab: usize) {
         let mut row = 0;
-        for s in &plan {
+        for s in plan {
             let rows = s.logit_rows();
             let logits = &logits[row * vocab..(row + rows) * vocab];
             row += rows;
@@ -349,11 +340,15 @@ impl EngineLoop {
                 self.verify(s.id, logits, vocab);
             }
         }
-        self.ws = ws;
-        let t3 = Instant::now();
+    }
+
+    /// Counts a step of `tokens` rows in the statistics, the step-time model and the
+    /// observer; `t`: its start, the forward's start and end, and its end.
+    fn record_step(&mut self, plan: &[Scheduled], tokens: usize, t: [Instant; 4]) {
+        let [t0, t1, t2, t3] = t;
         let mut st = self.shared.stats.lock().unwrap_or_else(|p| p.into_inner());
         st.steps += 1;
-        st.last_step_tokens = tokens.len();
+        st.last_step_tokens = tokens;
         st.last_step_seqs = plan.len();
         st.forward_time += t2 - t1;
         st.overhead_time += (t1 - t0) + (t3 - t2);
@@ -364,8 +359,8 @@ impl EngineLoop {
         st.recent_step_ms.push_back(ms as f32);
         drop(st);
         let attended: usize = plan.iter().map(|s| attended(s.context_len, s.num_tokens)).sum();
-        self.cost.observe(tokens.len(), attended, ms);
-        self.shared.observer.step(tokens.len(), plan.len(), t2 - t1);
+        self.cost.observe(tokens, attended, ms);
+        self.shared.observer.step(tokens, plan.len(), t2 - t1);
     }
 
     /// Puts the constraints back beside the masks computed for this step.
@@ -631,6 +626,27 @@ impl EngineLoop {
             self.requests.remove(&s.request);
         }
     }
+}
+
+/// The step's forward input: every scheduled sequence's new tokens (its own, then its
+/// draft's) in plan order, and where each sits in its sequence and the KV cache.
+fn batch_input<'a>(sched: &'a Scheduler<SeqState>, plan: &[Scheduled]) -> (Vec<u32>, Vec<SeqStep<'a>>) {
+    let mut tokens = Vec::with_capacity(plan.iter().map(|s| s.num_tokens).sum());
+    let mut steps = Vec::with_capacity(plan.len());
+    for s in plan {
+        let seq = sched.get(s.id).expect("scheduled sequence exists");
+        let own = s.num_tokens - s.draft;
+        tokens.extend_from_slice(&seq.tokens[s.context_len..s.context_len + own]);
+        tokens.extend_from_slice(&seq.draft[..s.draft]);
+        steps.push(SeqStep {
+            context_len: s.context_len,
+            num_tokens: s.num_tokens,
+            seq_len: seq.tokens.len() + s.draft,
+            block_table: seq.block_table.blocks(),
+            logits: s.logit_rows(),
+        });
+    }
+    (tokens, steps)
 }
 
 /// A constraint taken out of its sequence for one step, with the mask it computed.

@@ -1,8 +1,9 @@
 //! The async-friendly side of the engine: submit a request, get its event stream; drop the
 //! stream (or call `abort`) to cancel.
 
-use super::core::{Command, EngineLoop};
+use super::core::EngineLoop;
 use super::observer::Nothing;
+use super::shared::{Command, Shared};
 use super::speculative::Speculator;
 use super::{EngineConfig, EngineStats, Event, Observer, Request};
 use crate::kv::KvCache;
@@ -25,20 +26,6 @@ pub enum SubmitError {
 
 fn invalid(param: &'static str, message: String) -> SubmitError {
     SubmitError::Invalid { message, param: Some(param) }
-}
-
-pub(super) struct Shared {
-    pub model: Arc<LoadedModel>,
-    pub config: EngineConfig,
-    /// Sequences submitted, not yet admitted to the running batch (a request counts `n`).
-    pub waiting: AtomicUsize,
-    /// Longest sequence served: the model's context, or less with `max_model_len`.
-    pub max_model_len: usize,
-    /// False once the engine thread has ended (shut down or died).
-    pub alive: AtomicBool,
-    pub stats: Mutex<EngineStats>,
-    pub capacity_tokens: usize,
-    pub observer: Arc<dyn Observer>,
 }
 
 #[derive(Clone)]
@@ -309,14 +296,6 @@ impl EngineHandle {
         if let Some(k) = r.sampling.logprobs.filter(|&k| k > lim.max_logprobs) {
             return Err(invalid("logprobs", format!("logprobs must be at most {}, got {k}", lim.max_logprobs)));
         }
-        r.sampling.validate(vocab).map_err(|e| {
-            let message = e.to_string();
-            let param = SAMPLING_FIELDS.iter().copied().find(|f| message.starts_with(f));
-            SubmitError::Invalid { message, param }
-        })
+        r.sampling.validate(vocab).map_err(|e| invalid(e.param, e.message))
     }
 }
-
-/// The sampling fields, as their errors start.
-const SAMPLING_FIELDS: &[&str] =
-    &["temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias"];

@@ -8,6 +8,7 @@ mod handle;
 mod limits;
 mod observer;
 mod request;
+mod shared;
 pub mod speculative;
 mod stats;
 mod step_cost;

@@ -1,6 +1,5 @@
 //! Per-request generation parameters and their validation.
 
-use anyhow::{ensure, Result};
 use std::collections::HashMap;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -44,37 +43,38 @@ impl Default for SamplingParams {
     }
 }
 
+/// A sampling parameter out of its range: which field, and why.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{message}")]
+pub struct InvalidParam {
+    pub param: &'static str,
+    pub message: String,
+}
+
 impl SamplingParams {
-    /// Checks ranges; `vocab_size` bounds `logit_bias` keys. (Sizes are capped by the
-    /// engine's [`crate::engine::RequestLimits`].)
-    pub fn validate(&self, vocab_size: usize) -> Result<()> {
-        let finite = |v: f32, name: &str| {
-            ensure!(v.is_finite(), "{name} must be a finite number, got {v}");
-            Ok(())
+    /// Checks ranges; `vocab_size` bounds `logit_bias` keys. (Sizes are capped where
+    /// requests are admitted.)
+    pub fn validate(&self, vocab_size: usize) -> Result<(), InvalidParam> {
+        let check = |ok: bool, param: &'static str, message: String| match ok {
+            true => Ok(()),
+            false => Err(InvalidParam { param, message }),
         };
-        finite(self.temperature, "temperature")?;
-        ensure!(self.temperature >= 0.0, "temperature must be >= 0, got {}", self.temperature);
-        finite(self.top_p, "top_p")?;
-        ensure!(self.top_p > 0.0 && self.top_p <= 1.0, "top_p must be in (0, 1], got {}", self.top_p);
-        finite(self.min_p, "min_p")?;
-        ensure!((0.0..=1.0).contains(&self.min_p), "min_p must be in [0, 1], got {}", self.min_p);
-        finite(self.repetition_penalty, "repetition_penalty")?;
-        ensure!(self.repetition_penalty > 0.0, "repetition_penalty must be > 0, got {}", self.repetition_penalty);
-        finite(self.frequency_penalty, "frequency_penalty")?;
-        ensure!(
-            (-2.0..=2.0).contains(&self.frequency_penalty),
-            "frequency_penalty must be in [-2, 2], got {}",
-            self.frequency_penalty
-        );
-        finite(self.presence_penalty, "presence_penalty")?;
-        ensure!(
-            (-2.0..=2.0).contains(&self.presence_penalty),
-            "presence_penalty must be in [-2, 2], got {}",
-            self.presence_penalty
-        );
+        let in_range = |v: f32, param: &'static str, ok: bool, range: &str| {
+            check(v.is_finite(), param, format!("{param} must be a finite number, got {v}"))?;
+            check(ok, param, format!("{param} must be {range}, got {v}"))
+        };
+        in_range(self.temperature, "temperature", self.temperature >= 0.0, ">= 0")?;
+        in_range(self.top_p, "top_p", self.top_p > 0.0 && self.top_p <= 1.0, "in (0, 1]")?;
+        in_range(self.min_p, "min_p", (0.0..=1.0).contains(&self.min_p), "in [0, 1]")?;
+        in_range(self.repetition_penalty, "repetition_penalty", self.repetition_penalty > 0.0, "> 0")?;
+        let penalty = |v: f32, param| in_range(v, param, (-2.0..=2.0).contains(&v), "in [-2, 2]");
+        penalty(self.frequency_penalty, "frequency_penalty")?;
+        penalty(self.presence_penalty, "presence_penalty")?;
         for (&id, &bias) in &self.logit_bias {
-            ensure!((id as usize) < vocab_size, "logit_bias token id {id} is outside the vocabulary ({vocab_size})");
-            ensure!((-100.0..=100.0).contains(&bias), "logit_bias for token {id} must be in [-100, 100], got {bias}");
+            let outside = format!("logit_bias token id {id} is outside the vocabulary ({vocab_size})");
+            check((id as usize) < vocab_size, "logit_bias", outside)?;
+            let range = format!("logit_bias for token {id} must be in [-100, 100], got {bias}");
+            check((-100.0..=100.0).contains(&bias), "logit_bias", range)?;
         }
         Ok(())
     }
@@ -124,8 +124,9 @@ mod tests {
             "logit_bias",
         ];
         for (p, name) in bad.iter().zip(names) {
-            let err = p.validate(10).unwrap_err().to_string();
-            assert!(err.contains(name), "{err}");
+            let err = p.validate(10).unwrap_err();
+            assert_eq!(err.param, name, "{err}");
+            assert!(err.message.contains(name), "{err}");
         }
         SamplingParams::default().validate(10).unwrap();
     }
