@@ -2,7 +2,6 @@
 
 pub mod batch;
 pub mod bench;
-mod bench_serve;
 pub mod generate;
 mod machine;
 pub mod model_cache;
@@ -10,6 +9,7 @@ mod peer;
 pub mod perplexity;
 mod plot;
 mod quantize;
+mod serve;
 mod workload;
 
 use crate::engine::{EngineConfig, EngineHandle, RequestLimits};
@@ -29,7 +29,7 @@ pub struct Cli {
 #[derive(Subcommand)]
 pub enum Command {
     /// Serve the OpenAI-compatible and native HTTP API.
-    Serve(crate::server::ServeArgs),
+    Serve(serve::ServeArgs),
     /// Generate a continuation of one prompt, streamed to stdout.
     Generate(generate::GenerateArgs),
     /// Run an offline JSONL batch job (OpenAI batch format) through the engine.
@@ -46,7 +46,7 @@ pub enum Command {
 /// Runs the command line.
 pub fn run() -> anyhow::Result<()> {
     match Cli::parse().command {
-        Command::Serve(args) => crate::server::run(args),
+        Command::Serve(args) => serve::run(args),
         Command::Generate(args) => generate::run(args),
         Command::Batch(args) => batch::run(args),
         Command::Bench(args) => bench::run(*args),

@@ -9,10 +9,8 @@ mod openapi;
 mod routes;
 mod stream;
 
-use crate::cli::EngineArgs;
-use crate::engine::EngineHandle;
+use crate::engine::{EngineHandle, Observer};
 use anyhow::{Context, Result};
-use clap::Args;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -23,39 +21,31 @@ use self::accept::ConnLimits;
 pub use self::metrics::Metrics;
 use sha2::Digest;
 
-#[derive(Args, Debug, Clone)]
-pub struct ServeArgs {
-    #[command(flatten)]
-    pub engine: EngineArgs,
-    /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1")]
+/// How the server listens and what it allows: plain values, so that whatever starts the
+/// server (the command line, a test) decides where they come from.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
     pub host: String,
-    /// Port to listen on (0: any free port, printed at start).
-    #[arg(long, default_value_t = 8000)]
+    /// 0: any free port, printed at start.
     pub port: u16,
     /// Require `Authorization: Bearer KEY` on API routes.
-    #[arg(long, env = "WEFT_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
-    /// Largest request body, bytes (or 512K, 4M).
-    #[arg(long, default_value = "4M", value_parser = crate::cli::parse_bytes)]
     pub max_body_bytes: usize,
     /// Most prompts one /generate/batch call may carry.
-    #[arg(long, default_value_t = 64)]
     pub max_batch_prompts: usize,
-    /// Abort requests running longer than this many seconds (0: never).
-    #[arg(long, default_value_t = 0.0)]
-    pub request_timeout: f64,
-    /// On SIGTERM/Ctrl-C, how long in-flight requests may take to finish, seconds.
-    #[arg(long, default_value_t = 30.0)]
-    pub shutdown_grace: f64,
-    /// Close a connection whose request headers (or, between requests, whose next
-    /// request) do not arrive within this many seconds.
-    #[arg(long, default_value_t = 10.0)]
-    pub header_read_timeout: f64,
+    /// Abort requests running longer than this.
+    pub request_timeout: Option<Duration>,
+    /// On SIGTERM/Ctrl-C, how long in-flight requests may take to finish.
+    pub shutdown_grace: Duration,
+    /// Close a connection whose request headers (or next request) take longer.
+    pub header_read_timeout: Duration,
     /// Open connections at most; beyond it new ones wait in the listen backlog.
-    #[arg(long, default_value_t = 1024)]
     pub max_connections: usize,
 }
+
+/// Loads the model and starts the engine, reporting to the observer it is given; run off
+/// the async workers while `/health` answers 503.
+pub type EngineStarter = Box<dyn FnOnce(Arc<dyn Observer>) -> Result<EngineHandle> + Send>;
 
 /// What every handler sees.
 pub struct AppState {
@@ -89,8 +79,9 @@ impl AppState {
     }
 }
 
-/// Runs the server until SIGTERM/Ctrl-C, then drains within the grace period.
-pub fn run(args: ServeArgs) -> Result<()> {
+/// Runs the server until SIGTERM/Ctrl-C, then drains within the grace period; `start`
+/// brings up the engine once the socket listens.
+pub fn run(args: ServerConfig, start: EngineStarter) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
         let addr: SocketAddr = format!("{}:{}", args.host, args.port).parse().context("bad --host/--port")?;
@@ -103,15 +94,14 @@ pub fn run(args: ServeArgs) -> Result<()> {
             shutting_down: AtomicBool::new(false),
             api_key: args.api_key.as_deref().map(|k| sha2::Sha256::digest(k.as_bytes()).into()),
             max_batch_prompts: args.max_batch_prompts,
-            request_timeout: (args.request_timeout > 0.0).then(|| Duration::from_secs_f64(args.request_timeout)),
+            request_timeout: args.request_timeout,
             grace_over,
         });
         eprintln!("weft: listening on http://{local}");
         // Load and warm up in the background so /health can say 503 meanwhile.
         let loader = state.clone();
-        let engine_args = args.engine.clone();
         let load = tokio::task::spawn_blocking(move || -> Result<()> {
-            let engine = engine_args.start_observed(loader.metrics.clone())?;
+            let engine = start(loader.metrics.clone())?;
             warm_up(&engine)?;
             // The warm-up request is not traffic: metrics start counting from here.
             loader.metrics.start(&engine.stats());
@@ -144,9 +134,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
             }
         });
         let app = routes::router(state.clone(), args.max_body_bytes);
-        let grace = Duration::from_secs_f64(args.shutdown_grace.max(0.0));
+        let grace = args.shutdown_grace;
         let limits = ConnLimits {
-            header_read_timeout: Duration::from_secs_f64(args.header_read_timeout.max(0.1)),
+            header_read_timeout: args.header_read_timeout.max(Duration::from_millis(100)),
             max_connections: args.max_connections.max(1),
         };
         let (stop_tx, stop_rx) = watch::channel(false);

@@ -3,7 +3,6 @@
 //! stream forwards events into the response. When the client goes away the response, the
 //! channel and then the engine streams are dropped, which aborts the sequences.
 
-use super::routes::within;
 use crate::api::openai::{
     chat_logprobs, completion_logprobs, finish_reason, prompt_scores, usage, ChatRequest, CompletionRequest,
 };
@@ -15,10 +14,22 @@ use axum::response::sse::{Event as Sse, KeepAlive};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 use std::convert::Infallible;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+
+/// Runs `fut` within the request timeout; when it expires the future (and with it the
+/// engine request) is dropped.
+pub async fn within<T>(limit: Option<Duration>, fut: impl Future<Output = Result<T, ApiError>>) -> Result<T, ApiError> {
+    match limit {
+        Some(t) => tokio::time::timeout(t, fut)
+            .await
+            .unwrap_or_else(|_| Err(ApiError::timeout(format!("request timed out after {:.1} s", t.as_secs_f64())))),
+        None => fut.await,
+    }
+}
 
 type Tx = mpsc::Sender<Result<Sse, Infallible>>;
 

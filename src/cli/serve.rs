@@ -1,0 +1,58 @@
+//! `weft serve`: the command line of the HTTP server.
+
+use super::EngineArgs;
+use crate::server::ServerConfig;
+use anyhow::Result;
+use clap::Args;
+use std::time::Duration;
+
+#[derive(Args, Debug, Clone)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0: any free port, printed at start).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// Require `Authorization: Bearer KEY` on API routes.
+    #[arg(long, env = "WEFT_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Largest request body, bytes (or 512K, 4M).
+    #[arg(long, default_value = "4M", value_parser = super::parse_bytes)]
+    pub max_body_bytes: usize,
+    /// Most prompts one /generate/batch call may carry.
+    #[arg(long, default_value_t = 64)]
+    pub max_batch_prompts: usize,
+    /// Abort requests running longer than this many seconds (0: never).
+    #[arg(long, default_value_t = 0.0)]
+    pub request_timeout: f64,
+    /// On SIGTERM/Ctrl-C, how long in-flight requests may take to finish, seconds.
+    #[arg(long, default_value_t = 30.0)]
+    pub shutdown_grace: f64,
+    /// Close a connection whose request headers (or, between requests, whose next
+    /// request) do not arrive within this many seconds.
+    #[arg(long, default_value_t = 10.0)]
+    pub header_read_timeout: f64,
+    /// Open connections at most; beyond it new ones wait in the listen backlog.
+    #[arg(long, default_value_t = 1024)]
+    pub max_connections: usize,
+}
+
+/// Starts the server with the engine these arguments describe.
+pub fn run(args: ServeArgs) -> Result<()> {
+    let config = ServerConfig {
+        host: args.host,
+        port: args.port,
+        api_key: args.api_key,
+        max_body_bytes: args.max_body_bytes,
+        max_batch_prompts: args.max_batch_prompts,
+        request_timeout: (args.request_timeout > 0.0).then(|| Duration::from_secs_f64(args.request_timeout)),
+        shutdown_grace: Duration::from_secs_f64(args.shutdown_grace.max(0.0)),
+        header_read_timeout: Duration::from_secs_f64(args.header_read_timeout.max(0.1)),
+        max_connections: args.max_connections,
+    };
+    let engine = args.engine;
+    crate::server::run(config, Box::new(move |observer| engine.start_observed(observer)))
+}
