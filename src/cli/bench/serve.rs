@@ -2,8 +2,8 @@
 //! llama-server) with N concurrent streaming clients and reports output tokens/s,
 //! requests/s, time to first token and inter-token latency percentiles, per concurrency.
 
-use super::bench::percentile;
-use super::workload::LengthMix;
+use super::measure::{parse_range, percentile};
+use crate::cli::workload::LengthMix;
 use anyhow::{ensure, Context, Result};
 use clap::Args;
 use serde_json::{json, Value};
@@ -28,11 +28,11 @@ pub struct BenchServeArgs {
     pub requests: Option<usize>,
     /// Prompt length in words (about one token each), MIN:MAX, uniform (default: the chat
     /// mix of `workloads/chat-mix.json`, within the server's `max_model_len`).
-    #[arg(long, value_parser = super::bench::parse_range, requires = "output_len")]
+    #[arg(long, value_parser = parse_range, requires = "output_len")]
     pub prompt_len: Option<(usize, usize)>,
     /// Output tokens per request, MIN:MAX, uniform, with `--prompt-len` (sent as max_tokens
     /// with ignore_eos).
-    #[arg(long, value_parser = super::bench::parse_range, requires = "prompt_len")]
+    #[arg(long, value_parser = parse_range, requires = "prompt_len")]
     pub output_len: Option<(usize, usize)>,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
