@@ -3,11 +3,13 @@
 //! these bodies; the HTTP server sends them.
 
 pub mod chat;
+pub mod fields;
 pub mod openai;
 pub mod tools;
 
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// An error in OpenAI's shape, with the HTTP status it maps to.
 #[derive(Debug, Clone, PartialEq)]
@@ -101,16 +103,14 @@ fn warn_ignored(name: &str) {
     }
 }
 
-/// Deserializes a JSON object into its own fields (`A`, keys `own`) and the shared
-/// generation fields (`B`, keys `shared`), naming the field of a type error. Fields weft
+/// Deserializes a JSON object into its own fields (`A`) and the shared generation fields
+/// (`B`), each type's keys as serde reads them ([`fields::keys`]), naming the field of a
+/// type error. Fields weft
 /// cannot honour are refused; any other unknown field is ignored (as vLLM does), with a
 /// warning the first time its name is seen. (Two passes instead of `serde(flatten)`, which
 /// loses the field's name.)
-pub fn parse_split<A: DeserializeOwned, B: DeserializeOwned>(
-    v: Value,
-    own: &[&str],
-    shared: &[&str],
-) -> Result<(A, B), ApiError> {
+pub fn parse_split<A: DeserializeOwned, B: DeserializeOwned>(v: Value) -> Result<(A, B), ApiError> {
+    let (own, shared) = (fields::keys::<A>(), fields::keys::<B>());
     let Value::Object(map) = v else {
         return Err(ApiError::invalid("the request body must be a JSON object", None));
     };
@@ -141,7 +141,35 @@ pub async fn off_runtime<T: Send + 'static>(
 ) -> Result<T, ApiError> {
     static PERMITS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
     let _permit = PERMITS.acquire().await.map_err(|e| ApiError::internal(e.to_string()))?;
-    tokio::task::spawn_blocking(f).await.map_err(|e| ApiError::internal(format!("preparing the request: {e}")))?
+    let work = move || {
+        let _counted = Preparing::start();
+        f()
+    };
+    tokio::task::spawn_blocking(work).await.map_err(|e| ApiError::internal(format!("preparing the request: {e}")))?
+}
+
+/// Requests being tokenized or rendered off the async workers right now.
+static PREPARING: AtomicUsize = AtomicUsize::new(0);
+
+/// One request's preparation, counted in [`PREPARING`] while it runs (panics included).
+struct Preparing;
+
+impl Preparing {
+    fn start() -> Self {
+        PREPARING.fetch_add(1, Ordering::SeqCst);
+        Preparing
+    }
+}
+
+impl Drop for Preparing {
+    fn drop(&mut self) {
+        PREPARING.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// How many requests [`off_runtime`] is preparing now (a gauge in `/metrics`).
+pub fn preparing() -> usize {
+    PREPARING.load(Ordering::SeqCst)
 }
 
 /// Seconds since the Unix epoch, for `created` fields.

@@ -1,6 +1,7 @@
 //! Routes, request parsing, errors as OpenAI-style JSON, auth, and the non-streaming paths.
 
-use super::{stream, AppState};
+use super::stream::{self, within};
+use super::AppState;
 use crate::api::openai::{self, gather, ChatRequest, CompletionRequest};
 use crate::api::{unix_time, ApiError};
 use crate::engine::{EngineHandle, Request, Usage};
@@ -14,7 +15,6 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -75,17 +75,6 @@ pub fn new_id(prefix: &str) -> String {
 fn json_body(body: Body) -> Result<Value, ApiError> {
     let bytes = body.map_err(|e| ApiError { status: e.status().as_u16(), ..ApiError::invalid(e.body_text(), None) })?;
     serde_json::from_slice(&bytes).map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}"), None))
-}
-
-/// Runs `fut` within the request timeout; when it expires the future (and with it the
-/// engine request) is dropped.
-pub async fn within<T>(limit: Option<Duration>, fut: impl Future<Output = Result<T, ApiError>>) -> Result<T, ApiError> {
-    match limit {
-        Some(t) => tokio::time::timeout(t, fut)
-            .await
-            .unwrap_or_else(|_| Err(ApiError::timeout(format!("request timed out after {:.1} s", t.as_secs_f64())))),
-        None => fut.await,
-    }
 }
 
 fn respond(r: Result<Response, ApiError>) -> Response {
@@ -176,7 +165,6 @@ async fn model(State(st): St, axum::extract::Path(id): axum::extract::Path<Strin
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TokenizeRequest {
-    #[allow(dead_code)]
     model: Option<String>,
     prompt: String,
     /// Whether the tokenizer adds its special tokens (BOS); default true.
@@ -193,14 +181,11 @@ async fn tokenize(State(st): St, body: Body) -> Response {
             let max = engine.max_model_len();
             let tokens = if body.get("messages").is_some() {
                 let chat = crate::api::openai::ChatRequest::parse(body)?;
+                openai::check_served(&engine, chat.gen.model.as_deref())?;
                 crate::api::off_runtime(move || chat.prompt(&engine)).await?
             } else {
-                let req: TokenizeRequest = crate::api::parse_split::<TokenizeRequest, Value>(
-                    body,
-                    &["model", "prompt", "add_special_tokens"],
-                    &[],
-                )?
-                .0;
+                let req: TokenizeRequest = crate::api::parse_split::<_, Value>(body)?.0;
+                openai::check_served(&engine, req.model.as_deref())?;
                 crate::api::off_runtime(move || {
                     engine
                         .model()
@@ -219,7 +204,6 @@ async fn tokenize(State(st): St, body: Body) -> Response {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct DetokenizeRequest {
-    #[allow(dead_code)]
     model: Option<String>,
     tokens: Vec<u32>,
 }
@@ -227,8 +211,8 @@ struct DetokenizeRequest {
 async fn detokenize(State(st): St, body: Body) -> Response {
     respond((|| {
         let engine = st.engine()?;
-        let req: DetokenizeRequest =
-            crate::api::parse_split::<_, Value>(json_body(body)?, &["model", "tokens"], &[])?.0;
+        let req: DetokenizeRequest = crate::api::parse_split::<_, Value>(json_body(body)?)?.0;
+        openai::check_served(engine, req.model.as_deref())?;
         let vocab = engine.model().model.config.vocab_size;
         if let Some(bad) = req.tokens.iter().find(|&&t| t as usize >= vocab) {
             return Err(ApiError::invalid(
@@ -259,8 +243,6 @@ pub struct NativeParams {
     /// Generate `max_tokens` whatever the model says (throughput runs, as vLLM's).
     pub ignore_eos: Option<bool>,
 }
-
-const NATIVE_KEYS: &[&str] = &["max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "ignore_eos"];
 
 impl NativeParams {
     /// Engine requests for `prompts`, through the same checks as the OpenAI routes
@@ -297,8 +279,7 @@ async fn generate(State(st): St, body: Body) -> Response {
     respond(
         async {
             let engine = st.engine()?;
-            let (own, params): (GenerateOwn, NativeParams) =
-                crate::api::parse_split(json_body(body)?, &["prompt"], NATIVE_KEYS)?;
+            let (own, params): (GenerateOwn, NativeParams) = crate::api::parse_split(json_body(body)?)?;
             let req = params.requests(engine, vec![own.prompt]).await?.remove(0);
             if params.stream.unwrap_or(false) {
                 return stream::generate(engine, req, st.stream_ctx());
@@ -327,8 +308,7 @@ async fn generate_batch(State(st): St, body: Body) -> Response {
     respond(
         async {
             let engine = st.engine()?;
-            let (own, params): (BatchOwn, NativeParams) =
-                crate::api::parse_split(json_body(body)?, &["prompts"], NATIVE_KEYS)?;
+            let (own, params): (BatchOwn, NativeParams) = crate::api::parse_split(json_body(body)?)?;
             if params.stream.unwrap_or(false) {
                 return Err(ApiError::invalid("stream is not supported on /generate/batch", Some("stream")));
             }
