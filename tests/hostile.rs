@@ -138,15 +138,14 @@ async fn huge_prompts_do_not_stall_the_server() {
             })
         })
         .collect();
-    // By now both are being tokenized (each takes seconds); with tokenizing on the async
-    // workers, /health could only answer once one of them had finished.
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // Wait until both are being tokenized (each takes seconds): /metrics answering then
+    // already shows the async workers free. /health must answer while both still are.
+    s.wait_metric("weft:num_requests_preparing ", 2.0).await;
     assert_eq!(s.get("/health").await.0, 200);
-    let unfinished = pending.iter().filter(|p| !p.is_finished()).count();
+    assert_eq!(s.metric("weft:num_requests_preparing ").await, 2.0, "/health waited for a big prompt");
     for p in pending {
         assert_eq!(p.await.unwrap(), 400, "over the context");
     }
-    assert_eq!(unfinished, 2, "/health waited for a big prompt");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -266,10 +266,15 @@ async fn sigterm_drains_in_flight_requests_then_exits_0() {
     let (http, url) = (s.http.clone(), format!("{}/v1/completions", s.base));
     let in_flight =
         tokio::spawn(async move { http.post(url).body(body.to_string()).send().await.unwrap().text().await.unwrap() });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    s.wait_metric("weft:num_requests_running ", 1.0).await;
     let pid = s.child.id().to_string();
     assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The signal has landed once /health stops saying 200.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while s.get("/health").await.0 == 200 {
+        assert!(Instant::now() < deadline, "SIGTERM never took effect");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let refused = s.post_raw("/v1/completions", json!({"prompt": "x"}).to_string()).await;
     assert_ne!(refused.0, 200, "new work is refused during shutdown");
     let text = in_flight.await.unwrap();

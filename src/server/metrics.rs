@@ -22,6 +22,7 @@ pub struct Metrics {
     handle: PrometheusHandle,
     running: Gauge,
     waiting: Gauge,
+    preparing: Gauge,
     kv_usage: Gauge,
     prompt_tokens: Counter,
     generation_tokens: Counter,
@@ -58,6 +59,11 @@ impl Metrics {
         let describe = |name: &'static str, unit: Option<Unit>, help: &'static str| {
             recorder.describe_counter(name.into(), unit, SharedString::const_str(help));
         };
+        recorder.describe_gauge(
+            "weft:num_requests_preparing".into(),
+            None,
+            SharedString::const_str("Requests being tokenized or rendered, before the engine."),
+        );
         describe("weft:prompt_tokens_total", Some(Unit::Count), "Prompt tokens processed.");
         describe("weft:generation_tokens_total", Some(Unit::Count), "Tokens generated.");
         describe("weft:num_preemptions_total", Some(Unit::Count), "Sequences preempted for lack of KV blocks.");
@@ -80,6 +86,7 @@ impl Metrics {
             engine_failures: c("weft:engine_failures_total"),
             running: g("weft:num_requests_running"),
             waiting: g("weft:num_requests_waiting"),
+            preparing: g("weft:num_requests_preparing"),
             kv_usage: g("weft:kv_cache_usage_perc"),
             prompt_tokens: c("weft:prompt_tokens_total"),
             generation_tokens: c("weft:generation_tokens_total"),
@@ -114,6 +121,7 @@ impl Metrics {
         let base = self.baseline.get().cloned().unwrap_or_default();
         self.running.set(stats.running as f64);
         self.waiting.set(stats.waiting as f64);
+        self.preparing.set(crate::api::preparing() as f64);
         self.kv_usage.set(stats.kv_blocks_used as f64 / stats.kv_blocks_total.max(1) as f64);
         self.prompt_tokens.absolute(stats.prompt_tokens_total.saturating_sub(base.prompt_tokens_total));
         self.generation_tokens.absolute(stats.generation_tokens_total.saturating_sub(base.generation_tokens_total));
