@@ -9,9 +9,8 @@ use std::process::{Command, Output};
 
 /// Runs `weft batch` on stories260k over `lines`: the command's output and the records.
 fn run_batch(models: &Path, name: &str, lines: &[String], args: &[&str], env: &[(&str, &str)]) -> (Output, Vec<Value>) {
-    let dir = std::env::temp_dir().join(format!("weft-batch-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (input, output) = (dir.join("in.jsonl"), dir.join("out.jsonl"));
+    let dir = tempfile::Builder::new().prefix(&format!("weft-batch-{name}")).tempdir().unwrap();
+    let (input, output) = (dir.path().join("in.jsonl"), dir.path().join("out.jsonl"));
     std::fs::write(&input, lines.join("\n") + "\n").unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_weft"))
         .args(["batch", "--model"])
@@ -25,7 +24,6 @@ fn run_batch(models: &Path, name: &str, lines: &[String], args: &[&str], env: &[
         .output()
         .unwrap();
     let records = std::fs::read_to_string(&output).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    std::fs::remove_dir_all(&dir).ok();
     (out, records)
 }
 

@@ -63,9 +63,8 @@ fn merge(into: &mut Value, from: &Value) {
 #[tokio::test(flavor = "multi_thread")]
 async fn chat_template_flag_overrides_the_model_template() {
     let Some(models) = shared_models() else { return };
-    let dir = std::env::temp_dir().join(format!("weft-template-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let good = dir.join("plain.jinja");
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("plain.jinja");
     std::fs::write(&good, "{% for m in messages %}{{ m.content }}{% endfor %}").unwrap();
     let s = Server::start("tiny-qwen2", &["--chat-template", good.to_str().unwrap()]).await;
     let (status, body) = s
@@ -78,7 +77,7 @@ async fn chat_template_flag_overrides_the_model_template() {
     // "Hello" + " world", with none of the model's own ChatML around it.
     assert_eq!(body["usage"]["prompt_tokens"], 2, "{body}");
 
-    let bad = dir.join("broken.jinja");
+    let bad = dir.path().join("broken.jinja");
     std::fs::write(&bad, "{% for m in messages %}").unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_weft"))
         .args(["serve", "--port", "0", "--model"])
@@ -90,7 +89,6 @@ async fn chat_template_flag_overrides_the_model_template() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("broken.jinja") && err.contains("does not parse"), "{err}");
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// `--served-model-name`: the first name is reported, every name is accepted, any other
@@ -118,6 +116,20 @@ async fn served_model_names_and_model_routes() {
         .await;
     assert_eq!((status, body["error"]["code"].as_str()), (404, Some("model_not_found")), "{body}");
     assert_eq!(s.get("/v1/models/other").await.0, 404);
+    // Tokenizing answers for the models served, as the completions do.
+    let chat = json!([{"role": "user", "content": "Hi"}]);
+    for (route, body) in [
+        ("/tokenize", json!({"prompt": "Hi"})),
+        ("/tokenize", json!({"messages": chat})),
+        ("/detokenize", json!({"tokens": [1]})),
+    ] {
+        let mut named = body.clone();
+        named["model"] = json!("gpt-3.5-turbo");
+        assert_eq!(s.post(route, named.clone()).await.0, 200, "{route}");
+        named["model"] = json!("tiny-qwen2");
+        let (status, err) = s.post(route, named).await;
+        assert_eq!((status, err["error"]["code"].as_str()), (404, Some("model_not_found")), "{route}: {err}");
+    }
     // Fields weft has no use for are ignored (as vLLM does); ones it cannot honour are refused.
     let extra = json!({"model": "qwen-tiny", "prompt": "Hi", "max_tokens": 1, "store": true,
         "metadata": {"k": "v"}, "service_tier": "auto", "some_new_field": [1, 2]});

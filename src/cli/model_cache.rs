@@ -121,11 +121,11 @@ mod tests {
 
     #[test]
     fn sha256_mismatch_is_reported() {
-        let p = std::env::temp_dir().join(format!("weft-sha-{}", std::process::id()));
-        std::fs::write(&p, b"abc").unwrap();
-        verify_sha256(&p, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad").unwrap();
-        let err = verify_sha256(&p, SHA256).unwrap_err().to_string();
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let p = file.path();
+        std::fs::write(p, b"abc").unwrap();
+        verify_sha256(p, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad").unwrap();
+        let err = verify_sha256(p, SHA256).unwrap_err().to_string();
         assert!(err.contains("expected"), "{err}");
-        std::fs::remove_file(p).ok();
     }
 }

@@ -84,9 +84,8 @@ mod tests {
     /// in the new type and close to the original values, its vector untouched.
     #[test]
     fn writes_a_readable_copy() {
-        let dir = std::env::temp_dir().join(format!("weft-requant-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let (src, dst) = (dir.join("in.gguf"), dir.join("out.gguf"));
+        let dir = tempfile::tempdir().unwrap();
+        let (src, dst) = (dir.path().join("in.gguf"), dir.path().join("out.gguf"));
         let w: Vec<f32> = (0..4 * 256).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0).collect();
         let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
         let meta = [("general.architecture", Value::Str("llama".into())), ("llama.block_count", Value::Int(1))];
@@ -111,6 +110,5 @@ mod tests {
         assert!(back.iter().zip(&w).all(|(a, b)| (a - b).abs() < 0.01), "Q8_0 values drifted");
         assert_eq!(f.dequantize(&f.tensors["blk.0.attn_norm.weight"]), [1.0, 2.0, 3.0]);
         assert!(requantize(&dst, &dst, parse_file_type_name("q4_0").unwrap()).is_err(), "overwrote its own input");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
