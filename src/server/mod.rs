@@ -56,6 +56,8 @@ pub struct AppState {
     /// SHA-256 of `--api-key`, compared in constant time.
     api_key: Option<[u8; 32]>,
     max_batch_prompts: usize,
+    /// Largest request body, bytes.
+    max_body_bytes: usize,
     request_timeout: Option<Duration>,
     /// Turns true when the shutdown grace is over.
     grace_over: watch::Receiver<bool>,
@@ -94,6 +96,7 @@ pub fn run(args: ServerConfig, start: EngineStarter) -> Result<()> {
             shutting_down: AtomicBool::new(false),
             api_key: args.api_key.as_deref().map(|k| sha2::Sha256::digest(k.as_bytes()).into()),
             max_batch_prompts: args.max_batch_prompts,
+            max_body_bytes: args.max_body_bytes,
             request_timeout: args.request_timeout,
             grace_over,
         });
@@ -133,7 +136,7 @@ pub fn run(args: ServerConfig, start: EngineStarter) -> Result<()> {
                 }
             }
         });
-        let app = routes::router(state.clone(), args.max_body_bytes);
+        let app = routes::router(state.clone());
         let grace = args.shutdown_grace;
         let limits = ConnLimits {
             header_read_timeout: args.header_read_timeout.max(Duration::from_millis(100)),

@@ -5,9 +5,7 @@ use super::AppState;
 use crate::api::openai::{self, gather, ChatRequest, CompletionRequest};
 use crate::api::{unix_time, ApiError};
 use crate::engine::{EngineHandle, Request, Usage};
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Request as HttpRequest, State};
+use axum::extract::{FromRequest, Request as HttpRequest, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -18,11 +16,12 @@ use serde_json::{json, Value};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio_stream::StreamExt;
 
 type St = State<Arc<AppState>>;
-type Body = Result<Bytes, BytesRejection>;
+type Body = JsonBody;
 
-pub fn router(state: Arc<AppState>, max_body: usize) -> Router {
+pub fn router(state: Arc<AppState>) -> Router {
     let api = Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
@@ -43,8 +42,24 @@ pub fn router(state: Arc<AppState>, max_body: usize) -> Router {
         .method_not_allowed_fallback(|| async {
             ApiError { status: 405, ..ApiError::invalid("method not allowed on this route", None) }.into_response()
         })
-        .layer(DefaultBodyLimit::max(max_body))
+        .layer(middleware::from_fn(request_id))
         .with_state(state)
+}
+
+/// Longest client `x-request-id` echoed back; a longer one is replaced by weft's own.
+const MAX_REQUEST_ID: usize = 256;
+
+/// Every response carries `x-request-id`: the client's, when it sent a usable one (as
+/// vLLM echoes it), else a fresh id, so a log line and a client's error can be matched.
+async fn request_id(req: HttpRequest, next: Next) -> Response {
+    const HEADER: &str = "x-request-id";
+    let theirs = req.headers().get(HEADER).filter(|v| !v.is_empty() && v.len() <= MAX_REQUEST_ID).cloned();
+    let mut resp = next.run(req).await;
+    let id = theirs.or_else(|| HeaderValue::from_str(&new_id("req")).ok());
+    if let Some(id) = id {
+        resp.headers_mut().insert(HEADER, id);
+    }
+    resp
 }
 
 impl IntoResponse for ApiError {
@@ -71,10 +86,56 @@ pub fn new_id(prefix: &str) -> String {
     format!("{prefix}-{start:08x}{:08x}", N.fetch_add(1, Ordering::Relaxed))
 }
 
-/// The body as JSON: 413 over the size limit, 400 for anything that is not JSON.
-fn json_body(body: Body) -> Result<Value, ApiError> {
-    let bytes = body.map_err(|e| ApiError { status: e.status().as_u16(), ..ApiError::invalid(e.body_text(), None) })?;
+/// A request body read whole, up to `--max-body-bytes`, as JSON: 413 over the limit, 400
+/// for anything that is not JSON. Past the limit the rest is still read and dropped (up to
+/// [`DRAIN_BYTES`] more, within [`DRAIN_TIME`]) before the 413 goes out: a socket closed
+/// with unread data is reset, and a client still sending would lose the answer.
+pub struct JsonBody(Result<Value, ApiError>);
+
+/// Bytes past the limit read and dropped so that the 413 reaches the client.
+const DRAIN_BYTES: usize = 64 << 20;
+/// How long that may take.
+const DRAIN_TIME: Duration = Duration::from_secs(2);
+
+impl FromRequest<Arc<AppState>> for JsonBody {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request(req: HttpRequest, st: &Arc<AppState>) -> Result<Self, Self::Rejection> {
+        Ok(JsonBody(read_json(req.into_body(), st.max_body_bytes).await))
+    }
+}
+
+async fn read_json(body: axum::body::Body, limit: usize) -> Result<Value, ApiError> {
+    let mut stream = body.into_data_stream();
+    let (mut bytes, mut seen) = (Vec::new(), 0usize);
+    let unreadable = |e: axum::Error| ApiError::invalid(format!("reading the request body: {e}"), None);
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(unreadable)?;
+        seen = seen.saturating_add(chunk.len());
+        if seen > limit {
+            break;
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    if seen > limit {
+        let drain = async {
+            while seen <= limit.saturating_add(DRAIN_BYTES) {
+                match stream.next().await {
+                    Some(Ok(chunk)) => seen += chunk.len(),
+                    _ => break,
+                }
+            }
+        };
+        let _ = tokio::time::timeout(DRAIN_TIME, drain).await;
+        let message = format!("the request body is larger than --max-body-bytes ({limit} bytes)");
+        return Err(ApiError { status: 413, ..ApiError::invalid(message, None) });
+    }
     serde_json::from_slice(&bytes).map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}"), None))
+}
+
+/// The body's JSON, or why there is none.
+fn json_body(body: Body) -> Result<Value, ApiError> {
+    body.0
 }
 
 fn respond(r: Result<Response, ApiError>) -> Response {
