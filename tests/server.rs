@@ -83,6 +83,19 @@ async fn completions_streaming_and_every_error_path() {
     assert_eq!(s.post_raw("/v1/completions", "{\"prompt\": ").await.0, 400);
     assert_eq!(s.post_raw("/v1/completions", vec![0xff, 0xfe, b'{']).await.0, 400);
     assert_eq!(s.post_raw("/v1/completions", "x".repeat(4096)).await.0, 413);
+    // Far over the limit, the 413 still reaches a client that is still sending.
+    assert_eq!(s.post_raw("/v1/completions", "x".repeat(8 << 20)).await.0, 413);
+    // Every answer carries x-request-id: the client's, else weft's own.
+    let url = format!("{}/v1/completions", s.base);
+    let r = s.http.post(&url).header("x-request-id", "trace-42").body("{}").send().await.unwrap();
+    assert_eq!(r.headers()["x-request-id"], "trace-42");
+    let r = s.http.get(format!("{}/nope", s.base)).send().await.unwrap();
+    assert!(r.headers()["x-request-id"].to_str().unwrap().starts_with("req-"), "{:?}", r.headers());
+    // An image part is a 400 that says why.
+    let part = json!({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}});
+    let (st, err) = s.post("/v1/chat/completions", json!({"messages": [{"role": "user", "content": [part]}]})).await;
+    assert_eq!(st, 400, "{err}");
+    assert!(err["error"]["message"].as_str().unwrap().contains("reads text only"), "{err}");
     assert_eq!(s.get("/nope").await.0, 404);
     assert_eq!(s.get("/v1/completions").await.0, 405);
     let (st, chat) = s.post("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}]})).await;

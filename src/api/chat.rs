@@ -31,8 +31,8 @@ fn content_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>
         Text(String),
         Parts(Vec<Part>),
     }
+    /// A part's other fields (`image_url`, `input_audio`, …) are read only to be refused.
     #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
     struct Part {
         #[serde(rename = "type")]
         kind: String,
@@ -45,9 +45,10 @@ fn content_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>
             .into_iter()
             .map(|p| match (p.kind.as_str(), p.text) {
                 ("text", Some(t)) => Ok(t),
-                (kind, _) => {
-                    Err(serde::de::Error::custom(format!("unsupported content part type {kind:?} (only text)")))
-                }
+                ("text", None) => Err(serde::de::Error::custom("a text content part needs `text`")),
+                (kind, _) => Err(serde::de::Error::custom(format!(
+                    "content part type {kind:?} is not supported: this model reads text only"
+                ))),
             })
             .collect::<Result<String, _>>()
             .map(Some),
