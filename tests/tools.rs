@@ -97,6 +97,7 @@ async fn required_calls_always_parse_and_validate() {
         assert!(!calls.is_empty(), "{model}: {events:?}");
         calls.iter().for_each(check_call);
         let strip = |c: &Value| c["function"].clone();
+        let whole_usage = whole["usage"].clone();
         let whole: Vec<Value> =
             whole["choices"][0]["message"]["tool_calls"].as_array().unwrap().iter().map(strip).collect();
         assert_eq!(calls.iter().map(strip).collect::<Vec<_>>(), whole, "{model}");
@@ -107,6 +108,31 @@ async fn required_calls_always_parse_and_validate() {
             .count();
         assert!(pieces > 1, "{model}: the arguments came in {pieces} deltas");
         assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "tool_calls");
+
+        // Cut off a few tokens before the end of that call by max_tokens: whole and streamed
+        // give the same partial call.
+        let tokens = whole_usage["completion_tokens"].as_u64().unwrap();
+        let cut = json!({"tool_choice": "required", "parallel_tool_calls": false, "seed": 3, "max_tokens": tokens - 3});
+        let (_, whole) = s.post("/v1/chat/completions", body(cut.clone())).await;
+        let mut streamed = cut;
+        streamed["stream"] = json!(true);
+        let events = s.stream("/v1/chat/completions", body(streamed)).await;
+        let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+        let (mut content, mut name, mut args) = (String::new(), String::new(), String::new());
+        for delta in chunks.iter().map(|c| &c["choices"][0]["delta"]) {
+            content += delta["content"].as_str().unwrap_or("");
+            for d in delta["tool_calls"].as_array().cloned().unwrap_or_default() {
+                name += d["function"]["name"].as_str().unwrap_or("");
+                args += d["function"]["arguments"].as_str().unwrap_or("");
+            }
+        }
+        let message = &whole["choices"][0]["message"];
+        assert_eq!(whole["choices"][0]["finish_reason"], "length", "{model}: {whole}");
+        assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "length");
+        let call = &message["tool_calls"][0]["function"];
+        let read = |v: &Value| v.as_str().unwrap_or("").to_owned();
+        assert_eq!((read(&message["content"]), read(&call["name"]), read(&call["arguments"])), (content, name, args));
+        assert!(!read(&call["arguments"]).is_empty(), "{model}: not cut inside the arguments: {whole}");
         s.assert_idle().await;
     }
 }

@@ -220,6 +220,30 @@ impl Tools {
 
 /// Reads calls out of a whole answer: the text before the first call, and the calls; `None`
 /// when the text holds no well-formed call (then it is all content).
+/// A whole answer's content and calls as [`ToolStream`] sends them: the same as [`parse`]
+/// for complete calls, and for an answer cut off inside a call (by `max_tokens`), the calls
+/// opened so far with the arguments generated so far, so that the answer read at once
+/// agrees with the same answer streamed.
+pub fn read_answer(format: ToolFormat, text: &str) -> Option<(String, Vec<ToolCall>)> {
+    if let Some(whole) = parse(format, text) {
+        return Some(whole);
+    }
+    let mut stream = ToolStream::new(format);
+    let first = stream.push(text);
+    let (last, calls) = stream.finish();
+    if !calls {
+        return None;
+    }
+    let mut out: Vec<ToolCall> = Vec::new();
+    for d in first.calls.into_iter().chain(last.calls) {
+        if d.index == out.len() {
+            out.push(ToolCall { name: d.name.unwrap_or_default(), arguments: String::new() });
+        }
+        out[d.index].arguments.push_str(&d.arguments);
+    }
+    Some((first.content + &last.content, out))
+}
+
 pub fn parse(format: ToolFormat, text: &str) -> Option<(String, Vec<ToolCall>)> {
     // Arguments are kept as the model wrote them, as the stream sends them.
     type Object<'a> = std::collections::HashMap<String, &'a RawValue>;

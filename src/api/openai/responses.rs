@@ -194,7 +194,7 @@ pub async fn completions(engine: &EngineHandle, req: &CompletionRequest, id: &st
 fn read_calls(tok: &Tokenizer, format: ToolFormat, c: &Choice) -> Option<(String, Vec<tools::ToolCall>)> {
     let end = c.tokens.iter().rposition(|t| !tok.eos_ids.contains(t)).map_or(0, |i| i + 1);
     let text = tok.decode(&c.tokens[..end], false).ok()?;
-    tools::parse(format, &text)
+    tools::read_answer(format, &text)
 }
 
 /// A non-streaming `/v1/chat/completions` response.
