@@ -29,7 +29,7 @@ pub async fn gather(mut stream: RequestStream, n: usize) -> Result<Gathered, Api
     while let Some(ev) = stream.recv().await {
         match ev {
             Event::PromptLogprobs { logprobs } => prompt_logprobs.extend(logprobs),
-            Event::Token { index, id, text, logprobs, .. } => {
+            Event::Token { index, id, text, logprobs } => {
                 let c = &mut choices[index];
                 c.text += &text;
                 c.tokens.push(id);
