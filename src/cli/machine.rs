@@ -114,6 +114,7 @@ pub fn avx2_step_rate(step: Avx2Step) -> Option<f64> {
             (2, false) => avx2_step_chains::<2, false>,
             (4, false) => avx2_step_chains::<4, false>,
             (8, false) => avx2_step_chains::<8, false>,
+            (64, false) => avx2_step_chains::<64, false>,
             _ => return None,
         };
         let threads = rayon::current_num_threads();

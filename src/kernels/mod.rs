@@ -11,6 +11,7 @@ pub mod qmatmul;
 pub mod quant;
 pub mod quantize;
 pub mod rope;
+pub mod ternary;
 
 pub use matmul::{matmul, PackedMatrix};
 pub use norm::{rmsnorm, silu_mul};

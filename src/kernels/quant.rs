@@ -27,10 +27,17 @@ pub enum GgmlType {
     Iq4Nl,
     /// [`GgmlType::Iq4Nl`]'s values in 256-value super-blocks, with a 6-bit scale per 32.
     Iq4Xs,
+    /// Ternary, 2-bit codes `t + 1` and an f16 scale per 256 values ([`super::ternary`]).
+    Tq2_0,
+    /// Ternary in base 3, five values a byte: read, and computed as [`GgmlType::Tq2_0`].
+    Tq1_0,
+    /// bitnet.cpp's ternary: 2-bit codes, one f32 scale after a tensor's codes. Read, and
+    /// computed as [`GgmlType::Tq2_0`].
+    I2s,
 }
 
 /// The block formats (quantized, computed with int8 activations), in a fixed order.
-pub const BLOCK_FORMATS: [GgmlType; 12] = [
+pub const BLOCK_FORMATS: [GgmlType; 13] = [
     GgmlType::Q8_0,
     GgmlType::Q4_0,
     GgmlType::Q4_1,
@@ -43,21 +50,26 @@ pub const BLOCK_FORMATS: [GgmlType; 12] = [
     GgmlType::Q6K,
     GgmlType::Iq4Nl,
     GgmlType::Iq4Xs,
+    GgmlType::Tq2_0,
 ];
+
+/// The ternary formats read from files and converted to [`GgmlType::Tq2_0`] at load.
+pub const TERNARY_ONLY_READ: [GgmlType; 2] = [GgmlType::Tq1_0, GgmlType::I2s];
 
 /// The values that IQ4_NL's and IQ4_XS's 4-bit indices stand for (ggml's `kvalues_iq4nl`):
 /// denser near zero, where most weights are.
 pub const IQ4_VALUES: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
 
-/// Every type this engine reads: the floats, then [`BLOCK_FORMATS`].
-pub const TYPES: [GgmlType; 3 + BLOCK_FORMATS.len()] = {
-    let mut all = [GgmlType::F32; 3 + BLOCK_FORMATS.len()];
+/// Every type this engine reads: the floats, [`BLOCK_FORMATS`], then [`TERNARY_ONLY_READ`].
+pub const TYPES: [GgmlType; 5 + BLOCK_FORMATS.len()] = {
+    let mut all = [GgmlType::F32; 5 + BLOCK_FORMATS.len()];
     (all[1], all[2]) = (GgmlType::F16, GgmlType::Bf16);
     let mut i = 0;
     while i < BLOCK_FORMATS.len() {
         all[3 + i] = BLOCK_FORMATS[i];
         i += 1;
     }
+    (all[3 + i], all[4 + i]) = (TERNARY_ONLY_READ[0], TERNARY_ONLY_READ[1]);
     all
 };
 
@@ -79,6 +91,10 @@ impl GgmlType {
             GgmlType::Q6K => (QK_K, 210),
             GgmlType::Iq4Nl => (32, 18),
             GgmlType::Iq4Xs => (QK_K, 136),
+            GgmlType::Tq2_0 => (QK_K, super::ternary::TQ2_0_BYTES),
+            GgmlType::Tq1_0 => (QK_K, super::ternary::TQ1_0_BYTES),
+            // Plus one trailer of a scale per tensor ([`super::ternary::i2s_bytes`]).
+            GgmlType::I2s => (super::ternary::I2S_GROUP, 32),
         }
     }
 }
@@ -89,6 +105,9 @@ impl std::fmt::Display for GgmlType {
         match self {
             GgmlType::Iq4Nl => f.write_str("IQ4_NL"),
             GgmlType::Iq4Xs => f.write_str("IQ4_XS"),
+            GgmlType::Tq2_0 => f.write_str("TQ2_0"),
+            GgmlType::Tq1_0 => f.write_str("TQ1_0"),
+            GgmlType::I2s => f.write_str("I2_S"),
             _ => f.write_str(&format!("{self:?}").replace('K', "_K").to_uppercase()),
         }
     }
@@ -112,6 +131,9 @@ pub(crate) fn f16_at(b: &[u8], i: usize) -> f32 {
 
 /// Converts raw GGML data (whole blocks) to f32.
 pub fn dequantize(dtype: GgmlType, raw: &[u8]) -> Vec<f32> {
+    if matches!(dtype, GgmlType::Tq2_0 | GgmlType::Tq1_0 | GgmlType::I2s) {
+        return super::ternary::dequantize(dtype, raw);
+    }
     let (per_block, block_bytes) = dtype.block();
     let mut out = vec![0f32; raw.len() / block_bytes * per_block];
     let blocks = raw.chunks_exact(block_bytes).zip(out.chunks_exact_mut(per_block));
@@ -165,6 +187,7 @@ pub fn dequantize(dtype: GgmlType, raw: &[u8]) -> Vec<f32> {
                 iq4_run(iq4_run_scale(dtype, b, sub), &b[iq4_indices_at(dtype, sub)..][..16], o);
             }
         }),
+        GgmlType::Tq2_0 | GgmlType::Tq1_0 | GgmlType::I2s => unreachable!("ternary formats returned above"),
     }
     out
 }

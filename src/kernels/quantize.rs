@@ -86,6 +86,7 @@ pub fn quantize(dtype: GgmlType, x: &[f32]) -> Vec<u8> {
             GgmlType::Q6K => q6_k(x, b),
             GgmlType::Iq4Nl => iq4_nl(x, b),
             GgmlType::Iq4Xs => iq4_xs(x, b),
+            GgmlType::Tq2_0 => b.copy_from_slice(&super::ternary::quantize_tq2_0(x)),
             other => panic!("quantizing to {other:?} is not supported"),
         }
     }

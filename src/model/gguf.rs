@@ -72,6 +72,10 @@ impl GgmlType {
             GgmlType::Iq4Nl => 20,
             GgmlType::Iq4Xs => 23,
             GgmlType::Bf16 => 30,
+            GgmlType::Tq1_0 => 34,
+            GgmlType::Tq2_0 => 35,
+            // bitnet.cpp's id; upstream ggml retired 36 (IQ4_NL_4_4) and never writes it.
+            GgmlType::I2s => 36,
         }
     }
 
@@ -79,7 +83,7 @@ impl GgmlType {
         match TYPES.into_iter().find(|t| t.id() == id) {
             Some(t) => Ok(t),
             None => bail!(
-                "unsupported GGML tensor type {id} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS)"
+                "unsupported GGML tensor type {id} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, TQ1_0, TQ2_0, I2_S)"
             ),
         }
     }
@@ -166,7 +170,8 @@ impl GgufFile {
                 elems.is_multiple_of(per_block),
                 "tensor {name}: {elems} elements, not whole blocks of {per_block}"
             );
-            let len_bytes = (elems / per_block).checked_mul(block_bytes);
+            let trailer = if dtype == GgmlType::I2s { crate::kernels::ternary::I2S_TRAILER } else { 0 };
+            let len_bytes = (elems / per_block).checked_mul(block_bytes).and_then(|l| l.checked_add(trailer));
             let placed = len_bytes.zip(data_start.checked_add(rel));
             let fits = |&(l, o): &(usize, usize)| o.checked_add(l).is_some_and(|end| end <= mmap.len());
             let Some((len_bytes, offset)) = placed.filter(fits) else {

@@ -96,7 +96,7 @@ impl QMatrix {
 
     /// Whether `dtype` can be computed quantized (block formats; floats stay f32).
     pub fn supports(dtype: GgmlType) -> bool {
-        dtype.block().0 >= QB
+        crate::kernels::quant::BLOCK_FORMATS.contains(&dtype)
     }
 
     /// How the activations this matrix takes are scaled: the coarsest its parts' kernels
@@ -173,15 +173,19 @@ pub enum ActScales {
     /// once per block and row instead of once per 32 values (Q6_K stays per 32 for its
     /// quality).
     PerSuper,
+    /// One per row, by its largest `|x|` (at least 1e-5): BitNet b1.58's per-token int8
+    /// activations, as the model was trained and transformers computes it, for TQ2_0.
+    PerRow,
 }
 
 impl ActScales {
-    /// 16-value halves that share one scale.
-    fn halves(self) -> usize {
+    /// 16-value halves that share one scale, in rows of `k` values.
+    fn halves(self, k: usize) -> usize {
         match self {
             ActScales::PerHalf => 1,
             ActScales::PerBlock => 2,
             ActScales::PerSuper => 16,
+            ActScales::PerRow => k / QH,
         }
     }
 }
@@ -204,6 +208,8 @@ pub struct QActs {
     pairs: std::sync::OnceLock<Vec<i32>>,
     /// Per 32 values, formed on first use by a Q2_K kernel ([`QActs::half_pairs`]).
     half_pairs: std::sync::OnceLock<Vec<i32>>,
+    /// Per 256 values, formed on first use by a TQ2_0 kernel ([`QActs::block_sums`]).
+    block_sums: std::sync::OnceLock<Vec<i32>>,
     scales: ActScales,
 }
 
@@ -248,53 +254,90 @@ impl QActs {
             self.sums.chunks_exact(2).map(|s| (s[0] as u16 as u32 | (s[1] as u16 as u32) << 16) as i32).collect()
         })
     }
+
+    /// Per 256 values, their integer sum: what TQ2_0's codes `t + 1` add beyond `t`.
+    /// Formed once per quantization, on the first call.
+    pub(super) fn block_sums(&self) -> &[i32] {
+        self.block_sums.get_or_init(|| self.sums.chunks_exact(16).map(|s| s.iter().sum()).collect())
+    }
 }
 
-/// Quantizes `m` rows of `k` values: per 16 (or 256, `scales`), `d = max|x| / 127`,
-/// `q = round(x / d)`.
+/// How one call of the block quantizer scales its values: `Runs(h)`, each run of `h`
+/// 16-value halves by its own largest `|x|`; `Fixed(a)`, every value by `a` (a row's).
+#[derive(Debug, Clone, Copy)]
+enum Runs {
+    Halves(usize),
+    Fixed(f32),
+}
+
+/// Quantizes `m` rows of `k` values: per 16 (or 32, 256 or the row: `scales`),
+/// `d = max|x| / 127`, `q = round(x / d)`.
 pub fn quantize_rows(x: &[f32], m: usize, k: usize, scales: ActScales, out: &mut QActs) {
     let blocks = m * k / QB;
-    let halves = scales.halves();
-    assert!(k.is_multiple_of(QH * halves), "quantize_rows: rows of {k} values are not whole runs of {halves} × {QH}");
+    let halves = scales.halves(k);
+    assert!(
+        k.is_multiple_of(QB) && k.is_multiple_of(QH * halves),
+        "quantize_rows: rows of {k} values are not whole runs of {halves} × {QH}"
+    );
     out.q6 = Default::default();
     out.q6_starts = Default::default();
     out.pairs = Default::default();
     out.half_pairs = Default::default();
+    out.block_sums = Default::default();
     out.scales = scales;
     out.q.resize(m * k, 0);
     out.d.resize(2 * blocks, 0.0);
     out.sums.resize(2 * blocks, 0);
     out.dsum.resize(blocks, 0.0);
-    // Chunks of 64 blocks: whole runs of every `halves`, since rows are.
-    let work = x[..m * k].par_chunks(QB * 64).zip(out.q.par_chunks_mut(QB * 64));
-    let work = work.zip(out.d.par_chunks_mut(128)).zip(out.sums.par_chunks_mut(128)).zip(out.dsum.par_chunks_mut(64));
-    work.for_each(|((((x, q), d), sums), dsum)| {
+    let run = |x: &[f32], q: &mut [i8], d: &mut [f32], sums: &mut [i32], dsum: &mut [f32], runs: Runs| {
         #[cfg(target_arch = "x86_64")]
         if super::matmul::avx2::available() {
             // SAFETY: AVX2 was detected.
-            return unsafe { avx2::quantize_blocks(x, q, d, sums, dsum, halves) };
+            return unsafe { avx2::quantize_blocks(x, q, d, sums, dsum, runs) };
         }
-        quantize_blocks(x, q, d, sums, dsum, halves)
-    });
+        quantize_blocks(x, q, d, sums, dsum, runs)
+    };
+    if scales == ActScales::PerRow {
+        // A row's largest magnitude first, then its values in pieces of 64 blocks.
+        let rows = x[..m * k].par_chunks(k).zip(out.q.par_chunks_mut(k));
+        let rows = rows.zip(out.d.par_chunks_mut(k / QH)).zip(out.sums.par_chunks_mut(k / QH));
+        rows.zip(out.dsum.par_chunks_mut(k / QB)).for_each(|((((x, q), d), sums), dsum)| {
+            let amax = x.iter().fold(0f32, |a, v| a.max(v.abs())).max(1e-5);
+            let pieces = x.chunks(QB * 64).zip(q.chunks_mut(QB * 64)).zip(d.chunks_mut(128));
+            for (((x, q), d), (sums, dsum)) in pieces.zip(sums.chunks_mut(128).zip(dsum.chunks_mut(64))) {
+                run(x, q, d, sums, dsum, Runs::Fixed(amax));
+            }
+        });
+        return;
+    }
+    // Chunks of 64 blocks: whole runs of every `halves`, since rows are.
+    let work = x[..m * k].par_chunks(QB * 64).zip(out.q.par_chunks_mut(QB * 64));
+    let work = work.zip(out.d.par_chunks_mut(128)).zip(out.sums.par_chunks_mut(128)).zip(out.dsum.par_chunks_mut(64));
+    work.for_each(|((((x, q), d), sums), dsum)| run(x, q, d, sums, dsum, Runs::Halves(halves)));
 }
 
-/// Each 16 values' largest `|x|` in `amax` becomes its run's of `halves` of them.
-fn run_max(amax: &mut [f32], halves: usize) {
-    for run in amax.chunks_exact_mut(halves) {
-        let m = run.iter().fold(0f32, |a, &v| a.max(v));
-        run.fill(m);
+/// Each 16 values' largest `|x|` in `amax` becomes its run's (or the fixed scale).
+fn run_max(amax: &mut [f32], runs: Runs) {
+    match runs {
+        Runs::Fixed(a) => amax.fill(a),
+        Runs::Halves(halves) => {
+            for run in amax.chunks_exact_mut(halves) {
+                let m = run.iter().fold(0f32, |a, &v| a.max(v));
+                run.fill(m);
+            }
+        }
     }
 }
 
 /// [`quantize_rows`] over whole blocks: `x` and `q` hold `dsum.len()` blocks of 32 (at
-/// most 64), `d` and `sums` two entries per block; `halves`: 16-value halves per scale.
-fn quantize_blocks(x: &[f32], q: &mut [i8], d: &mut [f32], sums: &mut [i32], dsum: &mut [f32], halves: usize) {
+/// most 64), `d` and `sums` two entries per block; `runs`: how values share a scale.
+fn quantize_blocks(x: &[f32], q: &mut [i8], d: &mut [f32], sums: &mut [i32], dsum: &mut [f32], runs: Runs) {
     assert!(x.len() <= 64 * QB && x.len() == q.len());
     let mut amax = [0f32; 128];
     for (a, h) in amax.iter_mut().zip(x.chunks_exact(QH)) {
         *a = h.iter().fold(0f32, |a, v| a.max(v.abs()));
     }
-    run_max(&mut amax[..x.len() / QH], halves);
+    run_max(&mut amax[..x.len() / QH], runs);
     let each = x.chunks_exact(QH).zip(q.chunks_exact_mut(QH)).zip(d.iter_mut().zip(sums.iter_mut()));
     for (((x, q), (d, s)), &amax) in each.zip(&amax) {
         *d = amax / 127.0;
@@ -311,7 +354,7 @@ fn quantize_blocks(x: &[f32], q: &mut [i8], d: &mut [f32], sums: &mut [i32], dsu
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{run_max, QB, QH};
+    use super::{run_max, Runs, QB, QH};
     use std::arch::x86_64::*;
 
     /// [`super::quantize_blocks`] in vectors, with the same result bit for bit: the same
@@ -328,7 +371,7 @@ mod avx2 {
         d: &mut [f32],
         sums: &mut [i32],
         dsum: &mut [f32],
-        halves: usize,
+        runs: Runs,
     ) {
         unsafe {
             assert!(x.len() <= 64 * QB && x.len() == q.len() && d.len() * QH >= x.len() && sums.len() == d.len());
@@ -344,7 +387,7 @@ mod avx2 {
                 let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
                 *a = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
             }
-            run_max(&mut amax[..halves_here], halves);
+            run_max(&mut amax[..halves_here], runs);
             for (h, &amax) in amax[..halves_here].iter().enumerate() {
                 let at = h * QH;
                 let lo = _mm256_loadu_ps(x[at..at + 8].as_ptr());
@@ -450,9 +493,14 @@ mod tests {
             GgmlType::Q6K => &[208],
             GgmlType::Q2K => &[80, 82],
             GgmlType::Q3K => &[108],
+            GgmlType::Tq2_0 => &[64],
             _ => &[],
         };
         for (i, blk) in raw.chunks_exact_mut(bytes).enumerate() {
+            if dtype == GgmlType::Tq2_0 {
+                // Ternary codes are 0, 1 or 2: a 3 becomes a 2.
+                blk[..64].iter_mut().for_each(|b| *b &= !((*b & 0xAA) >> 1 & *b));
+            }
             for &at in scale_at {
                 let v = half::f16::from_f32(0.01 + 0.001 * ((i + at) % 7) as f32).to_le_bytes();
                 blk[at..at + 2].copy_from_slice(&v);
@@ -461,13 +509,13 @@ mod tests {
         raw
     }
 
-    const TYPES: [GgmlType; 12] = crate::kernels::quant::BLOCK_FORMATS;
+    const TYPES: [GgmlType; 13] = crate::kernels::quant::BLOCK_FORMATS;
 
     /// Every format against the naive version: dequantize the weights, dequantize the
     /// quantized activations, dot in f64.
     #[test]
     fn matches_dequantize_then_dot_for_every_format() {
-        let every = [ActScales::PerHalf, ActScales::PerBlock, ActScales::PerSuper];
+        let every = [ActScales::PerHalf, ActScales::PerBlock, ActScales::PerSuper, ActScales::PerRow];
         // Each format under its matrix's activation scales and every coarser kind (as a
         // Q6_K part beside Q4_K reads per-256 scales).
         let cases = TYPES.iter().flat_map(|&dtype| every.iter().map(move |&scales| (dtype, scales)));
@@ -585,18 +633,42 @@ mod tests {
         x[QH..QB].iter_mut().enumerate().for_each(|(i, v)| *v = i as f32 - 7.5);
         x[QH] = 127.0;
         x[40] = 1e30;
-        type Quantizer<'a> = &'a dyn Fn(&[f32], &mut [i8], &mut [f32], &mut [i32], &mut [f32], usize);
-        let run = |f: Quantizer<'_>, halves| {
+        type Quantizer<'a> = &'a dyn Fn(&[f32], &mut [i8], &mut [f32], &mut [i32], &mut [f32], Runs);
+        let run = |f: Quantizer<'_>, runs| {
             let (mut q, mut d, mut s, mut ds) = (vec![0i8; x.len()], vec![0f32; 128], vec![0i32; 128], vec![0f32; 64]);
-            f(&x, &mut q, &mut d, &mut s, &mut ds, halves);
+            f(&x, &mut q, &mut d, &mut s, &mut ds, runs);
             (q, d, s, ds)
         };
-        for scales in [ActScales::PerHalf, ActScales::PerBlock, ActScales::PerSuper] {
-            let halves = scales.halves();
+        let every = [ActScales::PerHalf, ActScales::PerBlock, ActScales::PerSuper].map(|s| Runs::Halves(s.halves(0)));
+        for runs in every.into_iter().chain([Runs::Fixed(2e30)]) {
             // SAFETY: AVX2 was detected above.
-            let vector = run(&|x, q, d, s, ds, h| unsafe { avx2::quantize_blocks(x, q, d, s, ds, h) }, halves);
-            assert_eq!(vector, run(&quantize_blocks, halves), "{scales:?}");
+            let vector = run(&|x, q, d, s, ds, h| unsafe { avx2::quantize_blocks(x, q, d, s, ds, h) }, runs);
+            let (label, scalar) = (format!("{runs:?}"), run(&quantize_blocks, runs));
+            assert_eq!(vector, scalar, "{label}");
         }
+    }
+
+    /// Per row, every value shares the row's largest magnitude (at least 1e-5, as
+    /// BitNet's activation quantizer clamps it), however long the row.
+    #[test]
+    fn per_row_scales_share_the_row_maximum() {
+        let k = 96 * QB;
+        let mut x = random_vec(3 * k, 13);
+        x[k + 2500] = -40.0;
+        x[2 * k..].fill(0.0);
+        let mut xq = QActs::default();
+        quantize_rows(&x, 3, k, ActScales::PerRow, &mut xq);
+        let row_max = |r: usize| x[r * k..(r + 1) * k].iter().fold(0f32, |a, v| a.max(v.abs()));
+        let per_row = k / QH;
+        for r in 0..3 {
+            let want = row_max(r).max(1e-5) / 127.0;
+            assert!(xq.d[r * per_row..(r + 1) * per_row].iter().all(|&d| d == want), "row {r}");
+        }
+        assert_eq!(xq.q[k + 2500], -127);
+        assert!(xq.q[2 * k..].iter().all(|&q| q == 0));
+        let sums = xq.block_sums();
+        assert_eq!(sums.len(), 3 * k / 256);
+        assert_eq!(sums[0], xq.q[..256].iter().map(|&q| q as i32).sum::<i32>());
     }
 
     #[test]

@@ -155,7 +155,17 @@ fn decode(dtype: GgmlType, blk: &[u8], sub: usize) -> Block {
             }
             same(iq4_run_scale(dtype, blk, sub), 0.0)
         }
-        GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => unreachable!("float weights are not block formats"),
+        GgmlType::Tq2_0 => {
+            // Values 32·sub.. are bits 2·(sub % 4) of the 32 bytes of half sub / 4.
+            let (h, shift) = (sub / 4, 2 * (sub % 4));
+            for (m, q) in q.iter_mut().enumerate() {
+                *q = ((blk[32 * h + m] >> shift) & 3) as i8 - 1;
+            }
+            same(f16_at(blk, 64), 0.0)
+        }
+        GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 | GgmlType::Tq1_0 | GgmlType::I2s => {
+            unreachable!("{dtype} is not computed in blocks")
+        }
     };
     Block { q, scale, offset }
 }
@@ -345,7 +355,16 @@ mod avx2 {
                     let (s, o) = same(iq4_run_scale(dtype, blk, sub), 0.0);
                     (_mm256_shuffle_epi8(table, nibbles(iq4_indices_at(dtype, sub))), s, o)
                 }
-                GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => unreachable!("float weights are not block formats"),
+                GgmlType::Tq2_0 => {
+                    let (h, shift) = (sub / 4, _mm_cvtsi32_si128(2 * (sub % 4) as i32));
+                    let v = _mm256_loadu_si256(p.add(32 * h).cast());
+                    let codes = _mm256_and_si256(_mm256_srl_epi16(v, shift), _mm256_set1_epi8(3));
+                    let (s, o) = same(f16_at(blk, 64), 0.0);
+                    (_mm256_sub_epi8(codes, _mm256_set1_epi8(1)), s, o)
+                }
+                GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 | GgmlType::Tq1_0 | GgmlType::I2s => {
+                    unreachable!("{dtype} is not computed in blocks")
+                }
             }
         }
     }
@@ -394,7 +413,10 @@ mod avx2 {
                 GgmlType::Q6K => by_tile!(9),
                 GgmlType::Iq4Nl => by_tile!(10),
                 GgmlType::Iq4Xs => by_tile!(11),
-                GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => unreachable!("float weights are not block formats"),
+                GgmlType::Tq2_0 => by_tile!(12),
+                GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 | GgmlType::Tq1_0 | GgmlType::I2s => {
+                    unreachable!("{dtype} is not computed in blocks")
+                }
             };
             debug_assert!((1..=TILE).contains(&tile));
             f(row, xq, first, blocks, acc_out)

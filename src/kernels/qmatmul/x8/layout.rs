@@ -78,6 +78,7 @@ pub(super) const fn shape(dtype: GgmlType) -> Shape {
         GgmlType::Q2K => Shape { halves: &[80, 82], unpacked, bytes: (0, 16), fifth, qs: &[(16, 64)] },
         GgmlType::Iq4Nl => Shape { halves: &[0], unpacked, bytes: none, fifth, qs: &[(2, 16)] },
         GgmlType::Iq4Xs => Shape { halves: &[0], unpacked: Unpacked::Xs, bytes: none, fifth, qs: &[(8, 128)] },
+        GgmlType::Tq2_0 => Shape { halves: &[64], unpacked, bytes: none, fifth, qs: &[(0, 64)] },
         _ => panic!("not an interleaved format"),
     }
 }
@@ -117,7 +118,7 @@ pub(super) const fn record(dtype: GgmlType) -> (usize, usize) {
 
 /// Each format's record size, checked when the crate compiles: eight of the file's blocks,
 /// plus the bytes that unpacked scales take beyond their packed form.
-pub(super) const RECORD_BYTES: [(GgmlType, usize); 12] = [
+pub(super) const RECORD_BYTES: [(GgmlType, usize); 13] = [
     // `d[8]`, nibbles (as the file).
     (GgmlType::Q4_0, 144),
     // `d[8] m[8]`, nibbles (as the file).
@@ -141,6 +142,8 @@ pub(super) const RECORD_BYTES: [(GgmlType, usize); 12] = [
     (GgmlType::Q3K, 912),
     // `d[8] dmin[8] sc[16][8]`, then the 2-bit values (as the file).
     (GgmlType::Q2K, 672),
+    // `d[8]`, 2-bit codes (as the file).
+    (GgmlType::Tq2_0, 528),
 ];
 
 const _: () = {

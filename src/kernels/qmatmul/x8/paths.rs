@@ -51,11 +51,13 @@ pub(super) fn signed_bytes(dtype: GgmlType) -> bool {
 /// ones): Q4_K's and Q5_K's per 256 values, so that a block's sums stay integer until
 /// their activation scale; Q6_K's per 32, so that a 32-value output's two scaled halves add in
 /// i32 (per 256 cost more KL divergence than it saved time), and Q3_K's and Q2_K's, which
-/// run on Q6_K's kernels; the others per 16.
+/// run on Q6_K's kernels; TQ2_0's per row, as BitNet b1.58 was trained (its kernel reads
+/// any scale as coarse as per 256); the others per 16.
 pub fn act_scales(dtype: GgmlType) -> ActScales {
     match dtype {
         GgmlType::Q4K | GgmlType::Q5K => ActScales::PerSuper,
         GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q6K => ActScales::PerBlock,
+        GgmlType::Tq2_0 => ActScales::PerRow,
         _ => ActScales::PerHalf,
     }
 }
@@ -70,13 +72,15 @@ pub struct Avx2Step {
     pub signed: bool,
 }
 
-/// [`Avx2Step`] of `dtype`: Q4_K's 32-value sub-blocks are one run of eight chunks; Q5_K's
+/// [`Avx2Step`] of `dtype`: TQ2_0's 256-value blocks one run of 64 chunks; Q4_K's
+/// 32-value sub-blocks are one run of eight chunks; Q5_K's
 /// runs and the legacy formats' 16-value halves are four; Q6_K's 6-bit values fill an i16
 /// in two (Q3_K and Q2_K run on its kernels).
 pub fn avx2_step(dtype: GgmlType) -> Avx2Step {
     let (per_madd, signed) = match dtype {
         _ if signed_bytes(dtype) => (1, true),
         GgmlType::Q4K => (8, false),
+        GgmlType::Tq2_0 => (64, false),
         GgmlType::Q6K | GgmlType::Q3K | GgmlType::Q2K => (2, false),
         _ => (4, false),
     };

@@ -12,6 +12,7 @@ mod legacy;
 mod q6;
 mod q8;
 mod sums;
+mod ternary;
 mod vnni;
 
 pub(crate) use decode::decode;
@@ -21,6 +22,7 @@ use legacy::*;
 use q6::*;
 use q8::*;
 use sums::*;
+use ternary::*;
 use vnni::*;
 
 /// One group's weights as a kernel reads them: its records, and the K-quants' values
@@ -125,6 +127,7 @@ pub unsafe fn group(
             (GgmlType::Q8_0, v) => by_isa!(v, tile, q8_0 | q8_0_vnni, F_Q8_0),
             (GgmlType::Iq4Nl, v) => by_isa!(v, tile, q8_0 | q8_0_vnni, F_IQ4_NL),
             (GgmlType::Iq4Xs, v) => by_isa!(v, tile, q8_0 | q8_0_vnni, F_IQ4_XS),
+            (GgmlType::Tq2_0, v) => by_isa!(v, tile, tq2_0 | tq2_0_vnni),
             // The K-quants' tiles of up to four rows read the records themselves. Q4_K's and
             // Q5_K's AVX2 copies ran faster there than VNNI ones; Q4_K's values are decoded
             // ahead only without VNNI ([`decodes`]).
@@ -247,6 +250,9 @@ twins!(q6_two, q6_two_vnni<F: u8, PRE: bool, R: usize>
 twins!(legacy_n, legacy_n_vnni<MIN: bool, FIVE: bool, R: usize>
     (src: Src, xq: &QActs, first: usize, blocks: usize, out: &mut [[f32; GROUP]; TILE]),
     V => legacy::<V, MIN, FIVE, R>(src, xq, first, blocks, out));
+twins!(tq2_0, tq2_0_vnni<R: usize>
+    (src: Src, xq: &QActs, first: usize, blocks: usize, out: &mut [[f32; GROUP]; TILE]),
+    V => tq2::<V, R>(src, xq, first, blocks, out));
 twins!(q8_0, q8_0_vnni<F: u8, R: usize>
     (src: Src, xq: &QActs, first: usize, blocks: usize, out: &mut [[f32; GROUP]; TILE]),
     V => q8::<V, F, 1, R>([src], xq, first, blocks, std::array::from_mut(out)));

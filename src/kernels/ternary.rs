@@ -1,0 +1,337 @@
+//! Ternary weights (BitNet b1.58): values −1, 0 and +1 times a scale. Every ternary form a
+//! model arrives in (llama.cpp's TQ1_0 and TQ2_0, bitnet.cpp's I2_S, Hugging Face's uint8
+//! packing, or floats that happen to be ternary) becomes TQ2_0 blocks at load, the one
+//! form the kernels compute: 2-bit codes `t + 1`, unsigned for `maddubs`/`vpdpbusd`, with
+//! the activations' sum taken off the integer dot product.
+
+use super::quant::{f16_at, GgmlType, QK_K};
+use half::f16;
+
+/// Bytes of a TQ2_0 block: 64 bytes of 2-bit codes, then the f16 scale.
+pub const TQ2_0_BYTES: usize = 66;
+/// Bytes of a TQ1_0 block: 48 bytes of five base-3 digits, 4 of four, the f16 scale.
+pub const TQ1_0_BYTES: usize = 54;
+/// Values per I2_S group: 32 bytes, four 2-bit codes each.
+pub const I2S_GROUP: usize = 128;
+/// Bytes after an I2_S tensor's codes: its f32 scale, then 28 bytes of padding.
+pub const I2S_TRAILER: usize = 32;
+
+/// The 256 codes (`t + 1`) of a TQ2_0 block: value `128h + 32l + m` in bits `2l` of byte
+/// `32h + m`.
+pub fn tq2_0_codes(b: &[u8]) -> [u8; QK_K] {
+    std::array::from_fn(|j| {
+        let (h, l, m) = (j / 128, j % 128 / 32, j % 32);
+        (b[32 * h + m] >> (2 * l)) & 3
+    })
+}
+
+/// The 256 codes of a TQ1_0 block: bytes of base-3 digits scaled to fill a byte
+/// (`digit i = (q · 3^i mod 256) · 3 >> 8`, as ggml packs them), the first 32 bytes
+/// five digits each over 32-value runs, the next 16 over 16-value runs, and the four
+/// `qh` bytes four digits each.
+pub fn tq1_0_codes(b: &[u8]) -> [u8; QK_K] {
+    const POW3: [u8; 5] = [1, 3, 9, 27, 81];
+    let digit = |q: u8, n: usize| ((q.wrapping_mul(POW3[n]) as u16 * 3) >> 8) as u8;
+    let mut out = [0u8; QK_K];
+    let mut at = 0;
+    for (run, bytes) in [(32, &b[..32]), (16, &b[32..48])] {
+        for n in 0..5 {
+            for &q in bytes.iter().take(run) {
+                out[at] = digit(q, n);
+                at += 1;
+            }
+        }
+    }
+    for n in 0..4 {
+        for &q in &b[48..52] {
+            out[at] = digit(q, n);
+            at += 1;
+        }
+    }
+    out
+}
+
+/// A TQ2_0 block of `codes` under scale `d`.
+pub fn tq2_0_block(codes: &[u8; QK_K], d: f16) -> [u8; TQ2_0_BYTES] {
+    let mut b = [0u8; TQ2_0_BYTES];
+    for (j, &c) in codes.iter().enumerate() {
+        let (h, l, m) = (j / 128, j % 128 / 32, j % 32);
+        b[32 * h + m] |= (c & 3) << (2 * l);
+    }
+    b[64..].copy_from_slice(&d.to_le_bytes());
+    b
+}
+
+/// Bytes of an I2_S tensor of `n` values.
+pub fn i2s_bytes(n: usize) -> usize {
+    n / 4 + I2S_TRAILER
+}
+
+/// An I2_S tensor's codes (value `j` of a 128-value group in bits `6 − 2·(j / 32)` of
+/// byte `j % 32`) and its one f32 scale.
+fn i2s_codes(raw: &[u8]) -> (impl Iterator<Item = u8> + '_, f32) {
+    let n = (raw.len() - I2S_TRAILER) * 4;
+    let s = &raw[n / 4..n / 4 + 4];
+    let codes = (0..n).map(move |i| {
+        let (g, j) = (i / I2S_GROUP, i % I2S_GROUP);
+        (raw[g * 32 + j % 32] >> (6 - 2 * (j / 32))) & 3
+    });
+    (codes, f32::from_le_bytes([s[0], s[1], s[2], s[3]]))
+}
+
+/// The values of a ternary tensor, as ggml computes them: `(code − 1) · d`.
+pub fn dequantize(dtype: GgmlType, raw: &[u8]) -> Vec<f32> {
+    let value = |c: u8, d: f32| (c as i32 - 1) as f32 * d;
+    match dtype {
+        GgmlType::I2s => {
+            let (codes, d) = i2s_codes(raw);
+            codes.map(|c| value(c, d)).collect()
+        }
+        GgmlType::Tq1_0 | GgmlType::Tq2_0 => {
+            let (bytes, d_at) = if dtype == GgmlType::Tq1_0 { (TQ1_0_BYTES, 52) } else { (TQ2_0_BYTES, 64) };
+            let mut out = Vec::with_capacity(raw.len() / bytes * QK_K);
+            for b in raw.chunks_exact(bytes) {
+                let codes = if dtype == GgmlType::Tq1_0 { tq1_0_codes(b) } else { tq2_0_codes(b) };
+                let d = f16_at(b, d_at);
+                out.extend(codes.iter().map(|&c| value(c, d)));
+            }
+            out
+        }
+        other => unreachable!("{other} is not a ternary format"),
+    }
+}
+
+/// Checks a ternary tensor as a file holds it: every scale finite, every 2-bit code one
+/// of −1, 0, +1 (the fourth, 3, means nothing), and the values whole blocks.
+pub fn check(dtype: GgmlType, raw: &[u8], n: usize) -> Result<(), String> {
+    let scale = |d: f32| if d.is_finite() { Ok(()) } else { Err(format!("its scale is {d}")) };
+    let bad_code = |c: u8| c == 3;
+    match dtype {
+        GgmlType::I2s => {
+            if !n.is_multiple_of(I2S_GROUP) || raw.len() != i2s_bytes(n) {
+                return Err(format!("{n} values are not whole I2_S groups of {I2S_GROUP}"));
+            }
+            let (mut codes, d) = i2s_codes(raw);
+            scale(d)?;
+            match codes.position(bad_code) {
+                Some(i) => Err(format!("value {i} has the code 3, which is not ternary")),
+                None => Ok(()),
+            }
+        }
+        GgmlType::Tq1_0 | GgmlType::Tq2_0 => {
+            let (bytes, d_at) = if dtype == GgmlType::Tq1_0 { (TQ1_0_BYTES, 52) } else { (TQ2_0_BYTES, 64) };
+            if !n.is_multiple_of(QK_K) || raw.len() != n / QK_K * bytes {
+                return Err(format!("{n} values are not whole {dtype} blocks of {QK_K}"));
+            }
+            for (i, b) in raw.chunks_exact(bytes).enumerate() {
+                scale(f16_at(b, d_at)).map_err(|e| format!("block {i}: {e}"))?;
+                // TQ1_0's digits are in 0..3 by construction.
+                if dtype == GgmlType::Tq2_0 {
+                    if let Some(j) = tq2_0_codes(b).into_iter().position(bad_code) {
+                        return Err(format!("block {i} value {j} has the code 3, which is not ternary"));
+                    }
+                }
+            }
+            Ok(())
+        }
+        other => Err(format!("{other} is not a ternary format")),
+    }
+}
+
+/// A checked ternary tensor of rows of `k` values, as TQ2_0 blocks (the form the kernels
+/// compute); `None` if its rows are not whole TQ2_0 blocks, or its one I2_S scale is not
+/// exact in f16 (then it is computed widened).
+pub fn to_tq2_0(dtype: GgmlType, raw: &[u8], n: usize, k: usize) -> Result<Option<Vec<u8>>, String> {
+    check(dtype, raw, n)?;
+    if k == 0 || !k.is_multiple_of(QK_K) {
+        return Ok(None);
+    }
+    Ok(match dtype {
+        GgmlType::Tq2_0 => Some(raw.to_vec()),
+        GgmlType::Tq1_0 => Some(
+            raw.chunks_exact(TQ1_0_BYTES)
+                .flat_map(|b| tq2_0_block(&tq1_0_codes(b), f16::from_le_bytes([b[52], b[53]])))
+                .collect(),
+        ),
+        GgmlType::I2s => {
+            let (codes, d) = i2s_codes(raw);
+            let Some(d) = exact_f16(d) else { return Ok(None) };
+            let codes: Vec<u8> = codes.collect();
+            Some(codes.chunks_exact(QK_K).flat_map(|c| tq2_0_block(c.try_into().unwrap(), d)).collect())
+        }
+        other => return Err(format!("{other} is not a ternary format")),
+    })
+}
+
+/// `d` as an f16 when it is exactly one.
+fn exact_f16(d: f32) -> Option<f16> {
+    let h = f16::from_f32(d);
+    (h.to_f32() == d).then_some(h)
+}
+
+/// Float values that are ternary (each 256-value block's values all `−d`, `0` or `+d`,
+/// with `d` exact in f16) as TQ2_0 blocks; `None` if any block is not, or rows of `k`
+/// values are not whole blocks.
+pub fn from_floats(x: &[f32], k: usize) -> Option<Vec<u8>> {
+    if k == 0 || !k.is_multiple_of(QK_K) || !x.len().is_multiple_of(k) {
+        return None;
+    }
+    let mut out = Vec::with_capacity(x.len() / QK_K * TQ2_0_BYTES);
+    for blk in x.chunks_exact(QK_K) {
+        let d = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let h = exact_f16(d)?;
+        let mut codes = [1u8; QK_K];
+        for (c, &v) in codes.iter_mut().zip(blk) {
+            *c = match v {
+                _ if v == 0.0 => 1,
+                _ if v == d => 2,
+                _ if v == -d => 0,
+                _ => return None,
+            };
+        }
+        out.extend_from_slice(&tq2_0_block(&codes, h));
+    }
+    Some(out)
+}
+
+/// Hugging Face's packing of a ternary `[rows, k]` matrix (transformers' `pack_weights`,
+/// as BitNet b1.58 2B-4T is released): uint8 `[rows / 4, k]`, row `i · rows/4 + r` in bits
+/// `2i` of packed row `r`, codes `t + 1`. Returns the codes `[rows, k]`, or why not.
+pub fn unpack_hf(packed: &[u8], rows: usize, k: usize) -> Result<Vec<u8>, String> {
+    if !rows.is_multiple_of(4) || packed.len() != rows / 4 * k {
+        return Err(format!("{} packed bytes are not a [{}, {k}] matrix of four codes each", packed.len(), rows / 4));
+    }
+    let quarter = rows / 4;
+    let mut codes = vec![0u8; rows * k];
+    for (i, out) in codes.chunks_exact_mut(quarter * k).enumerate() {
+        for (o, &p) in out.iter_mut().zip(packed) {
+            *o = (p >> (2 * i)) & 3;
+        }
+    }
+    match codes.iter().position(|&c| c == 3) {
+        Some(at) => Err(format!("value {at} has the code 3, which is not ternary")),
+        None => Ok(codes),
+    }
+}
+
+/// Codes `[rows, k]` under one scale as TQ2_0 rows; `None` unless rows are whole blocks
+/// and the scale is exact in f16.
+pub fn codes_to_tq2_0(codes: &[u8], k: usize, scale: f32) -> Option<Vec<u8>> {
+    let d = exact_f16(scale)?;
+    (k > 0 && k.is_multiple_of(QK_K))
+        .then(|| codes.chunks_exact(QK_K).flat_map(|c| tq2_0_block(c.try_into().unwrap(), d)).collect())
+}
+
+/// TQ2_0 blocks of `x`, rounding each value to the nearest of `−d, 0, +d` with `d` its
+/// block's largest magnitude (llama.cpp's `quantize_row_tq2_0_ref`): exact for ternary
+/// weights, a coarse approximation of any others.
+pub fn quantize_tq2_0(x: &[f32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(x.len() / QK_K * TQ2_0_BYTES);
+    for blk in x.chunks_exact(QK_K) {
+        let d = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+        let codes = std::array::from_fn(|j| ((blk[j] * id).round() as i32 + 1).clamp(0, 2) as u8);
+        out.extend_from_slice(&tq2_0_block(&codes, f16::from_f32(d)));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn codes(seed: usize, n: usize) -> Vec<u8> {
+        (0..n).map(|i| ((i * 7 + seed * 13 + i / 5) % 3) as u8).collect()
+    }
+
+    #[test]
+    fn tq2_0_blocks_round_trip_and_dequantize() {
+        let c: [u8; QK_K] = codes(1, QK_K).try_into().unwrap();
+        let b = tq2_0_block(&c, f16::from_f32(0.5));
+        assert_eq!(tq2_0_codes(&b), c);
+        let v = dequantize(GgmlType::Tq2_0, &b);
+        assert!(v.iter().zip(&c).all(|(&v, &c)| v == (c as f32 - 1.0) * 0.5));
+        assert_eq!(check(GgmlType::Tq2_0, &b, QK_K), Ok(()));
+        let mut bad = b;
+        bad[7] |= 3 << 4;
+        assert!(check(GgmlType::Tq2_0, &bad, QK_K).unwrap_err().contains("code 3"));
+        let mut nan = b;
+        nan[64..].copy_from_slice(&f16::NAN.to_le_bytes());
+        assert!(check(GgmlType::Tq2_0, &nan, QK_K).unwrap_err().contains("scale"));
+        assert!(check(GgmlType::Tq2_0, &b, 128).is_err(), "a ragged block");
+    }
+
+    /// TQ1_0's digits as ggml's quantizer packs them (five per byte, scaled to fill it),
+    /// read back by [`tq1_0_codes`] and turned into the same TQ2_0 values.
+    #[test]
+    fn tq1_0_reads_as_ggml_packs() {
+        let c = codes(2, QK_K);
+        let pack = |digits: &[u8]| -> u8 {
+            let q = digits.iter().fold(0u16, |q, &d| q * 3 + d as u16);
+            // ggml: q * 256 / 243 rounded up, for five digits (fewer: times 3^(5 - len)).
+            let q = q * 3u16.pow(5 - digits.len() as u32);
+            ((q * 256).div_ceil(243)) as u8
+        };
+        let mut b = [0u8; TQ1_0_BYTES];
+        for m in 0..32 {
+            b[m] = pack(&(0..5).map(|n| c[n * 32 + m]).collect::<Vec<_>>());
+        }
+        for m in 0..16 {
+            b[32 + m] = pack(&(0..5).map(|n| c[160 + n * 16 + m]).collect::<Vec<_>>());
+        }
+        for j in 0..4 {
+            b[48 + j] = pack(&(0..4).map(|n| c[240 + n * 4 + j]).collect::<Vec<_>>());
+        }
+        b[52..].copy_from_slice(&f16::from_f32(0.25).to_le_bytes());
+        assert_eq!(tq1_0_codes(&b).to_vec(), c);
+        let as_tq2 = to_tq2_0(GgmlType::Tq1_0, &b, QK_K, QK_K).unwrap().unwrap();
+        assert_eq!(dequantize(GgmlType::Tq2_0, &as_tq2), dequantize(GgmlType::Tq1_0, &b));
+    }
+
+    #[test]
+    fn i2s_groups_and_trailer() {
+        let n = 2 * QK_K;
+        let c = codes(3, n);
+        let mut raw = vec![0u8; i2s_bytes(n)];
+        for (i, &v) in c.iter().enumerate() {
+            let (g, j) = (i / I2S_GROUP, i % I2S_GROUP);
+            raw[g * 32 + j % 32] |= v << (6 - 2 * (j / 32));
+        }
+        raw[n / 4..n / 4 + 4].copy_from_slice(&0.375f32.to_le_bytes());
+        let v = dequantize(GgmlType::I2s, &raw);
+        assert!(v.iter().zip(&c).all(|(&v, &c)| v == (c as f32 - 1.0) * 0.375));
+        let tq = to_tq2_0(GgmlType::I2s, &raw, n, QK_K).unwrap().unwrap();
+        assert_eq!(dequantize(GgmlType::Tq2_0, &tq), v);
+        // A scale f16 cannot hold exactly: computed widened instead.
+        raw[n / 4..n / 4 + 4].copy_from_slice(&0.1f32.to_le_bytes());
+        assert_eq!(to_tq2_0(GgmlType::I2s, &raw, n, QK_K), Ok(None));
+        raw[n / 4..n / 4 + 4].copy_from_slice(&f32::INFINITY.to_le_bytes());
+        assert!(check(GgmlType::I2s, &raw, n).is_err());
+        raw[n / 4..n / 4 + 4].copy_from_slice(&0.375f32.to_le_bytes());
+        raw[5] = 0xFF;
+        assert!(check(GgmlType::I2s, &raw, n).unwrap_err().contains("code 3"));
+    }
+
+    #[test]
+    fn floats_and_hf_packing() {
+        let (rows, k) = (8, QK_K);
+        let c = codes(4, rows * k);
+        let x: Vec<f32> = c.iter().map(|&c| (c as f32 - 1.0) * 0.125).collect();
+        let tq = from_floats(&x, k).unwrap();
+        assert_eq!(dequantize(GgmlType::Tq2_0, &tq), x);
+        assert_eq!(quantize_tq2_0(&x), tq);
+        let mut y = x.clone();
+        y[3] = 0.1;
+        assert!(from_floats(&y, k).is_none(), "not ternary");
+        let mut packed = vec![0u8; rows / 4 * k];
+        for (r, row) in c.chunks_exact(k).enumerate() {
+            for (col, &v) in row.iter().enumerate() {
+                packed[(r % (rows / 4)) * k + col] |= v << (2 * (r / (rows / 4)));
+            }
+        }
+        assert_eq!(unpack_hf(&packed, rows, k).unwrap(), c);
+        assert_eq!(codes_to_tq2_0(&c, k, 0.125).unwrap(), tq);
+        packed[0] |= 3;
+        assert!(unpack_hf(&packed, rows, k).is_err());
+    }
+}
