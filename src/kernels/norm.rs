@@ -58,6 +58,18 @@ pub fn gelu_tanh_mul(gate_up: &[f32], f: usize, out: &mut [f32]) {
     }
 }
 
+/// `out = relu(gate)² · up` per row (BitNet b1.58's MLP), in transformers' order: the
+/// square, then the product. Plain arithmetic that vectorizes as it stands.
+pub fn relu2_mul(gate_up: &[f32], f: usize, out: &mut [f32]) {
+    for (gu, or) in gate_up.chunks_exact(2 * f).zip(out.chunks_exact_mut(f)) {
+        let (g, u) = gu.split_at(f);
+        for ((o, &x), u) in or.iter_mut().zip(g).zip(u) {
+            let r = if x > 0.0 { x } else { 0.0 };
+            *o = r * r * u;
+        }
+    }
+}
+
 /// The vector part of one row of [`silu_mul`], the same operations 8 lanes at a time;
 /// returns how many elements it wrote.
 ///
@@ -121,6 +133,11 @@ mod tests {
             0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x.powi(3))).tanh()) * u
         };
         check_gated(gelu_tanh_mul, gelu, 1e-5, "gelu_tanh_mul");
+    }
+
+    #[test]
+    fn relu2_mul_matches_naive() {
+        check_gated(relu2_mul, |g, u| g.max(0.0).powi(2) * u, 1e-5, "relu2_mul");
     }
 
     #[test]

@@ -19,6 +19,9 @@ pub enum Arch {
     /// Gemma 2: scaled embeddings, (1 + w) norms (stored as such once loaded), post-norms,
     /// GELU-tanh, soft-capped attention and logits, sliding window on even layers.
     Gemma2,
+    /// BitNet b1.58: ternary projections (computed as TQ2_0 with per-row int8
+    /// activations, as trained), relu² MLP, RMSNorms before o_proj and down_proj.
+    BitNet,
 }
 
 impl Arch {
@@ -30,8 +33,12 @@ impl Arch {
             "qwen3" => Arch::Qwen3,
             "phi3" => Arch::Phi3,
             "gemma2" => Arch::Gemma2,
+            // llama.cpp's name, and bitnet.cpp's for its I2_S files.
+            "bitnet" | "bitnet-b1.58" => Arch::BitNet,
             other => {
-                bail!("unsupported architecture '{other}' (supported: llama, mistral, qwen2, qwen3, phi3, gemma2)")
+                bail!(
+                    "unsupported architecture '{other}' (supported: llama, mistral, qwen2, qwen3, phi3, gemma2, bitnet)"
+                )
             }
         })
     }
@@ -43,6 +50,8 @@ pub enum Activation {
     Silu,
     /// GELU with the tanh approximation (`gelu_pytorch_tanh`).
     GeluTanh,
+    /// `relu(x)²` (BitNet b1.58).
+    Relu2,
 }
 
 impl Activation {
@@ -50,8 +59,18 @@ impl Activation {
         Ok(match name {
             "silu" | "swish" => Activation::Silu,
             "gelu_pytorch_tanh" | "gelu_tanh" => Activation::GeluTanh,
-            other => bail!("unsupported activation '{other}' (supported: silu, gelu_pytorch_tanh)"),
+            "relu2" | "relu_squared" => Activation::Relu2,
+            other => bail!("unsupported activation '{other}' (supported: silu, gelu_pytorch_tanh, relu2)"),
         })
+    }
+
+    /// A family's activation when its files do not name one.
+    fn default_for(arch: Arch) -> Self {
+        match arch {
+            Arch::Gemma2 => Activation::GeluTanh,
+            Arch::BitNet => Activation::Relu2,
+            _ => Activation::Silu,
+        }
     }
 }
 
@@ -203,6 +222,39 @@ fn gguf_query_pre_attn_scalar(arch: Arch, hidden: usize, heads: usize, head_dim:
     }
 }
 
+/// A Hugging Face `quantization_config` this engine can read: BitNet's offline-packed
+/// ternary weights, multiplied by their scale (`autobitlinear`, as 2B-4T is released).
+/// Anything else is refused rather than loaded as if it were plain weights.
+fn check_quantization(arch: Arch, q: &serde_json::Value) -> Result<()> {
+    let field = |k: &str| q.get(k).and_then(|v| v.as_str());
+    let method = field("quant_method").unwrap_or("?");
+    ensure!(arch == Arch::BitNet && method == "bitnet", "quantization_config quant_method '{method}' is not supported");
+    let class = field("linear_class").unwrap_or("bitlinear");
+    ensure!(
+        class == "autobitlinear",
+        "BitNet linear_class '{class}' is not supported (only autobitlinear: weights times weight_scale)"
+    );
+    let mode = field("quantization_mode").unwrap_or("offline");
+    ensure!(mode == "offline", "BitNet quantization_mode '{mode}' is not supported (only offline-packed weights)");
+    Ok(())
+}
+
+/// The MLP activation a GGUF names (`<arch>.hidden_activation` or `.hidden_act`), or the
+/// family's. BitNet conversions that predate the key get relu², which the model was
+/// trained with (llama.cpp falls back to SiLU there, a wrong answer), with a note.
+fn gguf_activation(g: &GgufFile, name: &str, arch: Arch) -> Result<Activation> {
+    let key = ["hidden_activation", "hidden_act"].map(|k| format!("{name}.{k}"));
+    match key.iter().find_map(|k| g.get(k).and_then(Value::as_str)) {
+        Some(a) => Activation::parse(a),
+        None => {
+            if arch == Arch::BitNet {
+                eprintln!("weft: {} names no hidden activation; BitNet b1.58 uses relu²", g.path.display());
+            }
+            Ok(Activation::default_for(arch))
+        }
+    }
+}
+
 /// `1/sqrt(s)` as Hugging Face computes `s ** -0.5` (in f64, then stored as f32).
 fn attn_scale(s: f32) -> f32 {
     (s as f64).powf(-0.5) as f32
@@ -249,6 +301,7 @@ struct HfConfig {
     query_pre_attn_scalar: Option<f32>,
     attn_logit_softcapping: Option<f32>,
     final_logit_softcapping: Option<f32>,
+    quantization_config: Option<serde_json::Value>,
 }
 
 fn default_theta() -> f32 {
@@ -266,9 +319,11 @@ impl ModelConfig {
         let arch = Arch::parse(c.model_type.as_deref().unwrap_or("?"))?;
         let activation = match c.hidden_act.as_deref().or(c.hidden_activation.as_deref()) {
             Some(a) => Activation::parse(a)?,
-            None if arch == Arch::Gemma2 => Activation::GeluTanh,
-            None => Activation::Silu,
+            None => Activation::default_for(arch),
         };
+        if let Some(q) = &c.quantization_config {
+            check_quantization(arch, q)?;
+        }
         let rope_scaling = match c.rope_scaling.filter(|v| !v.is_null()) {
             Some(v) => RopeScaling::from_hf(&v, (c.max_position_embeddings, c.original_max_position_embeddings))?,
             None => RopeScaling::None,
@@ -385,7 +440,7 @@ impl ModelConfig {
             rope_theta: float("rope.freq_base").unwrap_or(10000.0),
             rope_scaling,
             tie_word_embeddings: !g.tensors.contains_key("output.weight"),
-            activation: if arch == Arch::Gemma2 { Activation::GeluTanh } else { Activation::Silu },
+            activation: gguf_activation(g, name, arch)?,
             qkv_bias: g.tensors.contains_key("blk.0.attn_q.bias"),
             sliding_window: sliding_window.filter(|_| !matches!(arch, Arch::Qwen2 | Arch::Qwen3)),
             attn_scale: attn_scale(gguf_query_pre_attn_scalar(arch, hidden, heads, head_dim, int("block_count")?)),

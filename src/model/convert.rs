@@ -147,6 +147,7 @@ fn arch_name(arch: Arch) -> &'static str {
         Arch::Qwen3 => "qwen3",
         Arch::Phi3 => "phi3",
         Arch::Gemma2 => "gemma2",
+        Arch::BitNet => "bitnet",
     }
 }
 

@@ -10,7 +10,7 @@ use super::tensor::Tensor;
 use super::weight::{Weight, WeightDtype};
 use crate::kernels::attention::{attend, softcap, KvSpan, Scoring, Scratch};
 use crate::kernels::matmul::Half;
-use crate::kernels::norm::{gelu_tanh_mul, rmsnorm_in_place};
+use crate::kernels::norm::{gelu_tanh_mul, relu2_mul, rmsnorm_in_place};
 use crate::kernels::qmatmul::{QActs, QMatrix};
 use crate::kernels::quant::GgmlType;
 use crate::kernels::rope::Rope;
@@ -27,12 +27,16 @@ struct Layer {
     qkv_bias: Option<Tensor>,
     /// Per-head RMSNorm weights of q and k, applied before RoPE (Qwen3).
     qk_norm: Option<(Tensor, Tensor)>,
+    /// Normalizes the attention output before `wo` (BitNet's `attn_sub_norm`).
+    attn_sub_norm: Option<Tensor>,
     wo: Weight,
     /// Normalizes the attention output before the residual add (Gemma 2).
     post_attn_norm: Option<Tensor>,
     ffn_norm: Tensor,
     /// gate and up projections stacked: `[2 intermediate, hidden]`.
     w_gate_up: Weight,
+    /// Normalizes the gated activation before `w_down` (BitNet's `ffn_sub_norm`).
+    ffn_sub_norm: Option<Tensor>,
     w_down: Weight,
     /// Normalizes the MLP output before the residual add (Gemma 2).
     post_ffn_norm: Option<Tensor>,
@@ -209,6 +213,15 @@ impl Decoder {
         let c = &config;
         let (d, f, hd) = (c.hidden_size, c.intermediate_size, c.head_dim);
         let gemma = c.arch == Arch::Gemma2;
+        let bitnet = c.arch == Arch::BitNet;
+        // BitNet's projections are ternary: computed as TQ2_0 blocks unless `dtype` is f32.
+        let load = |parts: &[(&str, [usize; 2])]| {
+            if bitnet {
+                Weight::load_ternary(src, parts, dtype)
+            } else {
+                Weight::load(src, parts, dtype)
+            }
+        };
         // Gemma's norms multiply by (1 + w); llama.cpp's converter stores the sum.
         let add_one = gemma && !src.norms_include_one();
         let norm = |name: &str, len: usize| -> Result<Tensor> {
@@ -227,9 +240,9 @@ impl Decoder {
                 (attn("v_proj", "weight"), [c.kv_dim(), d]),
             ];
             let wqkv = if c.arch == Arch::Phi3 {
-                Weight::load(src, &[(&attn("qkv_proj", "weight"), [c.q_dim() + 2 * c.kv_dim(), d])], dtype)?
+                load(&[(&attn("qkv_proj", "weight"), [c.q_dim() + 2 * c.kv_dim(), d])])?
             } else {
-                Weight::load(src, &qkv_parts.each_ref().map(|(n, s)| (n.as_str(), *s)), dtype)?
+                load(&qkv_parts.each_ref().map(|(n, s)| (n.as_str(), *s)))?
             };
             let qkv_bias = if c.qkv_bias {
                 let mut all = Vec::with_capacity(c.q_dim() + 2 * c.kv_dim());
@@ -246,9 +259,14 @@ impl Decoder {
                 None
             };
             let w_gate_up = if c.arch == Arch::Phi3 {
-                Weight::load(src, &[(&name("mlp.gate_up_proj"), [2 * f, d])], dtype)?
+                load(&[(&name("mlp.gate_up_proj"), [2 * f, d])])?
             } else {
-                Weight::load(src, &[(&name("mlp.gate_proj"), [f, d]), (&name("mlp.up_proj"), [f, d])], dtype)?
+                load(&[(&name("mlp.gate_proj"), [f, d]), (&name("mlp.up_proj"), [f, d])])?
+            };
+            let (attn_sub_norm, ffn_sub_norm) = if bitnet {
+                (Some(norm(&name("self_attn.attn_sub_norm"), c.q_dim())?), Some(norm(&name("mlp.ffn_sub_norm"), f)?))
+            } else {
+                (None, None)
             };
             let (post_attn_norm, ffn_norm, post_ffn_norm) = if gemma {
                 (
@@ -264,11 +282,13 @@ impl Decoder {
                 wqkv,
                 qkv_bias,
                 qk_norm,
-                wo: Weight::load(src, &[(&attn("o_proj", "weight"), [d, c.q_dim()])], dtype)?,
+                attn_sub_norm,
+                wo: load(&[(&attn("o_proj", "weight"), [d, c.q_dim()])])?,
                 post_attn_norm,
                 ffn_norm,
                 w_gate_up,
-                w_down: Weight::load(src, &[(&name("mlp.down_proj"), [d, f])], dtype)?,
+                ffn_sub_norm,
+                w_down: load(&[(&name("mlp.down_proj"), [d, f])])?,
                 post_ffn_norm,
                 window: c.layer_window(i),
             });
@@ -326,9 +346,12 @@ impl Decoder {
         self.layers.iter().any(|l| l.matrices().into_iter().any(quant))
     }
 
-    /// The KV cache element type `choice` comes to for this model.
+    /// The KV cache element type `choice` comes to for this model: f16 by default where
+    /// the matrices are approximate anyway, except for BitNet, whose int8 activation
+    /// rounding amplifies the f16 cache's (tiny-bitnet, teacher-forced top-1 agreement with
+    /// transformers: f16 cache 94.6 %, f32 cache 100 %).
     pub fn kv_dtype(&self, choice: KvCacheDtype) -> KvDtype {
-        choice.resolve(self.quantized())
+        choice.resolve(self.quantized() && self.config.arch != Arch::BitNet)
     }
 
     /// Bytes of weights read by one step (the decode bandwidth bound).
@@ -434,6 +457,9 @@ impl Decoder {
                 let q = &qkv_ro[r * width + g * group_width..][..task_width];
                 attend(q, view.heads(g, heads), span, scoring, scratch, out);
             });
+            if let Some(w) = &layer.attn_sub_norm {
+                rows_par_mut(attn, qd).for_each(|rows| rmsnorm_in_place(rows, w.data(), eps));
+            }
             layer.wo.matmul(attn, &mut ws.xq, tmp, t);
             let post = layer.post_attn_norm.as_ref().map(Tensor::data);
             add_and_norm(h, tmp, post, Some(layer.ffn_norm.data()), eps, xn, d);
@@ -442,8 +468,15 @@ impl Decoder {
             let activation = match c.activation {
                 Activation::Silu => silu_mul,
                 Activation::GeluTanh => gelu_tanh_mul,
+                Activation::Relu2 => relu2_mul,
             };
-            rows_par(gate_up, 2 * f).zip(rows_par_mut(act, f)).for_each(|(gu, act)| activation(gu, f, act));
+            let sub_norm = layer.ffn_sub_norm.as_ref().map(Tensor::data);
+            rows_par(gate_up, 2 * f).zip(rows_par_mut(act, f)).for_each(|(gu, act)| {
+                activation(gu, f, act);
+                if let Some(w) = sub_norm {
+                    rmsnorm_in_place(act, w, eps);
+                }
+            });
             layer.w_down.matmul(act, &mut ws.xq, tmp, t);
             // The next layer's input norm, fused with the residual add.
             let post = layer.post_ffn_norm.as_ref().map(Tensor::data);

@@ -6,6 +6,7 @@ use crate::kernels::matmul::Half;
 use crate::kernels::qmatmul::{qmatmul, quantize_rows, QActs, QMatrix};
 use crate::kernels::quant::GgmlType;
 use crate::kernels::quantize::{fitting, quantize_matrix};
+use crate::kernels::ternary;
 use crate::kernels::{matmul, PackedMatrix};
 use anyhow::Result;
 use rayon::prelude::*;
@@ -71,6 +72,35 @@ impl Weight {
             all.extend_from_slice(src.load(name, shape)?.data());
         }
         Ok(Weight::F32(PackedMatrix::pack(&all, rows, k)))
+    }
+
+    /// BitNet's ternary projections: with `dtype` auto, TQ2_0 blocks computed with per-row
+    /// int8 activations, as the model was trained, from whatever ternary form the file
+    /// holds (sources give TQ1_0, I2_S and packed Hugging Face weights as TQ2_0) or from
+    /// float weights that are ternary. Otherwise, and for weights that are not ternary
+    /// (said in the log), as [`Weight::load`].
+    pub fn load_ternary(src: &dyn WeightSource, parts: &[(&str, [usize; 2])], dtype: WeightDtype) -> Result<Self> {
+        if dtype != WeightDtype::Auto {
+            return Self::load(src, parts, dtype);
+        }
+        let k = parts[0].1[1];
+        let mut blocks = Vec::with_capacity(parts.len());
+        for (name, shape) in parts {
+            if let Some((t, raw)) = src.load_blocks(name, shape)? {
+                blocks.push((t, shape[0], raw));
+                continue;
+            }
+            match ternary::from_floats(src.load(name, shape)?.data(), k) {
+                Some(raw) => blocks.push((GgmlType::Tq2_0, shape[0], Cow::Owned(raw))),
+                None => {
+                    eprintln!("weft: {name} is not ternary in 256-value blocks; computed as stored");
+                    return Self::load(src, parts, dtype);
+                }
+            }
+        }
+        let m = QMatrix::new(k, blocks);
+        parts.iter().for_each(|(name, _)| src.release(name));
+        Ok(Weight::Quant(m?))
     }
 
     /// `parts` stacked in their block formats, when `dtype` keeps stored forms and every

@@ -149,15 +149,13 @@ pub const MARGIN: f32 = 1e-3;
 /// A KV cache of the model's default element type in blocks of 16, and the block table of
 /// one sequence of `n` tokens in it, for driving `Decoder::forward` by hand.
 pub fn kv_for(m: &LoadedModel, n: usize) -> (KvCache, BlockTable) {
+    kv_as(m, n, KvCacheDtype::Auto)
+}
+
+/// [`kv_for`] with the KV cache element type `dtype` asks for.
+pub fn kv_as(m: &LoadedModel, n: usize, dtype: KvCacheDtype) -> (KvCache, BlockTable) {
     let c = &m.model.config;
-    let kv = KvCache::new(
-        m.model.kv_dtype(KvCacheDtype::Auto),
-        c.num_layers,
-        n.div_ceil(16),
-        16,
-        c.num_kv_heads,
-        c.head_dim,
-    );
+    let kv = KvCache::new(m.model.kv_dtype(dtype), c.num_layers, n.div_ceil(16), 16, c.num_kv_heads, c.head_dim);
     let mut alloc = BlockAllocator::new(kv.num_blocks(), false);
     let mut table = BlockTable::default();
     table.reserve(&mut alloc, n, 16).unwrap();
@@ -167,8 +165,13 @@ pub fn kv_for(m: &LoadedModel, n: usize) -> (KvCache, BlockTable) {
 /// Logits at every step of `prompt` followed by `generated`, one token at a time after
 /// the prompt.
 pub fn teacher_forced(m: &LoadedModel, prompt: &[u32], generated: &[u32]) -> Vec<Vec<f32>> {
+    teacher_forced_kv(m, prompt, generated, KvCacheDtype::Auto)
+}
+
+/// [`teacher_forced`] over a KV cache of the element type `kv_dtype` asks for.
+pub fn teacher_forced_kv(m: &LoadedModel, prompt: &[u32], generated: &[u32], kv_dtype: KvCacheDtype) -> Vec<Vec<f32>> {
     let llama = &m.model;
-    let (mut kv, table) = kv_for(m, prompt.len() + generated.len());
+    let (mut kv, table) = kv_as(m, prompt.len() + generated.len(), kv_dtype);
     let mut ws = Workspace::default();
     let (mut ctx, mut feed, mut out) = (0, prompt.to_vec(), Vec::new());
     for &next in generated {
@@ -255,7 +258,17 @@ pub const VARIANTS: &[(&str, &str)] = &[
     ("tiny-llama3-q/tiny-llama3-q.Q4_K_M.gguf", "tiny-llama3-q/reference.Q4_K_M.json"),
     ("tiny-llama3-q/tiny-llama3-q.Q5_K_M.gguf", "tiny-llama3-q/reference.Q5_K_M.json"),
     ("tiny-llama3-q/tiny-llama3-q.Q6_K.gguf", "tiny-llama3-q/reference.Q6_K.json"),
+    // Ternary: every form of the same numbers against float activations (the int8 ones,
+    // what transformers computes, are judged in tests/ternary.rs).
+    ("tiny-bitnet", BITNET_FLOAT),
+    ("tiny-bitnet/tiny-bitnet.gguf", BITNET_FLOAT),
+    ("tiny-bitnet/tiny-bitnet.TQ2_0.gguf", BITNET_FLOAT),
+    ("tiny-bitnet/tiny-bitnet.TQ1_0.gguf", BITNET_FLOAT),
+    ("tiny-bitnet/tiny-bitnet.I2_S.gguf", BITNET_FLOAT),
 ];
+
+/// tiny-bitnet's reference with activations kept in float.
+pub const BITNET_FLOAT: &str = "tiny-bitnet/reference.float-activations.json";
 
 use weft::engine::{EngineConfig, EngineHandle, Event, FinishReason, Request, RequestStream, Usage};
 

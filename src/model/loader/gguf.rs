@@ -4,10 +4,11 @@
 use super::{check_shape, le_u16s, Tensor, WeightSource};
 use crate::kernels::matmul::Half;
 use crate::kernels::qmatmul::QMatrix;
-use crate::kernels::quant::GgmlType;
+use crate::kernels::quant::{GgmlType, TERNARY_ONLY_READ};
+use crate::kernels::ternary;
 use crate::model::config::{Arch, ModelConfig};
 use crate::model::gguf::{GgufFile, TensorInfo};
-use anyhow::{Context, Result};
+use anyhow::{anyhow, Context, Result};
 use std::borrow::Cow;
 
 pub struct GgufWeights<'a> {
@@ -53,6 +54,8 @@ pub fn gguf_name(arch: Arch, hf: &str) -> Option<String> {
         (_, "self_attn.q_norm") => "attn_q_norm",
         (_, "self_attn.k_norm") => "attn_k_norm",
         (_, "self_attn.o_proj") => "attn_output",
+        (_, "self_attn.attn_sub_norm") => "attn_sub_norm",
+        (_, "mlp.ffn_sub_norm") => "ffn_sub_norm",
         (_, "mlp.gate_proj") => "ffn_gate",
         // Phi-3's fused gate_up is llama.cpp's ffn_up of twice the height.
         (_, "mlp.up_proj" | "mlp.gate_up_proj") => "ffn_up",
@@ -109,6 +112,16 @@ impl GgufWeights<'_> {
         }
     }
 
+    /// A ternary tensor's codes and scales checked, the error naming it.
+    fn check_ternary(&self, name: &str, info: &TensorInfo) -> Result<()> {
+        if !matches!(info.dtype, GgmlType::Tq1_0 | GgmlType::Tq2_0 | GgmlType::I2s) {
+            return Ok(());
+        }
+        let (n, gname) = (info.shape.iter().product(), gguf_name(self.arch, name).unwrap_or_default());
+        ternary::check(info.dtype, self.file.raw(info), n)
+            .map_err(|e| anyhow!("{}: tensor {gname} ({name}, {}): {e}", self.file.path.display(), info.dtype))
+    }
+
     /// The heads whose rows llama.cpp's converter reordered in tensor `name`, if it did.
     fn permuted_heads(&self, name: &str) -> Option<usize> {
         if self.arch != Arch::Llama {
@@ -134,6 +147,7 @@ impl WeightSource for GgufWeights<'_> {
 
     fn load(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
         let info = self.info(name, shape)?;
+        self.check_ternary(name, info)?;
         let data = self.hf_rows(name, self.file.dequantize(info), shape[1..].iter().product());
         self.file.release(info);
         Ok(Tensor::owned(shape.to_vec(), data))
@@ -153,6 +167,12 @@ impl WeightSource for GgufWeights<'_> {
 
     fn load_blocks(&self, name: &str, shape: &[usize]) -> Result<Option<(GgmlType, Cow<'_, [u8]>)>> {
         let info = self.info(name, shape)?;
+        self.check_ternary(name, info)?;
+        if shape.len() == 2 && TERNARY_ONLY_READ.contains(&info.dtype) {
+            let (n, raw) = (shape[0] * shape[1], self.file.raw(info));
+            let tq2 = ternary::to_tq2_0(info.dtype, raw, n, shape[1]).map_err(|e| anyhow!(e))?;
+            return Ok(tq2.map(|b| (GgmlType::Tq2_0, Cow::Owned(b))));
+        }
         if !QMatrix::supports(info.dtype) || shape.len() != 2 {
             return Ok(None);
         }

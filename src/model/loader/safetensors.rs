@@ -3,9 +3,12 @@
 
 use super::{check_shape, le_u16s, Tensor, WeightSource};
 use crate::kernels::matmul::Half;
+use crate::kernels::quant::GgmlType;
+use crate::kernels::ternary;
 use anyhow::{bail, Context, Result};
 use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -82,12 +85,44 @@ impl SafetensorsWeights {
     }
 }
 
+impl SafetensorsWeights {
+    /// A ternary matrix `[rows, k]` packed as BitNet b1.58 is released (uint8 `[rows / 4,
+    /// k]`, four codes a byte, and a one-value `<name>_scale` beside it): its codes and
+    /// scale, or `None` when `name` is not stored so.
+    fn packed_ternary(&self, name: &str, shape: &[usize]) -> Result<Option<(Vec<u8>, f32)>> {
+        let (Some(e), [rows, k]) = (self.entries.get(name), shape) else { return Ok(None) };
+        let scale_name = format!("{name}_scale");
+        if e.dtype != Dtype::U8 || !self.entries.contains_key(&scale_name) {
+            return Ok(None);
+        }
+        let (path, map) = &self.files[e.file];
+        let fail = |why: String| anyhow::anyhow!("{}: tensor {name}: {why}", path.display());
+        if e.shape != [rows / 4, *k] || !rows.is_multiple_of(4) {
+            return Err(fail(format!("packed shape {:?}, expected [{}, {k}] for [{rows}, {k}]", e.shape, rows / 4)));
+        }
+        let codes = ternary::unpack_hf(&map[e.offset..e.offset + e.len_bytes], *rows, *k).map_err(fail)?;
+        let scale = self.load(&scale_name, &[1])?.data()[0];
+        if !scale.is_finite() {
+            return Err(fail(format!("its weight_scale is {scale}")));
+        }
+        Ok(Some((codes, scale)))
+    }
+}
+
 impl WeightSource for SafetensorsWeights {
     fn contains(&self, name: &str) -> bool {
         self.entries.contains_key(name)
     }
 
+    fn load_blocks(&self, name: &str, shape: &[usize]) -> Result<Option<(GgmlType, Cow<'_, [u8]>)>> {
+        let Some((codes, scale)) = self.packed_ternary(name, shape)? else { return Ok(None) };
+        Ok(ternary::codes_to_tq2_0(&codes, shape[1], scale).map(|b| (GgmlType::Tq2_0, Cow::Owned(b))))
+    }
+
     fn load_half(&self, name: &str, shape: &[usize]) -> Result<Option<(Half, Vec<u16>)>> {
+        if self.packed_ternary(name, shape)?.is_some() {
+            return Ok(None);
+        }
         let (e, _, map) = self.entry(name, shape)?;
         let format = match e.dtype {
             Dtype::F16 => Half::F16,
@@ -98,6 +133,11 @@ impl WeightSource for SafetensorsWeights {
     }
 
     fn load(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        if let Some((codes, scale)) = self.packed_ternary(name, shape)? {
+            // W = t · weight_scale (`autobitlinear`), as the f32 path computes it.
+            let data = codes.iter().map(|&c| (c as i32 - 1) as f32 * scale).collect();
+            return Ok(Tensor::owned(shape.to_vec(), data));
+        }
         let (e, path, map) = self.entry(name, shape)?;
         let n: usize = shape.iter().product();
         let bytes = &map[e.offset..e.offset + e.len_bytes];
