@@ -12,9 +12,13 @@ use weft::engine::{EngineConfig, EngineHandle};
 use weft::kernels::quant::GgmlType;
 use weft::kv::KvCacheDtype;
 use weft::loaded::LoadedModel;
+use weft::model::convert::hf_to_gguf;
+use weft::model::file_type::parse_file_type_name;
 use weft::model::gguf::GgufFile;
+use weft::model::requantize::requantize;
 use weft::model::WeightDtype;
 use weft::sampling::argmax;
+use weft::tokenizer::gguf_metadata;
 
 const FILES: [&str; 5] = [
     "tiny-bitnet",
@@ -128,4 +132,39 @@ fn ternary_tensors_that_are_not_ternary_are_refused() {
         t[at..at + 4].copy_from_slice(&f32::INFINITY.to_le_bytes())
     });
     assert!(why.contains("blk.0.attn_q.weight") && why.contains("scale is inf"), "{why}");
+}
+
+/// `weft quantize --type tq1_0|tq2_0` from the Hugging Face directory and from the F16
+/// GGUF writes the tensors llama-quantize wrote for the fixture, byte for byte; weights
+/// that are not ternary are refused, not approximated.
+#[test]
+fn quantizing_to_ternary_round_trips_exactly() {
+    if shared_models().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let hf = common::fixture("tiny-bitnet").unwrap();
+    let f16 = common::fixture("tiny-bitnet/tiny-bitnet.gguf").unwrap();
+    for t in ["tq1_0", "tq2_0"] {
+        let ft = parse_file_type_name(t).unwrap();
+        let want =
+            GgufFile::open(&common::fixture(&format!("tiny-bitnet/tiny-bitnet.{}.gguf", t.to_uppercase())).unwrap())
+                .unwrap();
+        let (from_hf, from_f16) = (dir.path().join(format!("hf.{t}.gguf")), dir.path().join(format!("f16.{t}.gguf")));
+        hf_to_gguf(&hf, &from_hf, ft, |vocab| gguf_metadata(&hf, vocab)).unwrap();
+        requantize(&f16, &from_f16, ft).unwrap();
+        for path in [&from_hf, &from_f16] {
+            let got = GgufFile::open(path).unwrap();
+            assert_eq!(got.tensors.len(), want.tensors.len(), "{}", path.display());
+            for (name, info) in &want.tensors {
+                let mine = &got.tensors[name];
+                assert_eq!((mine.dtype, &mine.shape), (info.dtype, &info.shape), "{} {name}", path.display());
+                assert_eq!(got.raw(mine), want.raw(info), "{} {name}", path.display());
+            }
+        }
+    }
+    let not_ternary = common::fixture("tiny-llama3/tiny-llama3.gguf").unwrap();
+    let err = requantize(&not_ternary, &dir.path().join("no.gguf"), parse_file_type_name("tq2_0").unwrap());
+    let why = format!("{:#}", err.unwrap_err());
+    assert!(why.contains("cannot be written as TQ2_0"), "{why}");
 }

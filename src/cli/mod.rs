@@ -92,7 +92,7 @@ pub struct EngineArgs {
     pub kv_cache_memory: usize,
     /// Element type of the KV cache (`auto`: f16 for block-format weights, halving the
     /// cache's memory and the bytes decode reads from it; f32 for float weights, which then
-    /// compute exactly).
+    /// compute exactly, and for BitNet, whose int8 activations amplify f16 rounding).
     #[arg(long, default_value = "auto")]
     pub kv_cache_dtype: crate::kv::KvCacheDtype,
     /// Tokens per KV cache block.

@@ -16,8 +16,10 @@ pub struct QuantizeArgs {
     /// The GGUF file to write.
     pub output: PathBuf,
     /// The file type, as llama-quantize names them: q4_k_m, q4_k_s, q5_k_m, q5_k_s, q6_k, q8_0,
-    /// q4_0, q4_1, q5_0, q5_1, iq4_nl, iq4_xs, f16, bf16, f32. The output matrix gets Q6_K (unless the type is q8_0
-    /// or wider), and the _m mixes Q6_K on some layers' attn_v and ffn_down.
+    /// q4_0, q4_1, q5_0, q5_1, iq4_nl, iq4_xs, f16, bf16, f32, and for ternary (BitNet) models tq1_0
+    /// and tq2_0 (weights that are not ternary are refused; the embedding stays f16). The output
+    /// matrix gets Q6_K (unless the type is q8_0 or wider), and the _m mixes Q6_K on some
+    /// layers' attn_v and ffn_down.
     #[arg(long = "type", value_parser = parse_file_type_name)]
     pub file_type: FileType,
     /// Every matrix in the type's base format, with no mix (llama-quantize's --pure).

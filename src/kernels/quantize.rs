@@ -34,9 +34,11 @@ pub fn parse_target(s: &str) -> Result<GgmlType, String> {
     }
 }
 
-/// Whether [`quantize`] writes `t`: a block format of [`TARGETS`], or plain f32 / f16 / bf16.
+/// Whether [`quantize`] writes `t`: a block format of [`TARGETS`], plain f32 / f16 / bf16,
+/// or (for ternary weights, into files) TQ1_0 / TQ2_0.
 pub fn writable(t: GgmlType) -> bool {
-    TARGETS.contains(&t) || matches!(t, GgmlType::F16 | GgmlType::Bf16 | GgmlType::F32)
+    TARGETS.contains(&t)
+        || matches!(t, GgmlType::F16 | GgmlType::Bf16 | GgmlType::F32 | GgmlType::Tq1_0 | GgmlType::Tq2_0)
 }
 
 /// A file's matrix type for `weft quantize` (see [`writable`]).
@@ -44,7 +46,7 @@ pub fn parse_file_type(s: &str) -> Result<GgmlType, String> {
     match s.parse::<GgmlType>()? {
         t if writable(t) => Ok(t),
         t => Err(format!(
-            "cannot write matrices as {t:?} (supported: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, iq4_nl, iq4_xs)"
+            "cannot write matrices as {t:?} (supported: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, tq1_0, tq2_0)"
         )),
     }
 }
@@ -86,7 +88,7 @@ pub fn quantize(dtype: GgmlType, x: &[f32]) -> Vec<u8> {
             GgmlType::Q6K => q6_k(x, b),
             GgmlType::Iq4Nl => iq4_nl(x, b),
             GgmlType::Iq4Xs => iq4_xs(x, b),
-            GgmlType::Tq2_0 => b.copy_from_slice(&super::ternary::quantize_tq2_0(x)),
+            GgmlType::Tq2_0 | GgmlType::Tq1_0 => b.copy_from_slice(&super::ternary::quantize(dtype, x)),
             other => panic!("quantizing to {other:?} is not supported"),
         }
     }

@@ -62,6 +62,28 @@ pub fn tq2_0_block(codes: &[u8; QK_K], d: f16) -> [u8; TQ2_0_BYTES] {
     b
 }
 
+/// A TQ1_0 block of `codes` under scale `d`, packed as ggml packs it: five base-3 digits
+/// a byte (the first the most significant), the byte `⌈q · 256 / 243⌉` so that
+/// [`tq1_0_codes`] reads each digit back with a multiply and a shift.
+pub fn tq1_0_block(codes: &[u8; QK_K], d: f16) -> [u8; TQ1_0_BYTES] {
+    let pack = |digits: &mut dyn Iterator<Item = u8>, n: u32| -> u8 {
+        let q = digits.fold(0u16, |q, c| q * 3 + c as u16) * 3u16.pow(5 - n);
+        (q * 256).div_ceil(243) as u8
+    };
+    let mut b = [0u8; TQ1_0_BYTES];
+    for m in 0..32 {
+        b[m] = pack(&mut (0..5).map(|n| codes[n * 32 + m]), 5);
+    }
+    for m in 0..16 {
+        b[32 + m] = pack(&mut (0..5).map(|n| codes[160 + n * 16 + m]), 5);
+    }
+    for j in 0..4 {
+        b[48 + j] = pack(&mut (0..4).map(|n| codes[240 + n * 4 + j]), 4);
+    }
+    b[52..].copy_from_slice(&d.to_le_bytes());
+    b
+}
+
 /// Bytes of an I2_S tensor of `n` values.
 pub fn i2s_bytes(n: usize) -> usize {
     n / 4 + I2S_TRAILER
@@ -222,18 +244,35 @@ pub fn codes_to_tq2_0(codes: &[u8], k: usize, scale: f32) -> Option<Vec<u8>> {
         .then(|| codes.chunks_exact(QK_K).flat_map(|c| tq2_0_block(c.try_into().unwrap(), d)).collect())
 }
 
-/// TQ2_0 blocks of `x`, rounding each value to the nearest of `−d, 0, +d` with `d` its
-/// block's largest magnitude (llama.cpp's `quantize_row_tq2_0_ref`): exact for ternary
-/// weights, a coarse approximation of any others.
-pub fn quantize_tq2_0(x: &[f32]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(x.len() / QK_K * TQ2_0_BYTES);
+/// TQ2_0 (or TQ1_0) blocks of `x`, rounding each value to the nearest of `−d, 0, +d` with
+/// `d` its block's largest magnitude (llama.cpp's `quantize_row_tq2_0_ref`): exact for
+/// ternary weights, a coarse approximation of any others ([`not_ternary`] tells them apart).
+pub fn quantize(dtype: GgmlType, x: &[f32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(x.len() / QK_K * dtype.block().1);
     for blk in x.chunks_exact(QK_K) {
         let d = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
         let id = if d > 0.0 { 1.0 / d } else { 0.0 };
         let codes = std::array::from_fn(|j| ((blk[j] * id).round() as i32 + 1).clamp(0, 2) as u8);
-        out.extend_from_slice(&tq2_0_block(&codes, f16::from_f32(d)));
+        match dtype {
+            GgmlType::Tq1_0 => out.extend_from_slice(&tq1_0_block(&codes, f16::from_f32(d))),
+            _ => out.extend_from_slice(&tq2_0_block(&codes, f16::from_f32(d))),
+        }
     }
     out
+}
+
+/// Why `x` (rows of `k` values) would not survive TQ1_0 or TQ2_0 exactly, if it would not:
+/// a 256-value block holding a value other than `−d`, `0`, `+d`, or a `d` f16 cannot hold.
+pub fn not_ternary(x: &[f32], k: usize) -> Option<String> {
+    if k == 0 || !k.is_multiple_of(QK_K) {
+        return Some(format!("rows of {k} values are not whole blocks of {QK_K}"));
+    }
+    let (i, blk) = x.chunks_exact(QK_K).enumerate().find(|(_, b)| from_floats(b, QK_K).is_none())?;
+    let d = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
+    Some(match blk.iter().find(|&&v| v != 0.0 && v.abs() != d) {
+        Some(v) => format!("block {i} holds {v} beside ±{d}: the weights are not ternary"),
+        None => format!("block {i}'s scale {d} is not exact in f16"),
+    })
 }
 
 #[cfg(test)]
@@ -261,31 +300,28 @@ mod tests {
         assert!(check(GgmlType::Tq2_0, &b, 128).is_err(), "a ragged block");
     }
 
-    /// TQ1_0's digits as ggml's quantizer packs them (five per byte, scaled to fill it),
-    /// read back by [`tq1_0_codes`] and turned into the same TQ2_0 values.
+    /// TQ1_0's digits packed as ggml packs them (five per byte, scaled to fill it) read
+    /// back, every combination of five digits included, and turned into the same TQ2_0
+    /// values.
     #[test]
-    fn tq1_0_reads_as_ggml_packs() {
-        let c = codes(2, QK_K);
-        let pack = |digits: &[u8]| -> u8 {
-            let q = digits.iter().fold(0u16, |q, &d| q * 3 + d as u16);
-            // ggml: q * 256 / 243 rounded up, for five digits (fewer: times 3^(5 - len)).
-            let q = q * 3u16.pow(5 - digits.len() as u32);
-            ((q * 256).div_ceil(243)) as u8
-        };
-        let mut b = [0u8; TQ1_0_BYTES];
-        for m in 0..32 {
-            b[m] = pack(&(0..5).map(|n| c[n * 32 + m]).collect::<Vec<_>>());
+    fn tq1_0_reads_what_it_packs() {
+        for seed in 0..243 {
+            let c: [u8; QK_K] = std::array::from_fn(|i| {
+                if i < 160 {
+                    (seed / 3usize.pow((i / 32) as u32) % 3) as u8
+                } else {
+                    ((i * 5 + seed) % 3) as u8
+                }
+            });
+            let b = tq1_0_block(&c, f16::from_f32(0.25));
+            assert_eq!(tq1_0_codes(&b), c, "digits {seed}");
         }
-        for m in 0..16 {
-            b[32 + m] = pack(&(0..5).map(|n| c[160 + n * 16 + m]).collect::<Vec<_>>());
-        }
-        for j in 0..4 {
-            b[48 + j] = pack(&(0..4).map(|n| c[240 + n * 4 + j]).collect::<Vec<_>>());
-        }
-        b[52..].copy_from_slice(&f16::from_f32(0.25).to_le_bytes());
-        assert_eq!(tq1_0_codes(&b).to_vec(), c);
+        let c: [u8; QK_K] = codes(2, QK_K).try_into().unwrap();
+        let b = tq1_0_block(&c, f16::from_f32(0.25));
         let as_tq2 = to_tq2_0(GgmlType::Tq1_0, &b, QK_K, QK_K).unwrap().unwrap();
         assert_eq!(dequantize(GgmlType::Tq2_0, &as_tq2), dequantize(GgmlType::Tq1_0, &b));
+        let x = dequantize(GgmlType::Tq1_0, &b);
+        assert_eq!(quantize(GgmlType::Tq1_0, &x), b.to_vec());
     }
 
     #[test]
@@ -319,10 +355,15 @@ mod tests {
         let x: Vec<f32> = c.iter().map(|&c| (c as f32 - 1.0) * 0.125).collect();
         let tq = from_floats(&x, k).unwrap();
         assert_eq!(dequantize(GgmlType::Tq2_0, &tq), x);
-        assert_eq!(quantize_tq2_0(&x), tq);
+        assert_eq!(quantize(GgmlType::Tq2_0, &x), tq);
+        assert_eq!(not_ternary(&x, k), None);
         let mut y = x.clone();
         y[3] = 0.1;
         assert!(from_floats(&y, k).is_none(), "not ternary");
+        assert!(not_ternary(&y, k).unwrap().contains("not ternary"));
+        y[3] = 0.0;
+        y.iter_mut().for_each(|v| *v *= 1.1);
+        assert!(not_ternary(&y, k).unwrap().contains("not exact in f16"));
         let mut packed = vec![0u8; rows / 4 * k];
         for (r, row) in c.chunks_exact(k).enumerate() {
             for (col, &v) in row.iter().enumerate() {

@@ -4,12 +4,13 @@
 //! tensors), matrices in the chosen type. The file is read back before returning, and must
 //! describe the same model as the directory.
 
-use super::config::{Arch, ModelConfig, RopeScaling};
+use super::config::{Activation, Arch, ModelConfig, RopeScaling};
 use super::file_type::FileType;
 use super::gguf::{GgmlType, GgufFile};
 use super::gguf_write::{put_entry, write_file, Meta, OutTensor, ALIGNMENT};
 use super::loader::{gguf_name, permute_rows, SafetensorsWeights, WeightSource};
 use crate::kernels::quantize::quantize_matrix;
+use crate::kernels::ternary;
 use anyhow::{bail, Context, Result};
 use std::borrow::Cow;
 use std::path::Path;
@@ -90,7 +91,10 @@ pub fn hf_to_gguf(
         }
     }
 
-    let mut hf: Vec<(&str, &[usize])> = src.shapes();
+    if c.activation == Activation::Relu2 {
+        put("hidden_activation", Meta::Str("relu2".into()));
+    }
+    let mut hf: Vec<(&str, Vec<usize>)> = src.shapes();
     // Embedding first, then layer by layer, then the final norm and head, as converters do.
     hf.sort_by_key(|&(n, _)| {
         let layer = n.strip_prefix("model.layers.").and_then(|r| r.split('.').next()?.parse::<usize>().ok());
@@ -102,11 +106,11 @@ pub fn hf_to_gguf(
             continue;
         }
         let gname = gguf_name(c.arch, hf_name).with_context(|| format!("tensor {hf_name} has no GGUF name"))?;
-        let dtype = ft.tensor_type(&gname, shape, c.num_layers, c.tie_word_embeddings);
+        let dtype = ft.tensor_type(&gname, &shape, c.num_layers, c.tie_word_embeddings);
         matrices += dtype.is_some() as usize;
         // Norms, biases and matrices no format fits stay f32.
         let dtype = dtype.unwrap_or(GgmlType::F32);
-        let out = OutTensor { name: gname, shape: shape.to_vec(), dtype };
+        let out = OutTensor { name: gname, shape, dtype };
         tensors.push((out, Source::Hf(hf_name.to_string())));
     }
 
@@ -124,6 +128,11 @@ pub fn hf_to_gguf(
         let t = &outs[i];
         let k = *t.shape.last().unwrap_or(&1);
         let rows = values.len() / k.max(1);
+        if matches!(t.dtype, GgmlType::Tq1_0 | GgmlType::Tq2_0) {
+            if let Some(why) = ternary::not_ternary(&values, k) {
+                bail!("cannot be written as {}: {why}", t.dtype);
+            }
+        }
         Ok(Cow::Owned(quantize_matrix(t.dtype, k, rows, |r| Cow::Borrowed(&values[r.start * k..r.end * k]))))
     })?;
 

@@ -84,6 +84,8 @@ impl FileType {
             (GgmlType::Q6K, _) => 18,
             (GgmlType::Iq4Nl, _) => 25,
             (GgmlType::Iq4Xs, _) => 30,
+            (GgmlType::Tq1_0, _) => 36,
+            (GgmlType::Tq2_0, _) => 37,
             (other, _) => unreachable!("{other:?} is not a file type"),
         }
     }
@@ -97,13 +99,23 @@ impl FileType {
         if !matrix {
             return None;
         }
-        fitting(self.wanted(name, layers, tied), shape[1])
+        match self.wanted(name, layers, tied) {
+            // No fallback: a ternary target is refused where it does not fit exactly.
+            t @ (GgmlType::Tq1_0 | GgmlType::Tq2_0) => Some(t),
+            t => fitting(t, shape[1]),
+        }
     }
 
     fn wanted(self, name: &str, layers: usize, tied: bool) -> GgmlType {
         use GgmlType::{Q4K, Q5K, Q6K};
         if self.mix == Mix::Pure {
             return self.base;
+        }
+        let ternary = matches!(self.base, GgmlType::Tq1_0 | GgmlType::Tq2_0);
+        if ternary && (name == "output.weight" || name == "token_embd.weight") {
+            // BitNet's embedding (and LM head) is not ternary: f16, as llama-quantize is
+            // asked for with `--token-embedding-type f16`.
+            return GgmlType::F16;
         }
         if name == "output.weight" || (tied && name == "token_embd.weight") {
             let keep = matches!(self.base, GgmlType::Q8_0 | Q6K | GgmlType::F16 | GgmlType::Bf16 | GgmlType::F32);

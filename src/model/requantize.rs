@@ -9,7 +9,8 @@ use super::gguf::{GgufFile, TensorInfo};
 use super::gguf_write::{put_entry, write_file, Meta, OutTensor};
 use crate::kernels::quant::{dequantize, GgmlType};
 use crate::kernels::quantize::quantize_matrix;
-use anyhow::{ensure, Result};
+use crate::kernels::ternary;
+use anyhow::{bail, ensure, Result};
 use std::borrow::Cow;
 use std::path::Path;
 
@@ -19,12 +20,18 @@ fn block_count<'a>(names: impl Iterator<Item = &'a str>) -> usize {
     names.filter_map(layer).max().map_or(0, |l| l + 1)
 }
 
-/// `raw` (the rows of `info`) in `dtype`, through exact f32.
-fn requantize_rows(raw: &[u8], info: &TensorInfo, dtype: GgmlType) -> Vec<u8> {
+/// `raw` (the rows of `info`) in `dtype`, through exact f32; into a ternary
+/// format only if the values are ternary.
+fn requantize_rows(raw: &[u8], info: &TensorInfo, dtype: GgmlType) -> Result<Vec<u8>> {
+    if matches!(dtype, GgmlType::Tq1_0 | GgmlType::Tq2_0) {
+        if let Some(why) = ternary::not_ternary(&dequantize(info.dtype, raw), info.shape[1]) {
+            bail!("cannot be written as {dtype}: {why}");
+        }
+    }
     let in_row = raw.len() / info.shape[0];
-    quantize_matrix(dtype, info.shape[1], info.shape[0], |r| {
+    Ok(quantize_matrix(dtype, info.shape[1], info.shape[0], |r| {
         Cow::Owned(dequantize(info.dtype, &raw[r.start * in_row..r.end * in_row]))
-    })
+    }))
 }
 
 /// Writes `out`: `input` with its matrices in the types of `ft`. Returns (tensors
@@ -65,7 +72,7 @@ pub fn requantize(input: &Path, out: &Path, ft: FileType) -> Result<(usize, u64)
             Cow::Borrowed(raw)
         } else {
             changed += 1;
-            Cow::Owned(requantize_rows(raw, info, dtype))
+            Cow::Owned(requantize_rows(raw, info, dtype)?)
         };
         file.release(info);
         Ok(data)

@@ -66,9 +66,21 @@ impl SafetensorsWeights {
 }
 
 impl SafetensorsWeights {
-    /// Every tensor's name and shape, in name order.
-    pub fn shapes(&self) -> Vec<(&str, &[usize])> {
-        let mut all: Vec<_> = self.entries.iter().map(|(n, e)| (n.as_str(), e.shape.as_slice())).collect();
+    /// Every tensor's name and shape, in name order: a packed ternary matrix with its
+    /// unpacked shape (its `_scale` folded into it, [`Self::packed_ternary`]).
+    pub fn shapes(&self) -> Vec<(&str, Vec<usize>)> {
+        let packed = |n: &str, e: &Entry| e.dtype == Dtype::U8 && self.entries.contains_key(&format!("{n}_scale"));
+        let scale_of_packed =
+            |n: &str| n.strip_suffix("_scale").is_some_and(|w| self.entries.get(w).is_some_and(|e| packed(w, e)));
+        let mut all: Vec<_> = self
+            .entries
+            .iter()
+            .filter(|(n, _)| !scale_of_packed(n))
+            .map(|(n, e)| match (packed(n, e), e.shape.as_slice()) {
+                (true, &[rows, k]) => (n.as_str(), vec![4 * rows, k]),
+                _ => (n.as_str(), e.shape.clone()),
+            })
+            .collect();
         all.sort_unstable();
         all
     }
