@@ -168,3 +168,21 @@ fn a_draft_model_with_another_vocabulary_is_refused() {
     let err = EngineHandle::start(model(SMOL), cfg).err().expect("different vocabularies");
     assert!(err.to_string().contains("vocabulary"), "{err}");
 }
+
+/// A ternary draft for a ternary target (tiny-bitnet's TQ1_0 file drafting for its TQ2_0
+/// file, both on the default int8 path): drafts agree, and no event changes.
+#[test]
+fn a_bitnet_draft_changes_no_event() {
+    let Some(models) = shared_models() else {
+        return;
+    };
+    let draft = models.join("tiny-bitnet/tiny-bitnet.TQ1_0.gguf");
+    let config =
+        format!(r#"{{"method":"draft_model","model":{:?},"num_speculative_tokens":3}}"#, draft.to_str().unwrap());
+    let prompts: Vec<Vec<u32>> = reference("tiny-bitnet").into_iter().map(|c| c.prompt_ids).collect();
+    let reqs: Vec<Request> = requests(&prompts).into_iter().step_by(4).collect();
+    let target = model_as("tiny-bitnet/tiny-bitnet.TQ2_0.gguf", WeightDtype::Auto);
+    let (drafted, accepted) = same_events(target, spec(&config), &reqs);
+    eprintln!("BitNet draft: {accepted} of {drafted} draft tokens accepted");
+    assert!(accepted > drafted / 2, "the same numbers draft the same tokens: {accepted}/{drafted}");
+}
