@@ -147,11 +147,12 @@ pub fn check(dtype: GgmlType, raw: &[u8], n: usize) -> Result<(), String> {
             }
             for (i, b) in raw.chunks_exact(bytes).enumerate() {
                 scale(f16_at(b, d_at)).map_err(|e| format!("block {i}: {e}"))?;
-                // TQ1_0's digits are in 0..3 by construction.
-                if dtype == GgmlType::Tq2_0 {
-                    if let Some(j) = tq2_0_codes(b).into_iter().position(bad_code) {
-                        return Err(format!("block {i} value {j} has the code 3, which is not ternary"));
-                    }
+                // TQ1_0's digits are in 0..3 by construction; a TQ2_0 byte holds a 3 where
+                // both bits of a field are set (checked a byte at a time: this runs over
+                // every weight at load).
+                if dtype == GgmlType::Tq2_0 && b[..64].iter().any(|&c| c & (c >> 1) & 0x55 != 0) {
+                    let j = tq2_0_codes(b).into_iter().position(bad_code).unwrap_or_default();
+                    return Err(format!("block {i} value {j} has the code 3, which is not ternary"));
                 }
             }
             Ok(())
