@@ -4,52 +4,10 @@
 //! form the kernels compute: 2-bit codes `t + 1`, unsigned for `maddubs`/`vpdpbusd`, with
 //! the activations' sum taken off the integer dot product.
 
-use super::quant::{f16_at, GgmlType, QK_K};
+use super::quant::{
+    f16_at, i2s_bytes, i2s_codes, tq1_0_codes, tq2_0_codes, GgmlType, I2S_GROUP, QK_K, TQ1_0_BYTES, TQ2_0_BYTES,
+};
 use half::f16;
-
-/// Bytes of a TQ2_0 block: 64 bytes of 2-bit codes, then the f16 scale.
-pub const TQ2_0_BYTES: usize = 66;
-/// Bytes of a TQ1_0 block: 48 bytes of five base-3 digits, 4 of four, the f16 scale.
-pub const TQ1_0_BYTES: usize = 54;
-/// Values per I2_S group: 32 bytes, four 2-bit codes each.
-pub const I2S_GROUP: usize = 128;
-/// Bytes after an I2_S tensor's codes: its f32 scale, then 28 bytes of padding.
-pub const I2S_TRAILER: usize = 32;
-
-/// The 256 codes (`t + 1`) of a TQ2_0 block: value `128h + 32l + m` in bits `2l` of byte
-/// `32h + m`.
-pub fn tq2_0_codes(b: &[u8]) -> [u8; QK_K] {
-    std::array::from_fn(|j| {
-        let (h, l, m) = (j / 128, j % 128 / 32, j % 32);
-        (b[32 * h + m] >> (2 * l)) & 3
-    })
-}
-
-/// The 256 codes of a TQ1_0 block: bytes of base-3 digits scaled to fill a byte
-/// (`digit i = (q · 3^i mod 256) · 3 >> 8`, as ggml packs them), the first 32 bytes
-/// five digits each over 32-value runs, the next 16 over 16-value runs, and the four
-/// `qh` bytes four digits each.
-pub fn tq1_0_codes(b: &[u8]) -> [u8; QK_K] {
-    const POW3: [u8; 5] = [1, 3, 9, 27, 81];
-    let digit = |q: u8, n: usize| ((q.wrapping_mul(POW3[n]) as u16 * 3) >> 8) as u8;
-    let mut out = [0u8; QK_K];
-    let mut at = 0;
-    for (run, bytes) in [(32, &b[..32]), (16, &b[32..48])] {
-        for n in 0..5 {
-            for &q in bytes.iter().take(run) {
-                out[at] = digit(q, n);
-                at += 1;
-            }
-        }
-    }
-    for n in 0..4 {
-        for &q in &b[48..52] {
-            out[at] = digit(q, n);
-            at += 1;
-        }
-    }
-    out
-}
 
 /// A TQ2_0 block of `codes` under scale `d`.
 pub fn tq2_0_block(codes: &[u8; QK_K], d: f16) -> [u8; TQ2_0_BYTES] {
@@ -82,45 +40,6 @@ pub fn tq1_0_block(codes: &[u8; QK_K], d: f16) -> [u8; TQ1_0_BYTES] {
     }
     b[52..].copy_from_slice(&d.to_le_bytes());
     b
-}
-
-/// Bytes of an I2_S tensor of `n` values.
-pub fn i2s_bytes(n: usize) -> usize {
-    n / 4 + I2S_TRAILER
-}
-
-/// An I2_S tensor's codes (value `j` of a 128-value group in bits `6 − 2·(j / 32)` of
-/// byte `j % 32`) and its one f32 scale.
-fn i2s_codes(raw: &[u8]) -> (impl Iterator<Item = u8> + '_, f32) {
-    let n = (raw.len() - I2S_TRAILER) * 4;
-    let s = &raw[n / 4..n / 4 + 4];
-    let codes = (0..n).map(move |i| {
-        let (g, j) = (i / I2S_GROUP, i % I2S_GROUP);
-        (raw[g * 32 + j % 32] >> (6 - 2 * (j / 32))) & 3
-    });
-    (codes, f32::from_le_bytes([s[0], s[1], s[2], s[3]]))
-}
-
-/// The values of a ternary tensor, as ggml computes them: `(code − 1) · d`.
-pub fn dequantize(dtype: GgmlType, raw: &[u8]) -> Vec<f32> {
-    let value = |c: u8, d: f32| (c as i32 - 1) as f32 * d;
-    match dtype {
-        GgmlType::I2s => {
-            let (codes, d) = i2s_codes(raw);
-            codes.map(|c| value(c, d)).collect()
-        }
-        GgmlType::Tq1_0 | GgmlType::Tq2_0 => {
-            let (bytes, d_at) = if dtype == GgmlType::Tq1_0 { (TQ1_0_BYTES, 52) } else { (TQ2_0_BYTES, 64) };
-            let mut out = Vec::with_capacity(raw.len() / bytes * QK_K);
-            for b in raw.chunks_exact(bytes) {
-                let codes = if dtype == GgmlType::Tq1_0 { tq1_0_codes(b) } else { tq2_0_codes(b) };
-                let d = f16_at(b, d_at);
-                out.extend(codes.iter().map(|&c| value(c, d)));
-            }
-            out
-        }
-        other => unreachable!("{other} is not a ternary format"),
-    }
 }
 
 /// Checks a ternary tensor as a file holds it: every scale finite, every 2-bit code one
@@ -279,6 +198,7 @@ pub fn not_ternary(x: &[f32], k: usize) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::quant::dequantize;
 
     fn codes(seed: usize, n: usize) -> Vec<u8> {
         (0..n).map(|i| ((i * 7 + seed * 13 + i / 5) % 3) as u8).collect()

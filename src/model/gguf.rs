@@ -170,7 +170,7 @@ impl GgufFile {
                 elems.is_multiple_of(per_block),
                 "tensor {name}: {elems} elements, not whole blocks of {per_block}"
             );
-            let trailer = if dtype == GgmlType::I2s { crate::kernels::ternary::I2S_TRAILER } else { 0 };
+            let trailer = if dtype == GgmlType::I2s { crate::kernels::quant::I2S_TRAILER } else { 0 };
             let len_bytes = (elems / per_block).checked_mul(block_bytes).and_then(|l| l.checked_add(trailer));
             let placed = len_bytes.zip(data_start.checked_add(rel));
             let fits = |&(l, o): &(usize, usize)| o.checked_add(l).is_some_and(|end| end <= mmap.len());
