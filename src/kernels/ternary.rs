@@ -80,15 +80,14 @@ pub fn check(dtype: GgmlType, raw: &[u8], n: usize) -> Result<(), String> {
     }
 }
 
-/// A checked ternary tensor of rows of `k` values, as TQ2_0 blocks (the form the kernels
-/// compute); `None` if its rows are not whole TQ2_0 blocks, or its one I2_S scale is not
-/// exact in f16 (then it is computed widened).
-pub fn to_tq2_0(dtype: GgmlType, raw: &[u8], n: usize, k: usize) -> Result<Option<Vec<u8>>, String> {
-    check(dtype, raw, n)?;
+/// A ternary tensor of rows of `k` values that [`check`] passed, as TQ2_0 blocks (the
+/// form the kernels compute); `None` if its rows are not whole TQ2_0 blocks, or its one
+/// I2_S scale is not exact in f16 (then it is computed widened).
+pub fn to_tq2_0(dtype: GgmlType, raw: &[u8], k: usize) -> Option<Vec<u8>> {
     if k == 0 || !k.is_multiple_of(QK_K) {
-        return Ok(None);
+        return None;
     }
-    Ok(match dtype {
+    match dtype {
         GgmlType::Tq2_0 => Some(raw.to_vec()),
         GgmlType::Tq1_0 => Some(
             raw.chunks_exact(TQ1_0_BYTES)
@@ -97,18 +96,40 @@ pub fn to_tq2_0(dtype: GgmlType, raw: &[u8], n: usize, k: usize) -> Result<Optio
         ),
         GgmlType::I2s => {
             let (codes, d) = i2s_codes(raw);
-            let Some(d) = exact_f16(d) else { return Ok(None) };
+            let d = exact_f16(d)?;
             let codes: Vec<u8> = codes.collect();
             Some(codes.chunks_exact(QK_K).flat_map(|c| tq2_0_block(c.try_into().unwrap(), d)).collect())
         }
-        other => return Err(format!("{other} is not a ternary format")),
-    })
+        other => unreachable!("{other} is not a ternary format"),
+    }
 }
 
 /// `d` as an f16 when it is exactly one.
 fn exact_f16(d: f32) -> Option<f16> {
     let h = f16::from_f32(d);
     (h.to_f32() == d).then_some(h)
+}
+
+/// The largest magnitude of `x`.
+fn abs_max(x: &[f32]) -> f32 {
+    x.iter().fold(0f32, |m, v| m.max(v.abs()))
+}
+
+/// A 256-value block's codes and scale `d`, if every value is `−d`, `0` or `+d` and `d`
+/// is exact in f16.
+fn ternary_block(blk: &[f32]) -> Option<([u8; QK_K], f16)> {
+    let d = abs_max(blk);
+    let h = exact_f16(d)?;
+    let mut codes = [1u8; QK_K];
+    for (c, &v) in codes.iter_mut().zip(blk) {
+        *c = match v {
+            _ if v == 0.0 => 1,
+            _ if v == d => 2,
+            _ if v == -d => 0,
+            _ => return None,
+        };
+    }
+    Some((codes, h))
 }
 
 /// Float values that are ternary (each 256-value block's values all `−d`, `0` or `+d`,
@@ -120,18 +141,8 @@ pub fn from_floats(x: &[f32], k: usize) -> Option<Vec<u8>> {
     }
     let mut out = Vec::with_capacity(x.len() / QK_K * TQ2_0_BYTES);
     for blk in x.chunks_exact(QK_K) {
-        let d = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let h = exact_f16(d)?;
-        let mut codes = [1u8; QK_K];
-        for (c, &v) in codes.iter_mut().zip(blk) {
-            *c = match v {
-                _ if v == 0.0 => 1,
-                _ if v == d => 2,
-                _ if v == -d => 0,
-                _ => return None,
-            };
-        }
-        out.extend_from_slice(&tq2_0_block(&codes, h));
+        let (codes, d) = ternary_block(blk)?;
+        out.extend_from_slice(&tq2_0_block(&codes, d));
     }
     Some(out)
 }
@@ -170,7 +181,7 @@ pub fn codes_to_tq2_0(codes: &[u8], k: usize, scale: f32) -> Option<Vec<u8>> {
 pub fn quantize(dtype: GgmlType, x: &[f32]) -> Vec<u8> {
     let mut out = Vec::with_capacity(x.len() / QK_K * dtype.block().1);
     for blk in x.chunks_exact(QK_K) {
-        let d = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = abs_max(blk);
         let id = if d > 0.0 { 1.0 / d } else { 0.0 };
         let codes = std::array::from_fn(|j| ((blk[j] * id).round() as i32 + 1).clamp(0, 2) as u8);
         match dtype {
@@ -187,8 +198,8 @@ pub fn not_ternary(x: &[f32], k: usize) -> Option<String> {
     if k == 0 || !k.is_multiple_of(QK_K) {
         return Some(format!("rows of {k} values are not whole blocks of {QK_K}"));
     }
-    let (i, blk) = x.chunks_exact(QK_K).enumerate().find(|(_, b)| from_floats(b, QK_K).is_none())?;
-    let d = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let (i, blk) = x.chunks_exact(QK_K).enumerate().find(|(_, b)| ternary_block(b).is_none())?;
+    let d = abs_max(blk);
     Some(match blk.iter().find(|&&v| v != 0.0 && v.abs() != d) {
         Some(v) => format!("block {i} holds {v} beside ±{d}: the weights are not ternary"),
         None => format!("block {i}'s scale {d} is not exact in f16"),
@@ -239,7 +250,7 @@ mod tests {
         }
         let c: [u8; QK_K] = codes(2, QK_K).try_into().unwrap();
         let b = tq1_0_block(&c, f16::from_f32(0.25));
-        let as_tq2 = to_tq2_0(GgmlType::Tq1_0, &b, QK_K, QK_K).unwrap().unwrap();
+        let as_tq2 = to_tq2_0(GgmlType::Tq1_0, &b, QK_K).unwrap();
         assert_eq!(dequantize(GgmlType::Tq2_0, &as_tq2), dequantize(GgmlType::Tq1_0, &b));
         let x = dequantize(GgmlType::Tq1_0, &b);
         assert_eq!(quantize(GgmlType::Tq1_0, &x), b.to_vec());
@@ -257,11 +268,11 @@ mod tests {
         raw[n / 4..n / 4 + 4].copy_from_slice(&0.375f32.to_le_bytes());
         let v = dequantize(GgmlType::I2s, &raw);
         assert!(v.iter().zip(&c).all(|(&v, &c)| v == (c as f32 - 1.0) * 0.375));
-        let tq = to_tq2_0(GgmlType::I2s, &raw, n, QK_K).unwrap().unwrap();
+        let tq = to_tq2_0(GgmlType::I2s, &raw, QK_K).unwrap();
         assert_eq!(dequantize(GgmlType::Tq2_0, &tq), v);
         // A scale f16 cannot hold exactly: computed widened instead.
         raw[n / 4..n / 4 + 4].copy_from_slice(&0.1f32.to_le_bytes());
-        assert_eq!(to_tq2_0(GgmlType::I2s, &raw, n, QK_K), Ok(None));
+        assert_eq!(to_tq2_0(GgmlType::I2s, &raw, QK_K), None);
         raw[n / 4..n / 4 + 4].copy_from_slice(&f32::INFINITY.to_le_bytes());
         assert!(check(GgmlType::I2s, &raw, n).is_err());
         raw[n / 4..n / 4 + 4].copy_from_slice(&0.375f32.to_le_bytes());

@@ -23,10 +23,14 @@ fn block_count<'a>(names: impl Iterator<Item = &'a str>) -> usize {
 /// `raw` (the rows of `info`) in `dtype`, through exact f32; into a ternary
 /// format only if the values are ternary.
 fn requantize_rows(raw: &[u8], info: &TensorInfo, dtype: GgmlType) -> Result<Vec<u8>> {
+    let (rows, k) = (info.shape[0], info.shape[1]);
     if matches!(dtype, GgmlType::Tq1_0 | GgmlType::Tq2_0) {
-        if let Some(why) = ternary::not_ternary(&dequantize(info.dtype, raw), info.shape[1]) {
+        // Checked whole, so quantized from the same values rather than dequantized again.
+        let values = dequantize(info.dtype, raw);
+        if let Some(why) = ternary::not_ternary(&values, k) {
             bail!("cannot be written as {dtype}: {why}");
         }
+        return Ok(quantize_matrix(dtype, k, rows, |r| Cow::Borrowed(&values[r.start * k..r.end * k])));
     }
     let in_row = raw.len() / info.shape[0];
     Ok(quantize_matrix(dtype, info.shape[1], info.shape[0], |r| {

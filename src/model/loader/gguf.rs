@@ -169,8 +169,7 @@ impl WeightSource for GgufWeights<'_> {
         let info = self.info(name, shape)?;
         self.check_ternary(name, info)?;
         if shape.len() == 2 && TERNARY_ONLY_READ.contains(&info.dtype) {
-            let (n, raw) = (shape[0] * shape[1], self.file.raw(info));
-            let tq2 = ternary::to_tq2_0(info.dtype, raw, n, shape[1]).map_err(|e| anyhow!(e))?;
+            let tq2 = ternary::to_tq2_0(info.dtype, self.file.raw(info), shape[1]);
             return Ok(tq2.map(|b| (GgmlType::Tq2_0, Cow::Owned(b))));
         }
         if !QMatrix::supports(info.dtype) || shape.len() != 2 {

@@ -69,7 +69,7 @@ impl SafetensorsWeights {
     /// Every tensor's name and shape, in name order: a packed ternary matrix with its
     /// unpacked shape (its `_scale` folded into it, [`Self::packed_ternary`]).
     pub fn shapes(&self) -> Vec<(&str, Vec<usize>)> {
-        let packed = |n: &str, e: &Entry| e.dtype == Dtype::U8 && self.entries.contains_key(&format!("{n}_scale"));
+        let packed = |n: &str, e: &Entry| self.is_packed(n, e);
         let scale_of_packed =
             |n: &str| n.strip_suffix("_scale").is_some_and(|w| self.entries.get(w).is_some_and(|e| packed(w, e)));
         let mut all: Vec<_> = self
@@ -98,15 +98,21 @@ impl SafetensorsWeights {
 }
 
 impl SafetensorsWeights {
+    /// Whether entry `e` (named `name`) is a ternary matrix packed as BitNet b1.58 is
+    /// released: uint8, with a `<name>_scale` beside it.
+    fn is_packed(&self, name: &str, e: &Entry) -> bool {
+        e.dtype == Dtype::U8 && self.entries.contains_key(&format!("{name}_scale"))
+    }
+
     /// A ternary matrix `[rows, k]` packed as BitNet b1.58 is released (uint8 `[rows / 4,
     /// k]`, four codes a byte, and a one-value `<name>_scale` beside it): its codes and
     /// scale, or `None` when `name` is not stored so.
     fn packed_ternary(&self, name: &str, shape: &[usize]) -> Result<Option<(Vec<u8>, f32)>> {
         let (Some(e), [rows, k]) = (self.entries.get(name), shape) else { return Ok(None) };
-        let scale_name = format!("{name}_scale");
-        if e.dtype != Dtype::U8 || !self.entries.contains_key(&scale_name) {
+        if !self.is_packed(name, e) {
             return Ok(None);
         }
+        let scale_name = format!("{name}_scale");
         let (path, map) = &self.files[e.file];
         let fail = |why: String| anyhow::anyhow!("{}: tensor {name}: {why}", path.display());
         if e.shape != [rows / 4, *k] || !rows.is_multiple_of(4) {
@@ -132,7 +138,8 @@ impl WeightSource for SafetensorsWeights {
     }
 
     fn load_half(&self, name: &str, shape: &[usize]) -> Result<Option<(Half, Vec<u16>)>> {
-        if self.packed_ternary(name, shape)?.is_some() {
+        // A packed ternary matrix is not 16-bit (and is unpacked only by the other loads).
+        if self.entries.get(name).is_some_and(|e| self.is_packed(name, e)) {
             return Ok(None);
         }
         let (e, _, map) = self.entry(name, shape)?;
