@@ -28,16 +28,18 @@ impl Arch {
     /// From a Hugging Face `model_type` or a GGUF `general.architecture`.
     fn parse(name: &str) -> Result<Self> {
         Ok(match name {
-            "llama" | "mistral" => Arch::Llama,
+            // Mixtral is Llama with experts (llama.cpp converts it as `llama`).
+            "llama" | "mistral" | "mixtral" => Arch::Llama,
             "qwen2" => Arch::Qwen2,
-            "qwen3" => Arch::Qwen3,
+            // Qwen3-MoE is Qwen3 with experts.
+            "qwen3" | "qwen3_moe" | "qwen3moe" => Arch::Qwen3,
             "phi3" => Arch::Phi3,
             "gemma2" => Arch::Gemma2,
             // llama.cpp's name, and bitnet.cpp's for its I2_S files.
             "bitnet" | "bitnet-b1.58" => Arch::BitNet,
             other => {
                 bail!(
-                    "unsupported architecture '{other}' (supported: llama, mistral, qwen2, qwen3, phi3, gemma2, bitnet)"
+                    "unsupported architecture '{other}' (supported: llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, phi3, gemma2, bitnet)"
                 )
             }
         })
@@ -100,6 +102,80 @@ pub struct ModelConfig {
     pub attn_softcap: Option<f32>,
     /// Logits become `cap · tanh(logit / cap)` (Gemma 2).
     pub final_softcap: Option<f32>,
+    /// The MLPs are mixtures of experts (Mixtral, Qwen3-MoE).
+    pub moe: Option<MoeConfig>,
+}
+
+/// A mixture-of-experts MLP: how many experts, how tokens are routed to them, and which
+/// layers keep a dense MLP instead.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeConfig {
+    pub num_experts: usize,
+    /// Experts each token is routed to.
+    pub top_k: usize,
+    /// Each expert's intermediate size.
+    pub expert_ffn: usize,
+    /// Whether the top-k routing weights are renormalised to sum to 1 (softmax over all
+    /// experts first either way).
+    pub norm_topk_prob: bool,
+    /// Layers whose MLP is dense (Qwen3-MoE's `mlp_only_layers` and `decoder_sparse_step`).
+    pub dense_layers: Vec<usize>,
+}
+
+impl MoeConfig {
+    /// From a Hugging Face config: Mixtral's `num_local_experts` or Qwen's `num_experts`.
+    fn from_hf(c: &HfConfig, arch: Arch) -> Result<Option<Self>> {
+        let Some(num_experts) = c.num_local_experts.or(c.num_experts).filter(|&e| e > 0) else {
+            return Ok(None);
+        };
+        let top_k = c.num_experts_per_tok.context("a mixture of experts needs num_experts_per_tok")?;
+        let step = c.decoder_sparse_step.unwrap_or(1);
+        ensure!(step > 0, "decoder_sparse_step is 0");
+        let only = c.mlp_only_layers.clone().unwrap_or_default();
+        let dense_layers = (0..c.num_hidden_layers).filter(|i| only.contains(i) || (i + 1) % step != 0).collect();
+        Ok(Some(MoeConfig {
+            num_experts,
+            top_k,
+            expert_ffn: c.moe_intermediate_size.unwrap_or(c.intermediate_size),
+            // Mixtral always renormalises; Qwen3-MoE says so in its config (transformers'
+            // default is false).
+            norm_topk_prob: c.norm_topk_prob.unwrap_or(arch == Arch::Llama),
+            dense_layers,
+        }))
+    }
+
+    /// From GGUF metadata (`<arch>.expert_count` and its neighbours). llama.cpp's `llama`
+    /// (Mixtral) and `qwen3moe` always renormalise and have experts in every layer.
+    fn from_gguf(g: &GgufFile, name: &str, ffn: usize) -> Result<Option<Self>> {
+        let int = |k: &str| g.get(&format!("{name}.{k}")).and_then(Value::as_u64).map(|v| v as usize);
+        let Some(num_experts) = int("expert_count").filter(|&e| e > 0) else { return Ok(None) };
+        let top_k = int("expert_used_count").with_context(|| format!("missing metadata {name}.expert_used_count"))?;
+        let norm = g.get(&format!("{name}.expert_weights_norm")).and_then(Value::as_bool);
+        Ok(Some(MoeConfig {
+            num_experts,
+            top_k,
+            expert_ffn: int("expert_feed_forward_length").unwrap_or(ffn),
+            norm_topk_prob: norm.unwrap_or(true),
+            dense_layers: Vec::new(),
+        }))
+    }
+
+    fn validate(&self, layers: usize) -> Result<()> {
+        ensure!(self.num_experts <= 1 << 12, "{} experts is implausibly many", self.num_experts);
+        ensure!(
+            (1..=self.num_experts).contains(&self.top_k),
+            "{} experts per token is not within 1..={} experts",
+            self.top_k,
+            self.num_experts
+        );
+        ensure!(
+            (1..=1 << 24).contains(&self.expert_ffn),
+            "expert intermediate size {} is not within 1..=2^24",
+            self.expert_ffn
+        );
+        ensure!(self.dense_layers.iter().all(|&l| l < layers), "a dense layer index is beyond the {layers} layers");
+        Ok(())
+    }
 }
 
 /// How positions are stretched beyond the trained context.
@@ -302,6 +378,15 @@ struct HfConfig {
     attn_logit_softcapping: Option<f32>,
     final_logit_softcapping: Option<f32>,
     quantization_config: Option<serde_json::Value>,
+    num_local_experts: Option<usize>,
+    num_experts: Option<usize>,
+    num_experts_per_tok: Option<usize>,
+    moe_intermediate_size: Option<usize>,
+    norm_topk_prob: Option<bool>,
+    decoder_sparse_step: Option<usize>,
+    mlp_only_layers: Option<Vec<usize>>,
+    /// Qwen2-MoE's shared expert, which no supported family has.
+    shared_expert_intermediate_size: Option<usize>,
 }
 
 fn default_theta() -> f32 {
@@ -324,6 +409,8 @@ impl ModelConfig {
         if let Some(q) = &c.quantization_config {
             check_quantization(arch, q)?;
         }
+        ensure!(c.shared_expert_intermediate_size.unwrap_or(0) == 0, "shared experts are not supported");
+        let moe = MoeConfig::from_hf(&c, arch)?;
         let rope_scaling = match c.rope_scaling.filter(|v| !v.is_null()) {
             Some(v) => RopeScaling::from_hf(&v, (c.max_position_embeddings, c.original_max_position_embeddings))?,
             None => RopeScaling::None,
@@ -365,6 +452,7 @@ impl ModelConfig {
             attn_scale: attn_scale(c.query_pre_attn_scalar.unwrap_or(head_dim as f32)),
             attn_softcap: c.attn_logit_softcapping.filter(|_| arch == Arch::Gemma2),
             final_softcap: c.final_logit_softcapping.filter(|_| arch == Arch::Gemma2),
+            moe,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -426,10 +514,17 @@ impl ModelConfig {
             }
         };
         let sliding_window = int("attention.sliding_window").ok().filter(|&w| w > 0 && w < context);
+        let ffn = int("feed_forward_length");
+        let moe = MoeConfig::from_gguf(g, name, ffn.as_ref().copied().unwrap_or(0))?;
         let cfg = ModelConfig {
             arch,
             hidden_size: hidden,
-            intermediate_size: int("feed_forward_length")?,
+            // Qwen3-MoE files have experts only and may give no dense width.
+            intermediate_size: match (ffn, &moe) {
+                (Ok(f), _) => f,
+                (Err(_), Some(m)) => m.expert_ffn,
+                (Err(e), None) => return Err(e),
+            },
             num_layers: int("block_count")?,
             num_heads: heads,
             num_kv_heads: int("attention.head_count_kv").unwrap_or(heads),
@@ -446,6 +541,7 @@ impl ModelConfig {
             attn_scale: attn_scale(gguf_query_pre_attn_scalar(arch, hidden, heads, head_dim, int("block_count")?)),
             attn_softcap: float("attn_logit_softcapping").filter(|_| arch == Arch::Gemma2),
             final_softcap: float("final_logit_softcapping").filter(|_| arch == Arch::Gemma2),
+            moe,
         };
         ensure!(arch != Arch::Qwen2 || cfg.qkv_bias, "Qwen2 needs q/k/v biases, blk.0.attn_q.bias is missing");
         cfg.validate()?;
@@ -524,6 +620,9 @@ impl ModelConfig {
                 "longrope attention factor {attention_factor}"
             );
         }
+        if let Some(m) = &self.moe {
+            m.validate(self.num_layers)?;
+        }
         if let RopeScaling::Linear(f) = self.rope_scaling {
             ensure!(f.is_finite() && f > 0.0, "RoPE scaling factor {f} is not positive");
         }
@@ -540,12 +639,21 @@ impl ModelConfig {
         Ok(())
     }
 
-    /// Weights multiplied per token (every linear layer and the LM head): a token costs
-    /// twice this many FLOPs in matrix multiplies.
+    /// The mixture of experts of layer `i`, if its MLP is one.
+    pub fn layer_moe(&self, i: usize) -> Option<&MoeConfig> {
+        self.moe.as_ref().filter(|m| !m.dense_layers.contains(&i))
+    }
+
+    /// Weights multiplied per token (every linear layer, the experts a token is routed to,
+    /// routers and the LM head): a token costs twice this many FLOPs in matrix multiplies.
     pub fn matmul_params(&self) -> usize {
         let (d, f) = (self.hidden_size, self.intermediate_size);
-        let layer = d * (self.q_dim() + 2 * self.kv_dim()) + self.q_dim() * d + 3 * d * f;
-        self.num_layers * layer + self.vocab_size * d
+        let attn = d * (self.q_dim() + 2 * self.kv_dim()) + self.q_dim() * d;
+        let mlp = |i| match self.layer_moe(i) {
+            Some(m) => m.top_k * 3 * d * m.expert_ffn + m.num_experts * d,
+            None => 3 * d * f,
+        };
+        (0..self.num_layers).map(|i| attn + mlp(i)).sum::<usize>() + self.vocab_size * d
     }
 
     pub fn q_dim(&self) -> usize {

@@ -8,7 +8,7 @@ use super::config::{Activation, Arch, ModelConfig, RopeScaling};
 use super::file_type::FileType;
 use super::gguf::{GgmlType, GgufFile};
 use super::gguf_write::{put_entry, write_file, Meta, OutTensor, ALIGNMENT};
-use super::loader::{gguf_name, permute_rows, SafetensorsWeights, WeightSource};
+use super::loader::{gguf_expert, gguf_name, permute_rows, SafetensorsWeights, WeightSource};
 use crate::kernels::quantize::quantize_matrix;
 use crate::kernels::ternary;
 use anyhow::{bail, Context, Result};
@@ -19,6 +19,8 @@ use std::path::Path;
 enum Source {
     /// A safetensors tensor, by its Hugging Face name.
     Hf(String),
+    /// Experts' matrices stacked, by their Hugging Face names in expert order.
+    Experts(Vec<String>),
     /// Values computed from the config (RoPE factors).
     Values(Vec<f32>),
 }
@@ -36,7 +38,7 @@ pub fn hf_to_gguf(
     let tokenizer = tokenizer(config.vocab_size)?;
     let src = SafetensorsWeights::open_dir(dir)?;
     let c = &config;
-    let arch = arch_name(c.arch);
+    let arch = arch_name(c);
     let name = dir.canonicalize()?.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
 
     let mut meta = vec![
@@ -91,6 +93,14 @@ pub fn hf_to_gguf(
         }
     }
 
+    if let Some(m) = &c.moe {
+        // llama.cpp's files have experts in every layer.
+        anyhow::ensure!(m.dense_layers.is_empty(), "dense layers among the experts cannot be written as GGUF");
+        put("expert_count", int(m.num_experts)?);
+        put("expert_used_count", int(m.top_k)?);
+        put("expert_feed_forward_length", int(m.expert_ffn)?);
+        put("expert_weights_norm", Meta::Bool(m.norm_topk_prob));
+    }
     if c.activation == Activation::Relu2 {
         put("hidden_activation", Meta::Str("relu2".into()));
     }
@@ -105,13 +115,35 @@ pub fn hf_to_gguf(
         if hf_name.ends_with("rotary_emb.inv_freq") || (hf_name == "lm_head.weight" && c.tie_word_embeddings) {
             continue;
         }
-        let gname = gguf_name(c.arch, hf_name).with_context(|| format!("tensor {hf_name} has no GGUF name"))?;
+        // One expert's matrix joins the tensor that stacks its layer's experts, written
+        // where the first of them comes.
+        let (gname, shape, source) = match gguf_expert(hf_name) {
+            Some((gname, e)) => {
+                let experts = c.moe.as_ref().map_or(0, |m| m.num_experts);
+                anyhow::ensure!(e < experts, "tensor {hf_name}: expert {e} of {experts}");
+                if let Some((_, Source::Experts(names))) = tensors.iter_mut().find(|(t, _)| t.name == gname) {
+                    names[e] = hf_name.to_string();
+                    continue;
+                }
+                let mut names = vec![String::new(); experts];
+                names[e] = hf_name.to_string();
+                (gname, [&[experts][..], &shape].concat(), Source::Experts(names))
+            }
+            None => {
+                let gname = gguf_name(c.arch, hf_name).with_context(|| format!("tensor {hf_name} has no GGUF name"))?;
+                (gname, shape, Source::Hf(hf_name.to_string()))
+            }
+        };
         let dtype = ft.tensor_type(&gname, &shape, c.num_layers, c.tie_word_embeddings);
         matrices += dtype.is_some() as usize;
-        // Norms, biases and matrices no format fits stay f32.
+        // Norms, biases, routers and matrices no format fits stay f32.
         let dtype = dtype.unwrap_or(GgmlType::F32);
-        let out = OutTensor { name: gname, shape, dtype };
-        tensors.push((out, Source::Hf(hf_name.to_string())));
+        tensors.push((OutTensor { name: gname, shape, dtype }, source));
+    }
+    for (t, source) in &tensors {
+        if let Source::Experts(names) = source {
+            anyhow::ensure!(names.iter().all(|n| !n.is_empty()), "{}: an expert's matrix is missing", t.name);
+        }
     }
 
     let mut entries = Vec::new();
@@ -124,6 +156,13 @@ pub fn hf_to_gguf(
         let values = match &sources[i] {
             Source::Values(v) => Cow::Borrowed(v.as_slice()),
             Source::Hf(name) => Cow::Owned(gguf_values(c, &src, name, &outs[i].shape)?),
+            Source::Experts(names) => {
+                let mut all = Vec::new();
+                for name in names {
+                    all.extend(gguf_values(c, &src, name, &outs[i].shape[1..])?);
+                }
+                Cow::Owned(all)
+            }
         };
         let t = &outs[i];
         let k = *t.shape.last().unwrap_or(&1);
@@ -148,11 +187,12 @@ pub fn hf_to_gguf(
     Ok((matrices, written))
 }
 
-/// llama.cpp's `general.architecture` for a family.
-fn arch_name(arch: Arch) -> &'static str {
-    match arch {
+/// llama.cpp's `general.architecture` for a model (Mixtral is `llama` with experts).
+fn arch_name(c: &ModelConfig) -> &'static str {
+    match c.arch {
         Arch::Llama => "llama",
         Arch::Qwen2 => "qwen2",
+        Arch::Qwen3 if c.moe.is_some() => "qwen3moe",
         Arch::Qwen3 => "qwen3",
         Arch::Phi3 => "phi3",
         Arch::Gemma2 => "gemma2",

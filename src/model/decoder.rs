@@ -6,6 +6,7 @@
 
 use super::config::{Activation, Arch, ModelConfig, RopeScaling};
 use super::loader::WeightSource;
+use super::moe::{self, Experts};
 use super::tensor::Tensor;
 use super::weight::{Weight, WeightDtype};
 use crate::kernels::attention::{attend, softcap, KvSpan, Scoring, Scratch};
@@ -33,21 +34,54 @@ struct Layer {
     /// Normalizes the attention output before the residual add (Gemma 2).
     post_attn_norm: Option<Tensor>,
     ffn_norm: Tensor,
-    /// gate and up projections stacked: `[2 intermediate, hidden]`.
-    w_gate_up: Weight,
-    /// Normalizes the gated activation before `w_down` (BitNet's `ffn_sub_norm`).
-    ffn_sub_norm: Option<Tensor>,
-    w_down: Weight,
+    mlp: Mlp,
     /// Normalizes the MLP output before the residual add (Gemma 2).
     post_ffn_norm: Option<Tensor>,
     /// Attention sees only the last `W` positions.
     window: Option<usize>,
 }
 
+/// A layer's MLP: one for every token, or a mixture of experts.
+enum Mlp {
+    Dense {
+        /// gate and up projections stacked: `[2 intermediate, hidden]`.
+        gate_up: Weight,
+        /// Normalizes the gated activation before `down` (BitNet's `ffn_sub_norm`).
+        sub_norm: Option<Tensor>,
+        down: Weight,
+    },
+    Experts(Experts),
+}
+
 impl Layer {
     /// The layer's weight matrices.
-    fn matrices(&self) -> [&Weight; 4] {
-        [&self.wqkv, &self.wo, &self.w_gate_up, &self.w_down]
+    fn matrices(&self) -> Vec<&Weight> {
+        let mut all = vec![&self.wqkv, &self.wo];
+        match &self.mlp {
+            Mlp::Dense { gate_up, down, .. } => all.extend([gate_up, down]),
+            Mlp::Experts(x) => all.extend(x.matrices()),
+        }
+        all
+    }
+
+    /// Bytes of weights one token reads (of a mixture's experts, the share it is routed to).
+    fn bytes_per_token(&self) -> usize {
+        let attn = self.wqkv.bytes() + self.wo.bytes();
+        attn + match &self.mlp {
+            Mlp::Dense { gate_up, down, .. } => gate_up.bytes() + down.bytes(),
+            Mlp::Experts(x) => x.bytes_per_token(),
+        }
+    }
+
+    /// Multiply-adds per token by block format (`None`: f32).
+    fn products_per_token(&self) -> Vec<(Option<GgmlType>, usize)> {
+        let mut all = self.wqkv.products();
+        all.extend(self.wo.products());
+        match &self.mlp {
+            Mlp::Dense { gate_up, down, .. } => all.extend(gate_up.products().into_iter().chain(down.products())),
+            Mlp::Experts(x) => all.extend(x.products_per_token()),
+        }
+        all
     }
 }
 
@@ -151,6 +185,7 @@ pub struct Workspace {
     logits: Vec<f32>,
     /// Activations quantized for block-format weights.
     xq: QActs,
+    moe: moe::Scratch,
 }
 
 /// Rows per task when row-wise work (norms, RoPE, SwiGLU) is spread over the pool.
@@ -258,16 +293,18 @@ impl Decoder {
             } else {
                 None
             };
-            let w_gate_up = if c.arch == Arch::Phi3 {
-                load(&[(&name("mlp.gate_up_proj"), [2 * f, d])])?
+            let mlp = if let Some(m) = c.layer_moe(i) {
+                Mlp::Experts(Experts::load(src, i, m, d, dtype)?)
             } else {
-                load(&[(&name("mlp.gate_proj"), [f, d]), (&name("mlp.up_proj"), [f, d])])?
+                let gate_up = if c.arch == Arch::Phi3 {
+                    load(&[(&name("mlp.gate_up_proj"), [2 * f, d])])?
+                } else {
+                    load(&[(&name("mlp.gate_proj"), [f, d]), (&name("mlp.up_proj"), [f, d])])?
+                };
+                let sub_norm = if bitnet { Some(norm(&name("mlp.ffn_sub_norm"), f)?) } else { None };
+                Mlp::Dense { gate_up, sub_norm, down: load(&[(&name("mlp.down_proj"), [d, f])])? }
             };
-            let (attn_sub_norm, ffn_sub_norm) = if bitnet {
-                (Some(norm(&name("self_attn.attn_sub_norm"), c.q_dim())?), Some(norm(&name("mlp.ffn_sub_norm"), f)?))
-            } else {
-                (None, None)
-            };
+            let attn_sub_norm = if bitnet { Some(norm(&name("self_attn.attn_sub_norm"), c.q_dim())?) } else { None };
             let (post_attn_norm, ffn_norm, post_ffn_norm) = if gemma {
                 (
                     Some(norm(&name("post_attention_layernorm"), d)?),
@@ -286,9 +323,7 @@ impl Decoder {
                 wo: load(&[(&attn("o_proj", "weight"), [d, c.q_dim()])])?,
                 post_attn_norm,
                 ffn_norm,
-                w_gate_up,
-                ffn_sub_norm,
-                w_down: load(&[(&name("mlp.down_proj"), [d, f])])?,
+                mlp,
                 post_ffn_norm,
                 window: c.layer_window(i),
             });
@@ -355,11 +390,11 @@ impl Decoder {
     }
 
     /// Bytes of weights read by one step (the decode bandwidth bound).
+    /// Of a mixture of experts, one token's share: the experts it is routed to.
     pub fn weight_bytes(&self) -> usize {
         let norms = |l: &Layer| 4 * (l.attn_norm.data().len() + l.ffn_norm.data().len());
         // Biases and q/k norms are small enough to leave out of this estimate.
-        let layer: usize =
-            self.layers.iter().map(|l| norms(l) + l.matrices().iter().map(|w| w.bytes()).sum::<usize>()).sum();
+        let layer: usize = self.layers.iter().map(|l| norms(l) + l.bytes_per_token()).sum();
         layer + 4 * self.norm.data().len() + self.lm_head.bytes()
     }
 
@@ -367,8 +402,8 @@ impl Decoder {
     /// first: what sets the matrices' ceiling at large batches (`weft bench`).
     pub fn products_by_format(&self) -> Vec<(Option<GgmlType>, usize)> {
         let mut by: Vec<(Option<GgmlType>, usize)> = Vec::new();
-        let weights = self.layers.iter().flat_map(Layer::matrices).chain([&self.lm_head]);
-        for (t, n) in weights.flat_map(Weight::products) {
+        let products = self.layers.iter().flat_map(Layer::products_per_token).chain(self.lm_head.products());
+        for (t, n) in products {
             match by.iter_mut().find(|(u, _)| *u == t) {
                 Some((_, sum)) => *sum += n,
                 None => by.push((t, n)),
@@ -464,20 +499,25 @@ impl Decoder {
             let post = layer.post_attn_norm.as_ref().map(Tensor::data);
             add_and_norm(h, tmp, post, Some(layer.ffn_norm.data()), eps, xn, d);
 
-            layer.w_gate_up.matmul(xn, &mut ws.xq, gate_up, t);
-            let activation = match c.activation {
+            let activation: moe::Activation = match c.activation {
                 Activation::Silu => silu_mul,
                 Activation::GeluTanh => gelu_tanh_mul,
                 Activation::Relu2 => relu2_mul,
             };
-            let sub_norm = layer.ffn_sub_norm.as_ref().map(Tensor::data);
-            rows_par(gate_up, 2 * f).zip(rows_par_mut(act, f)).for_each(|(gu, act)| {
-                activation(gu, f, act);
-                if let Some(w) = sub_norm {
-                    rmsnorm_in_place(act, w, eps);
+            match &layer.mlp {
+                Mlp::Dense { gate_up: w_gate_up, sub_norm, down } => {
+                    w_gate_up.matmul(xn, &mut ws.xq, gate_up, t);
+                    let sub_norm = sub_norm.as_ref().map(Tensor::data);
+                    rows_par(gate_up, 2 * f).zip(rows_par_mut(act, f)).for_each(|(gu, act)| {
+                        activation(gu, f, act);
+                        if let Some(w) = sub_norm {
+                            rmsnorm_in_place(act, w, eps);
+                        }
+                    });
+                    down.matmul(act, &mut ws.xq, tmp, t);
                 }
-            });
-            layer.w_down.matmul(act, &mut ws.xq, tmp, t);
+                Mlp::Experts(x) => x.forward(xn, t, activation, &mut ws.moe, &mut ws.xq, tmp),
+            }
             // The next layer's input norm, fused with the residual add.
             let post = layer.post_ffn_norm.as_ref().map(Tensor::data);
             add_and_norm(h, tmp, post, self.layers.get(li + 1).map(|l| l.attn_norm.data()), eps, xn, d);

@@ -95,14 +95,17 @@ impl FileType {
     /// matrix (norms, biases, empty tensors: the caller keeps them in full precision) and
     /// when no format fits the rows.
     pub fn tensor_type(self, name: &str, shape: &[usize], layers: usize, tied: bool) -> Option<GgmlType> {
-        let matrix = shape.len() == 2 && shape.iter().all(|&d| d > 0) && name.ends_with(".weight");
-        if !matrix {
+        // A mixture's experts are stacked in one tensor `[experts, rows, k]`; its router
+        // stays as stored (f32), as llama-quantize keeps it.
+        let stacked = shape.len() == 3 && name.contains("_exps.");
+        let matrix = (shape.len() == 2 || stacked) && shape.iter().all(|&d| d > 0) && name.ends_with(".weight");
+        if !matrix || name.contains(".ffn_gate_inp.") {
             return None;
         }
         match self.wanted(name, layers, tied) {
             // No fallback: a ternary target is refused where it does not fit exactly.
             t @ (GgmlType::Tq1_0 | GgmlType::Tq2_0) => Some(t),
-            t => fitting(t, shape[1]),
+            t => fitting(t, shape[shape.len() - 1]),
         }
     }
 
@@ -128,6 +131,8 @@ impl FileType {
         else {
             return self.base;
         };
+        // Stacked experts are mixed as the dense matrices they replace.
+        let kind = kind.strip_suffix("_exps").unwrap_or(kind);
         match (self.mix, kind) {
             (Mix::Medium, "attn_v" | "ffn_down") if use_more_bits(layer, layers) => Q6K,
             (Mix::Medium, "attn_qkv") => {
@@ -168,6 +173,13 @@ mod tests {
         assert_eq!(q.tensor_type("output.weight", &[1, 576], 16, false), Some(GgmlType::Q8_0), "Q6_K's fallback");
         assert_eq!(q.tensor_type("blk.2.ffn_up.weight", &[1, 576], 16, true), Some(GgmlType::Q5_0), "Q4_K's fallback");
         assert_eq!(q.id(), 15);
+        // Experts stacked in one tensor mix as the dense matrices; the router stays f32.
+        let exps = |n: &str| q.tensor_type(n, &[8, 4, 2048], 16, true);
+        assert_eq!(exps("blk.4.ffn_down_exps.weight"), Some(GgmlType::Q6K));
+        assert_eq!(exps("blk.5.ffn_down_exps.weight"), Some(GgmlType::Q4K));
+        assert_eq!(exps("blk.5.ffn_gate_exps.weight"), Some(GgmlType::Q4K));
+        assert_eq!(q.tensor_type("blk.5.ffn_gate_inp.weight", &[8, 2048], 16, true), None);
+        assert_eq!(q.tensor_type("blk.5.ffn_up.weight", &[8, 4, 2048], 16, true), None, "3-d, not experts");
     }
 
     #[test]

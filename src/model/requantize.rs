@@ -23,7 +23,9 @@ fn block_count<'a>(names: impl Iterator<Item = &'a str>) -> usize {
 /// `raw` (the rows of `info`) in `dtype`, through exact f32; into a ternary
 /// format only if the values are ternary.
 fn requantize_rows(raw: &[u8], info: &TensorInfo, dtype: GgmlType) -> Result<Vec<u8>> {
-    let (rows, k) = (info.shape[0], info.shape[1]);
+    // Rows of the last dimension (a mixture's experts stack theirs in a third).
+    let k = info.shape[info.shape.len() - 1];
+    let rows = info.shape.iter().product::<usize>() / k;
     if matches!(dtype, GgmlType::Tq1_0 | GgmlType::Tq2_0) {
         // Checked whole, so quantized from the same values rather than dequantized again.
         let values = dequantize(info.dtype, raw);
@@ -32,10 +34,8 @@ fn requantize_rows(raw: &[u8], info: &TensorInfo, dtype: GgmlType) -> Result<Vec
         }
         return Ok(quantize_matrix(dtype, k, rows, |r| Cow::Borrowed(&values[r.start * k..r.end * k])));
     }
-    let in_row = raw.len() / info.shape[0];
-    Ok(quantize_matrix(dtype, info.shape[1], info.shape[0], |r| {
-        Cow::Owned(dequantize(info.dtype, &raw[r.start * in_row..r.end * in_row]))
-    }))
+    let in_row = raw.len() / rows;
+    Ok(quantize_matrix(dtype, k, rows, |r| Cow::Owned(dequantize(info.dtype, &raw[r.start * in_row..r.end * in_row]))))
 }
 
 /// Writes `out`: `input` with its matrices in the types of `ft`. Returns (tensors

@@ -19,8 +19,16 @@ pub const STORIES: &str = "stories260k";
 pub const SMOL: &str = "smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf";
 /// The family fixtures: a Hugging Face directory each, with llama.cpp's GGUF of it beside
 /// it as `NAME/NAME.gguf`.
-pub const FAMILIES: &[&str] =
-    &["tiny-llama3", "tiny-qwen2", "tiny-qwen3", "tiny-mistral-swa", "tiny-phi3", "tiny-gemma2"];
+pub const FAMILIES: &[&str] = &[
+    "tiny-llama3",
+    "tiny-qwen2",
+    "tiny-qwen3",
+    "tiny-mistral-swa",
+    "tiny-phi3",
+    "tiny-gemma2",
+    "tiny-qwen3moe",
+    "tiny-mixtral",
+];
 
 /// A deterministic stream of numbers for building mixed workloads.
 pub struct Lcg(pub u64);
@@ -258,6 +266,11 @@ pub const VARIANTS: &[(&str, &str)] = &[
     ("tiny-llama3-q/tiny-llama3-q.Q4_K_M.gguf", "tiny-llama3-q/reference.Q4_K_M.json"),
     ("tiny-llama3-q/tiny-llama3-q.Q5_K_M.gguf", "tiny-llama3-q/reference.Q5_K_M.json"),
     ("tiny-llama3-q/tiny-llama3-q.Q6_K.gguf", "tiny-llama3-q/reference.Q6_K.json"),
+    // Mixtures of experts (llama.cpp's GGUF stacks each layer's experts in one tensor).
+    ("tiny-qwen3moe", "tiny-qwen3moe"),
+    ("tiny-qwen3moe/tiny-qwen3moe.gguf", "tiny-qwen3moe"),
+    ("tiny-mixtral", "tiny-mixtral"),
+    ("tiny-mixtral/tiny-mixtral.gguf", "tiny-mixtral"),
     // Ternary: every form of the same numbers against float activations (the int8 ones,
     // what transformers computes, are judged in tests/ternary.rs).
     ("tiny-bitnet", BITNET_FLOAT),

@@ -422,44 +422,75 @@ fn round_small(v: f32) -> f32 {
 /// `y[i, j] = Σ_k x[i, k] · w[j, k]` for `i < m`; `y` is `[m, n]` row-major; `xq` holds
 /// `X` quantized by [`quantize_rows`] with `w`'s [`QMatrix::act_scales`].
 pub fn qmatmul(xq: &QActs, w: &QMatrix, y: &mut [f32], m: usize) {
-    let (n, k) = (w.n, w.k);
-    assert!(xq.q.len() >= m * k && y.len() >= m * n, "qmatmul: buffers too small");
-    assert!(xq.scales >= w.act_scales(), "qmatmul: activations scaled more finely than the kernels read");
-    // No rows (a step whose rows all sit inside prompts asks the LM head for none): nothing
-    // to write, and no task to start.
-    if m == 0 {
-        return;
-    }
-    let out = SharedOut(y.as_mut_ptr());
-    let mut first_row = 0;
-    for p in &w.parts {
-        // Small products run on the calling thread: a dispatch would cost more than the work.
-        let parallel = m * p.rows * k >= 1 << 16;
-        let col0 = first_row;
-        // SAFETY (both arms): each task writes only its own rows' or groups' columns of this
-        // part's `col0..col0 + p.rows`, and `y`'s size was checked above.
-        match p.layout {
-            Layout::Rows { row_bytes } => each_task(p.rows, rows::ROWS_PER_TASK, parallel, |rows| unsafe {
-                rows::rows_task(xq, p, row_bytes, k, rows, col0, n, m, out)
-            }),
-            Layout::X8 => {
-                let groups = p.rows / x8::GROUP;
-                each_task(groups, x8::groups_per_task(groups), parallel, |groups| unsafe {
-                    x8::groups_task(xq, p, k, groups, col0, n, m, out)
-                })
-            }
-        }
-        first_row += p.rows;
-    }
+    qmatmul_each(&mut [Product { xq, w, y, m }]);
 }
 
-/// Runs `task` over `0..units` cut into runs of `per_task`, on the pool when `parallel`.
-fn each_task(units: usize, per_task: usize, parallel: bool, task: impl Fn(std::ops::Range<usize>) + Sync) {
-    let run = |t: usize| task(t * per_task..((t + 1) * per_task).min(units));
-    if parallel {
-        (0..units.div_ceil(per_task)).into_par_iter().for_each(run);
+/// One product of [`qmatmul_each`]: [`qmatmul`]'s arguments.
+pub struct Product<'a> {
+    pub xq: &'a QActs,
+    pub w: &'a QMatrix,
+    pub y: &'a mut [f32],
+    pub m: usize,
+}
+
+/// A run of one part's rows (or groups of eight) of one product: a task of the pool.
+struct Task {
+    product: usize,
+    part: usize,
+    col0: usize,
+    units: std::ops::Range<usize>,
+}
+
+/// [`qmatmul`] for independent products at once: the tasks of all of them go to the pool
+/// together, so that many small products (a mixture's experts, a few rows each) cost one
+/// dispatch and keep every thread busy however unevenly their sizes fall.
+pub fn qmatmul_each(products: &mut [Product<'_>]) {
+    let mut tasks = Vec::new();
+    let mut work = 0;
+    for (pi, pr) in products.iter().enumerate() {
+        let (n, k, m) = (pr.w.n, pr.w.k, pr.m);
+        assert!(pr.xq.q.len() >= m * k && pr.y.len() >= m * n, "qmatmul: buffers too small");
+        assert!(pr.xq.scales >= pr.w.act_scales(), "qmatmul: activations scaled more finely than the kernels read");
+        // No rows (a step whose rows all sit inside prompts asks the LM head for none, an
+        // expert no row chose): nothing to write, and no task to start.
+        if m == 0 {
+            continue;
+        }
+        work += m * n * k;
+        let mut col0 = 0;
+        for (part, p) in pr.w.parts.iter().enumerate() {
+            let (units, per_task) = match p.layout {
+                Layout::Rows { .. } => (p.rows, rows::ROWS_PER_TASK),
+                Layout::X8 => (p.rows / x8::GROUP, x8::groups_per_task(p.rows / x8::GROUP)),
+            };
+            tasks.extend((0..units.div_ceil(per_task)).map(|t| Task {
+                product: pi,
+                part,
+                col0,
+                units: t * per_task..((t + 1) * per_task).min(units),
+            }));
+            col0 += p.rows;
+        }
+    }
+    let outs: Vec<SharedOut> = products.iter_mut().map(|p| SharedOut(p.y.as_mut_ptr())).collect();
+    let products: &[Product<'_>] = products;
+    let run = |t: &Task| {
+        let pr = &products[t.product];
+        let (p, k, n) = (&pr.w.parts[t.part], pr.w.k, pr.w.n);
+        // SAFETY (both arms): each task writes only its own rows' or groups' columns of its
+        // part's `col0..col0 + p.rows` in its product's `y`, whose size was checked above.
+        match p.layout {
+            Layout::Rows { row_bytes } => unsafe {
+                rows::rows_task(pr.xq, p, row_bytes, k, t.units.clone(), t.col0, n, pr.m, outs[t.product])
+            },
+            Layout::X8 => unsafe { x8::groups_task(pr.xq, p, k, t.units.clone(), t.col0, n, pr.m, outs[t.product]) },
+        }
+    };
+    // Small products run on the calling thread: a dispatch would cost more than the work.
+    if work >= 1 << 16 {
+        tasks.par_iter().for_each(run);
     } else {
-        (0..units.div_ceil(per_task)).for_each(run);
+        tasks.iter().for_each(run);
     }
 }
 
@@ -510,6 +541,47 @@ mod tests {
     }
 
     const TYPES: [GgmlType; 13] = crate::kernels::quant::BLOCK_FORMATS;
+
+    /// Many products at once (a mixture's experts: every format, 0 to 40 rows each, some
+    /// with none) give each product's [`qmatmul`] alone, bit for bit.
+    #[test]
+    fn products_at_once_equal_each_alone() {
+        let k = 512;
+        let mats: Vec<(QMatrix, usize)> = TYPES
+            .iter()
+            .enumerate()
+            .map(|(i, &dtype)| {
+                let n = 8 * (1 + i % 3) + i % 2;
+                let raw = random_blocks(dtype, n * k / dtype.block().0, 20 + i as u64);
+                (QMatrix::new(k, vec![(dtype, n, raw.into())]).unwrap(), [0, 1, 3, 7, 40][i % 5])
+            })
+            .collect();
+        let acts: Vec<QActs> = mats
+            .iter()
+            .enumerate()
+            .map(|(i, (w, m))| {
+                let mut q = QActs::default();
+                quantize_rows(&random_vec(m * k, 50 + i as u64), *m, k, w.act_scales(), &mut q);
+                q
+            })
+            .collect();
+        let alone: Vec<Vec<f32>> = mats
+            .iter()
+            .zip(&acts)
+            .map(|((w, m), xq)| {
+                let mut y = vec![0.0; m * w.rows()];
+                qmatmul(xq, w, &mut y, *m);
+                y
+            })
+            .collect();
+        let mut ys: Vec<Vec<f32>> = mats.iter().map(|(w, m)| vec![f32::NAN; m * w.rows()]).collect();
+        let mut products: Vec<Product> =
+            mats.iter().zip(&acts).zip(&mut ys).map(|(((w, m), xq), y)| Product { xq, w, y, m: *m }).collect();
+        qmatmul_each(&mut products);
+        for (i, (a, b)) in alone.iter().zip(&ys).enumerate() {
+            assert!(a == b, "{}: {} rows", TYPES[i], mats[i].1);
+        }
+    }
 
     /// Every format against the naive version: dequantize the weights, dequantize the
     /// quantized activations, dot in f64.

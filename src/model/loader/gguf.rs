@@ -8,7 +8,7 @@ use crate::kernels::quant::{GgmlType, TERNARY_ONLY_READ};
 use crate::kernels::ternary;
 use crate::model::config::{Arch, ModelConfig};
 use crate::model::gguf::{GgufFile, TensorInfo};
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, ensure, Context, Result};
 use std::borrow::Cow;
 
 pub struct GgufWeights<'a> {
@@ -24,7 +24,41 @@ impl<'a> GgufWeights<'a> {
     }
 }
 
-/// The GGUF name of a Hugging Face tensor name in architecture `arch`.
+/// Where a Hugging Face tensor lives in a GGUF file of architecture `arch`: a tensor's
+/// name, and for one expert's matrix, its index in the tensor that stacks every expert's.
+fn locate(arch: Arch, hf: &str) -> Option<(String, Option<usize>)> {
+    match gguf_expert(hf) {
+        Some((name, e)) => Some((name, Some(e))),
+        None => gguf_name(arch, hf).map(|n| (n, None)),
+    }
+}
+
+/// The GGUF tensor that stacks the experts of Hugging Face tensor `hf` (one expert's
+/// matrix), and the expert's index in it.
+pub fn gguf_expert(hf: &str) -> Option<(String, usize)> {
+    let (layer, expert, stem, kind) = expert_parts(hf)?;
+    Some((format!("blk.{layer}.{stem}.{kind}"), expert))
+}
+
+/// (layer, expert, GGUF stem, kind) of one expert's matrix under Qwen3-MoE's
+/// (`mlp.experts.E.gate_proj`) or Mixtral's (`block_sparse_moe.experts.E.w1`) names.
+fn expert_parts(hf: &str) -> Option<(usize, usize, &'static str, &str)> {
+    let rest = hf.strip_prefix("model.layers.")?;
+    let (layer, part) = rest.split_once('.')?;
+    let part = part.strip_prefix("mlp.experts.").or_else(|| part.strip_prefix("block_sparse_moe.experts."))?;
+    let (expert, part) = part.split_once('.')?;
+    let (proj, kind) = part.split_once('.')?;
+    let stem = match proj {
+        "gate_proj" | "w1" => "ffn_gate_exps",
+        "up_proj" | "w3" => "ffn_up_exps",
+        "down_proj" | "w2" => "ffn_down_exps",
+        _ => return None,
+    };
+    Some((layer.parse().ok()?, expert.parse().ok()?, stem, kind))
+}
+
+/// The GGUF name of a Hugging Face tensor name in architecture `arch` (experts' matrices,
+/// slices of a GGUF tensor, have none of their own).
 pub fn gguf_name(arch: Arch, hf: &str) -> Option<String> {
     let fixed = match hf {
         "model.embed_tokens.weight" => Some("token_embd.weight"),
@@ -60,6 +94,8 @@ pub fn gguf_name(arch: Arch, hf: &str) -> Option<String> {
         // Phi-3's fused gate_up is llama.cpp's ffn_up of twice the height.
         (_, "mlp.up_proj" | "mlp.gate_up_proj") => "ffn_up",
         (_, "mlp.down_proj") => "ffn_down",
+        // The router of a mixture of experts (Qwen3-MoE's name, then Mixtral's).
+        (_, "mlp.gate" | "block_sparse_moe.gate") => "ffn_gate_inp",
         _ => return None,
     };
     Some(format!("blk.{layer}.{stem}.{kind}"))
@@ -93,15 +129,21 @@ fn move_rows<T: Copy + Default>(data: &[T], heads: usize, cols: usize, to_gguf: 
 }
 
 impl GgufWeights<'_> {
-    fn info(&self, name: &str, shape: &[usize]) -> Result<&TensorInfo> {
-        let gname = gguf_name(self.arch, name).with_context(|| format!("no GGUF name for tensor {name}"))?;
-        let info = self
-            .file
-            .tensors
-            .get(&gname)
-            .with_context(|| format!("{}: tensor {gname} ({name}) not found", self.file.path.display()))?;
-        check_shape(&self.file.path, &gname, shape, &info.shape)?;
-        Ok(info)
+    /// Where `name`'s values are: a whole tensor, or one expert's slice of one.
+    fn info(&self, name: &str, shape: &[usize]) -> Result<TensorInfo> {
+        let (gname, expert) = locate(self.arch, name).with_context(|| format!("no GGUF name for tensor {name}"))?;
+        let path = self.file.path.display();
+        let info =
+            self.file.tensors.get(&gname).with_context(|| format!("{path}: tensor {gname} ({name}) not found"))?;
+        let Some(e) = expert else {
+            check_shape(&self.file.path, &gname, shape, &info.shape)?;
+            return Ok(info.clone());
+        };
+        let experts = info.shape.first().copied().unwrap_or(0);
+        check_shape(&self.file.path, &gname, shape, &info.shape[1.min(info.shape.len())..])?;
+        ensure!(e < experts, "{path}: tensor {gname} holds {experts} experts, not expert {e}");
+        let each = info.len_bytes / experts;
+        Ok(TensorInfo { shape: shape.to_vec(), dtype: info.dtype, offset: info.offset + e * each, len_bytes: each })
     }
 
     /// llama.cpp's q/k row order undone (weights and biases); `cols` elements per row.
@@ -142,14 +184,14 @@ impl WeightSource for GgufWeights<'_> {
     }
 
     fn contains(&self, name: &str) -> bool {
-        gguf_name(self.arch, name).is_some_and(|g| self.file.tensors.contains_key(&g))
+        locate(self.arch, name).is_some_and(|(g, _)| self.file.tensors.contains_key(&g))
     }
 
     fn load(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
         let info = self.info(name, shape)?;
-        self.check_ternary(name, info)?;
-        let data = self.hf_rows(name, self.file.dequantize(info), shape[1..].iter().product());
-        self.file.release(info);
+        self.check_ternary(name, &info)?;
+        let data = self.hf_rows(name, self.file.dequantize(&info), shape[1..].iter().product());
+        self.file.release(&info);
         Ok(Tensor::owned(shape.to_vec(), data))
     }
 
@@ -160,22 +202,22 @@ impl WeightSource for GgufWeights<'_> {
             GgmlType::Bf16 => Half::Bf16,
             _ => return Ok(None),
         };
-        let bits = le_u16s(self.file.raw(info));
-        self.file.release(info);
+        let bits = le_u16s(self.file.raw(&info));
+        self.file.release(&info);
         Ok(Some((format, self.hf_rows(name, bits, shape[1..].iter().product()))))
     }
 
     fn load_blocks(&self, name: &str, shape: &[usize]) -> Result<Option<(GgmlType, Cow<'_, [u8]>)>> {
         let info = self.info(name, shape)?;
-        self.check_ternary(name, info)?;
+        self.check_ternary(name, &info)?;
         if shape.len() == 2 && TERNARY_ONLY_READ.contains(&info.dtype) {
-            let tq2 = ternary::to_tq2_0(info.dtype, self.file.raw(info), shape[1]);
+            let tq2 = ternary::to_tq2_0(info.dtype, self.file.raw(&info), shape[1]);
             return Ok(tq2.map(|b| (GgmlType::Tq2_0, Cow::Owned(b))));
         }
         if !QMatrix::supports(info.dtype) || shape.len() != 2 {
             return Ok(None);
         }
-        let raw = self.file.raw(info);
+        let raw = self.file.raw(&info);
         Ok(Some((
             info.dtype,
             match self.permuted_heads(name) {
@@ -186,8 +228,17 @@ impl WeightSource for GgufWeights<'_> {
     }
 
     fn release(&self, name: &str) {
-        if let Some(info) = gguf_name(self.arch, name).and_then(|g| self.file.tensors.get(&g)) {
-            self.file.release(info);
+        let shape = self.file.tensors.get(&locate(self.arch, name).map(|(g, _)| g).unwrap_or_default());
+        // An expert's slice: its shape is the stacked tensor's less the expert count.
+        let shape = shape.map(|t| {
+            if name.contains(".experts.") {
+                t.shape.get(1..).unwrap_or_default().to_vec()
+            } else {
+                t.shape.clone()
+            }
+        });
+        if let Some(info) = shape.and_then(|s| self.info(name, &s).ok()) {
+            self.file.release(&info);
         }
     }
 }

@@ -4,7 +4,7 @@
 mod gguf;
 mod safetensors;
 
-pub use gguf::{gguf_name, permute_rows, GgufWeights};
+pub use gguf::{gguf_expert, gguf_name, permute_rows, GgufWeights};
 pub use safetensors::SafetensorsWeights;
 
 use super::tensor::Tensor;

@@ -1,0 +1,389 @@
+//! A mixture-of-experts MLP (Mixtral, Qwen3-MoE): a router picks each row's top-k experts,
+//! the rows routed to one expert are gathered so that its weights are read once for all of
+//! them, and each row's expert outputs are summed in expert order, so that a row's routing
+//! and result never depend on the other rows of the step.
+
+use super::config::MoeConfig;
+use super::loader::WeightSource;
+use super::weight::{Weight, WeightDtype};
+use crate::kernels::qmatmul::{qmatmul_each, quantize_rows, Product, QActs, QMatrix};
+use crate::kernels::quant::GgmlType;
+use anyhow::{Context, Result};
+use rayon::prelude::*;
+
+/// The gated activation of an MLP: `[rows, 2 f]` gate and up halves to `[rows, f]`.
+pub type Activation = fn(&[f32], usize, &mut [f32]);
+
+struct Expert {
+    /// gate and up projections stacked: `[2 expert_ffn, hidden]`.
+    gate_up: Weight,
+    down: Weight,
+}
+
+pub struct Experts {
+    /// `[experts, hidden]`, always f32: the gap between the k-th and the next router
+    /// logit falls to 1e-5 on real inputs, so rounded activations would flip choices
+    /// (llama.cpp keeps routers in F32 for the same reason).
+    router: Weight,
+    experts: Vec<Expert>,
+    top_k: usize,
+    norm_topk_prob: bool,
+    /// Whether every expert is in a block format, computed in one pass for all experts.
+    blocks: bool,
+    hidden: usize,
+    ffn: usize,
+}
+
+/// Buffers of [`Experts::forward`], reused across steps.
+#[derive(Default)]
+pub struct Scratch {
+    logits: Vec<f32>,
+    /// Per row, its top-k experts and weights in expert order.
+    routes: Vec<(usize, f32)>,
+    /// Per route, where its row sits among the rows gathered by expert.
+    slots: Vec<usize>,
+    x: Vec<f32>,
+    gate_up: Vec<f32>,
+    act: Vec<f32>,
+    y: Vec<f32>,
+    /// Per expert, its gathered rows quantized for gate_up and for down.
+    xq: Vec<QActs>,
+    aq: Vec<QActs>,
+}
+
+fn resize(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    v.resize(n, 0.0);
+    &mut v[..n]
+}
+
+impl Experts {
+    /// Layer `layer`'s router and experts, under Qwen3-MoE's names (`mlp.gate`,
+    /// `mlp.experts.E.gate_proj`) or Mixtral's (`block_sparse_moe.gate`, `…experts.E.w1`),
+    /// whichever the source holds.
+    pub fn load(
+        src: &dyn WeightSource,
+        layer: usize,
+        c: &MoeConfig,
+        hidden: usize,
+        dtype: WeightDtype,
+    ) -> Result<Self> {
+        let (d, f) = (hidden, c.expert_ffn);
+        let mixtral = src.contains(&format!("model.layers.{layer}.block_sparse_moe.gate.weight"));
+        let (block, [gate, up, down]) = if mixtral {
+            ("block_sparse_moe", ["w1", "w3", "w2"])
+        } else {
+            ("mlp", ["gate_proj", "up_proj", "down_proj"])
+        };
+        let router_name = format!("model.layers.{layer}.{block}.gate.weight");
+        let router = Weight::load(src, &[(&router_name, [c.num_experts, d])], WeightDtype::F32)?;
+        let mut experts = Vec::with_capacity(c.num_experts);
+        for e in 0..c.num_experts {
+            let name = |p: &str| format!("model.layers.{layer}.{block}.experts.{e}.{p}.weight");
+            let gate_up = Weight::load(src, &[(&name(gate), [f, d]), (&name(up), [f, d])], dtype)
+                .with_context(|| format!("layer {layer} expert {e}"))?;
+            let down = Weight::load(src, &[(&name(down), [d, f])], dtype)
+                .with_context(|| format!("layer {layer} expert {e}"))?;
+            experts.push(Expert { gate_up, down });
+        }
+        let blocks = experts.iter().all(|x| matches!((&x.gate_up, &x.down), (Weight::Quant(_), Weight::Quant(_))));
+        Ok(Experts { router, experts, top_k: c.top_k, norm_topk_prob: c.norm_topk_prob, blocks, hidden: d, ffn: f })
+    }
+
+    /// Every matrix: the router, then each expert's.
+    pub fn matrices(&self) -> impl Iterator<Item = &Weight> {
+        std::iter::once(&self.router).chain(self.experts.iter().flat_map(|x| [&x.gate_up, &x.down]))
+    }
+
+    /// Bytes of weights one token reads: the router and, on average, `top_k` experts.
+    pub fn bytes_per_token(&self) -> usize {
+        let experts: usize = self.experts.iter().map(|x| x.gate_up.bytes() + x.down.bytes()).sum();
+        self.router.bytes() + experts * self.top_k / self.experts.len()
+    }
+
+    /// Multiply-adds per token by block format: the router's and `top_k` experts' worth.
+    pub fn products_per_token(&self) -> Vec<(Option<GgmlType>, usize)> {
+        let mut by: Vec<(Option<GgmlType>, usize)> = Vec::new();
+        for x in &self.experts {
+            for (t, n) in x.gate_up.products().into_iter().chain(x.down.products()) {
+                match by.iter_mut().find(|(u, _)| *u == t) {
+                    Some((_, sum)) => *sum += n,
+                    None => by.push((t, n)),
+                }
+            }
+        }
+        by.iter_mut().for_each(|(_, n)| *n = *n * self.top_k / self.experts.len());
+        by.extend(self.router.products());
+        by
+    }
+
+    /// `out = Σ_e w_e · down_e(act(gate_up_e(x)))` over each row's top-k experts `e`, for
+    /// the `t` rows of `x`; `xq` is scratch for the router's activations.
+    pub fn forward(
+        &self,
+        x: &[f32],
+        t: usize,
+        activation: Activation,
+        s: &mut Scratch,
+        xq: &mut QActs,
+        out: &mut [f32],
+    ) {
+        let (n_exp, k) = (self.experts.len(), self.top_k);
+        let d = self.hidden;
+        let logits = resize(&mut s.logits, t * n_exp);
+        self.router.matmul(x, xq, logits, t);
+        s.routes.clear();
+        for row in logits.chunks_exact(n_exp) {
+            route(row, k, self.norm_topk_prob, &mut s.routes);
+        }
+        // Rows gathered by expert: each expert's in row order, experts in order.
+        let mut starts = vec![0; n_exp + 1];
+        s.routes.iter().for_each(|&(e, _)| starts[e + 1] += 1);
+        (0..n_exp).for_each(|e| starts[e + 1] += starts[e]);
+        let mut fill = starts.clone();
+        s.slots.clear();
+        s.slots.extend(s.routes.iter().map(|&(e, _)| {
+            fill[e] += 1;
+            fill[e] - 1
+        }));
+        let xs = resize(&mut s.x, t * k * d);
+        for (r, slots) in s.slots.chunks_exact(k).enumerate() {
+            for &slot in slots {
+                xs[slot * d..(slot + 1) * d].copy_from_slice(&x[r * d..(r + 1) * d]);
+            }
+        }
+        let counts: Vec<usize> = (0..n_exp).map(|e| starts[e + 1] - starts[e]).collect();
+        resize(&mut s.y, t * k * d);
+        if self.blocks {
+            self.run_blocks(&counts, activation, s);
+        } else {
+            self.run_each(&counts, activation, s, xq);
+        }
+        let (y, routes, slots): (&[f32], &[(usize, f32)], &[usize]) = (&s.y, &s.routes, &s.slots);
+        out[..t * d].par_chunks_mut(d).enumerate().for_each(|(r, o)| {
+            o.fill(0.0);
+            for (&(_, w), &slot) in routes[r * k..(r + 1) * k].iter().zip(&slots[r * k..(r + 1) * k]) {
+                o.iter_mut().zip(&y[slot * d..(slot + 1) * d]).for_each(|(o, v)| *o += w * v);
+            }
+        });
+    }
+
+    /// Float experts (the exact path): one after another, each matrix multiply parallel.
+    fn run_each(&self, counts: &[usize], activation: Activation, s: &mut Scratch, xq: &mut QActs) {
+        let (d, f) = (self.hidden, self.ffn);
+        let rows: usize = counts.iter().sum();
+        let gu = resize(&mut s.gate_up, rows * 2 * f);
+        let act = resize(&mut s.act, rows * f);
+        let mut first = 0;
+        for (x, &n) in self.experts.iter().zip(counts) {
+            if n == 0 {
+                continue;
+            }
+            let rows = first..first + n;
+            x.gate_up.matmul(&s.x[rows.start * d..rows.end * d], xq, &mut gu[rows.start * 2 * f..rows.end * 2 * f], n);
+            activation(&gu[rows.start * 2 * f..rows.end * 2 * f], f, &mut act[rows.start * f..rows.end * f]);
+            x.down.matmul(&act[rows.start * f..rows.end * f], xq, &mut s.y[rows.start * d..rows.end * d], n);
+            first += n;
+        }
+    }
+
+    /// Block-format experts: every expert's rows quantized, then all experts' gate_up in
+    /// one pass over the pool, the activation, and all experts' down in another.
+    fn run_blocks(&self, counts: &[usize], activation: Activation, s: &mut Scratch) {
+        let (d, f) = (self.hidden, self.ffn);
+        let rows: usize = counts.iter().sum();
+        s.xq.resize_with(self.experts.len(), QActs::default);
+        s.aq.resize_with(self.experts.len(), QActs::default);
+        let gu = resize(&mut s.gate_up, rows * 2 * f);
+        let act = resize(&mut s.act, rows * f);
+        let (xs, ys) = (&s.x[..rows * d], &mut s.y[..rows * d]);
+
+        let segments = split(xs, counts, d);
+        s.xq.par_iter_mut().zip(&segments).zip(&self.experts).zip(counts).for_each(|(((q, x), e), &n)| {
+            if n > 0 {
+                let w = quant(&e.gate_up);
+                quantize_rows(x, n, w.cols(), w.act_scales(), q);
+            }
+        });
+        run_products(&self.experts, counts, &s.xq, gu, 2 * f, |e| quant(&e.gate_up));
+
+        gu.par_chunks(2 * f * 8).zip(act.par_chunks_mut(f * 8)).for_each(|(g, a)| activation(g, f, a));
+
+        let segments = split(act, counts, f);
+        s.aq.par_iter_mut().zip(&segments).zip(&self.experts).zip(counts).for_each(|(((q, a), e), &n)| {
+            if n > 0 {
+                let w = quant(&e.down);
+                quantize_rows(a, n, w.cols(), w.act_scales(), q);
+            }
+        });
+        run_products(&self.experts, counts, &s.aq, ys, d, |e| quant(&e.down));
+    }
+}
+
+/// A block-format matrix ([`Experts::run_blocks`] runs only when every expert's is one).
+fn quant(w: &Weight) -> &QMatrix {
+    match w {
+        Weight::Quant(q) => q,
+        Weight::F32(_) => unreachable!("run_blocks with a float expert"),
+    }
+}
+
+/// `v`'s rows of `width` values cut into consecutive runs of `counts` rows.
+fn split<'a>(v: &'a [f32], counts: &[usize], width: usize) -> Vec<&'a [f32]> {
+    let mut rest = v;
+    counts
+        .iter()
+        .map(|&n| {
+            let (a, b) = rest.split_at(n * width);
+            rest = b;
+            a
+        })
+        .collect()
+}
+
+/// Each expert's `which` matrix times its quantized rows, written to its run of `y`'s rows
+/// (of `width` values): all experts in one pass over the pool.
+fn run_products<'a>(
+    experts: &'a [Expert],
+    counts: &[usize],
+    acts: &'a [QActs],
+    y: &'a mut [f32],
+    width: usize,
+    which: impl Fn(&'a Expert) -> &'a QMatrix,
+) {
+    let mut rest = y;
+    let mut products = Vec::new();
+    for ((e, &m), xq) in experts.iter().zip(counts).zip(acts) {
+        let (y, tail) = std::mem::take(&mut rest).split_at_mut(m * width);
+        rest = tail;
+        if m > 0 {
+            products.push(Product { xq, w: which(e), y, m });
+        }
+    }
+    qmatmul_each(&mut products);
+}
+
+/// Appends the row's top-`k` experts with their weights, in expert order: softmax over all
+/// router logits in f32 (as transformers computes it), the `k` most probable kept (the
+/// lower index on a tie, NaNs last), renormalised to sum 1 when `norm` says.
+fn route(logits: &[f32], k: usize, norm: bool, out: &mut Vec<(usize, f32)>) {
+    let max = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let exps: Vec<f32> = logits.iter().map(|&l| (l - max).exp()).collect();
+    let sum: f32 = exps.iter().sum();
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    let key = |i: usize| if exps[i].is_nan() { f32::NEG_INFINITY } else { exps[i] };
+    order.sort_by(|&a, &b| key(b).total_cmp(&key(a)).then(a.cmp(&b)));
+    let mut top: Vec<(usize, f32)> = order[..k].iter().map(|&i| (i, exps[i] / sum)).collect();
+    if norm {
+        let total: f32 = top.iter().map(|&(_, p)| p).sum();
+        top.iter_mut().for_each(|(_, p)| *p /= total);
+    }
+    top.sort_by_key(|&(i, _)| i);
+    out.extend(top);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::quant::dequantize;
+    use crate::kernels::quantize::quantize;
+    use crate::kernels::testing::random_vec;
+    use crate::kernels::{silu_mul, PackedMatrix};
+
+    #[test]
+    fn routes_to_the_top_k_in_expert_order() {
+        let mut out = Vec::new();
+        route(&[0.0, 3.0, 1.0, 3.0, -2.0], 2, true, &mut out);
+        assert_eq!(out.iter().map(|r| r.0).collect::<Vec<_>>(), [1, 3]);
+        assert!(out.iter().all(|r| (r.1 - 0.5).abs() < 1e-6));
+        out.clear();
+        // Without renormalising, the weights are the softmax over all experts.
+        route(&[1.0, 2.0, 0.0], 1, false, &mut out);
+        let want = 2f32.exp() / (1f32.exp() + 2f32.exp() + 1.0);
+        assert_eq!(out[0].0, 1);
+        assert!((out[0].1 - want).abs() < 1e-6);
+        out.clear();
+        // A NaN logit is never preferred; the row still gets k experts.
+        route(&[f32::NAN, 0.5, 0.25], 2, true, &mut out);
+        assert_eq!(out.len(), 2);
+    }
+
+    /// Random experts in `dtype` (Q8_0 blocks, or f32 from the same dequantized values),
+    /// with their dequantized `[gate_up, down]` values for a naive check.
+    fn experts(n: usize, top_k: usize, d: usize, f: usize, blocks: bool) -> (Experts, Vec<[Vec<f32>; 2]>) {
+        let mut all = Vec::new();
+        let mut values = Vec::new();
+        for e in 0..n {
+            let make = |rows: usize, k: usize, seed: u64| {
+                let raw = quantize(GgmlType::Q8_0, &random_vec(rows * k, seed));
+                let exact = dequantize(GgmlType::Q8_0, &raw);
+                let w = if blocks {
+                    Weight::Quant(QMatrix::new(k, vec![(GgmlType::Q8_0, rows, raw.into())]).unwrap())
+                } else {
+                    Weight::F32(PackedMatrix::pack(&exact, rows, k))
+                };
+                (w, exact)
+            };
+            let ((gate_up, gu), (down, dn)) = (make(2 * f, d, 10 + e as u64), make(d, f, 100 + e as u64));
+            all.push(Expert { gate_up, down });
+            values.push([gu, dn]);
+        }
+        // Logits spread wider than the activations' rounding, so that no choice is a tie.
+        let router: Vec<f32> = random_vec(n * d, 7).iter().map(|x| 4.0 * x).collect();
+        let router = Weight::F32(PackedMatrix::pack(&router, n, d));
+        (Experts { router, experts: all, top_k, norm_topk_prob: true, blocks, hidden: d, ffn: f }, values)
+    }
+
+    fn run(x: &Experts, input: &[f32], t: usize) -> Vec<f32> {
+        let mut out = vec![f32::NAN; t * x.hidden];
+        x.forward(input, t, silu_mul, &mut Scratch::default(), &mut QActs::default(), &mut out);
+        out
+    }
+
+    /// Every row count from 0, block-format and float experts: each row as computed alone
+    /// (bit for bit), the float experts as a naive sum over the chosen experts, and the
+    /// block-format ones within the int8 activations' rounding of it.
+    #[test]
+    fn experts_compute_each_row_alone_and_as_the_naive_sum() {
+        let (n, k, d, f) = (6, 2, 64, 32);
+        let (float, values) = experts(n, k, d, f, false);
+        let (quant, _) = experts(n, k, d, f, true);
+        let input = random_vec(13 * d, 3);
+        let mut logits = vec![0.0; n];
+        for t in 0..=13 {
+            for x in [&float, &quant] {
+                let all = run(x, &input[..t * d], t);
+                for r in 0..t {
+                    assert!(all[r * d..(r + 1) * d] == run(x, &input[r * d..(r + 1) * d], 1), "{t} rows: row {r}");
+                }
+            }
+            let (a, b) = (run(&float, &input[..t * d], t), run(&quant, &input[..t * d], t));
+            for r in 0..t {
+                let row = &input[r * d..(r + 1) * d];
+                float.router.matmul(row, &mut QActs::default(), &mut logits, 1);
+                let mut chosen = Vec::new();
+                route(&logits, k, true, &mut chosen);
+                let mut want = vec![0f64; d];
+                for (e, w) in chosen {
+                    let [gu, dn] = &values[e];
+                    let dot = |m: &[f32], i: usize, v: &[f64]| {
+                        (0..v.len()).map(|c| m[i * v.len() + c] as f64 * v[c]).sum::<f64>()
+                    };
+                    let xr: Vec<f64> = row.iter().map(|&v| v as f64).collect();
+                    let act: Vec<f64> = (0..f)
+                        .map(|i| {
+                            let (g, u) = (dot(gu, i, &xr), dot(gu, f + i, &xr));
+                            g / (1.0 + (-g).exp()) * u
+                        })
+                        .collect();
+                    (0..d).for_each(|o| want[o] += w as f64 * dot(dn, o, &act));
+                }
+                let scale = want.iter().fold(0f64, |m, v| m.max(v.abs()));
+                for o in 0..d {
+                    let (fa, qa) = (a[r * d + o] as f64, b[r * d + o] as f64);
+                    assert!((fa - want[o]).abs() <= 1e-4 * scale, "float row {r} [{o}]: {fa} vs {}", want[o]);
+                    assert!((qa - want[o]).abs() <= 0.03 * scale, "blocks row {r} [{o}]: {qa} vs {}", want[o]);
+                }
+            }
+        }
+    }
+}
