@@ -98,7 +98,7 @@ fn ngram_speculation_changes_no_event() {
         return;
     }
     let config = r#"{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_min":1,"prompt_lookup_max":3}"#;
-    for rel in [STORIES, SMOL] {
+    for rel in [STORIES, SMOL, "tiny-mixtral/tiny-mixtral.gguf"] {
         let prompts: Vec<Vec<u32>> =
             reference(rel.split('/').next().unwrap()).into_iter().map(|c| c.prompt_ids).collect();
         let (drafted, accepted) = same_events(model(rel), spec(config), &requests(&prompts));

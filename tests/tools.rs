@@ -41,14 +41,15 @@ fn body(extra: Value) -> Value {
     b
 }
 
-/// `required` and a named function on Qwen2.5's (Hermes), Llama 3's and Mistral's templates:
-/// every answer is calls that parse and validate; streamed calls arrive as `tool_calls` deltas.
+/// `required` and a named function on Qwen2.5's (Hermes), Llama 3's and Mistral's templates
+/// (and Qwen3's, on its mixture of experts): every answer is calls that parse and validate;
+/// streamed calls arrive as `tool_calls` deltas.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn required_calls_always_parse_and_validate() {
     if common::shared_models().is_none() {
         return;
     }
-    for model in ["tiny-qwen2", "tiny-llama3", "tiny-mistral-swa"] {
+    for model in ["tiny-qwen2", "tiny-llama3", "tiny-mistral-swa", "tiny-qwen3moe"] {
         let s = Server::start(model, &[]).await;
         for seed in 0..8 {
             let one = json!({"tool_choice": "required", "seed": seed, "parallel_tool_calls": false});

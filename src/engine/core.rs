@@ -352,6 +352,11 @@ impl EngineLoop {
         st.last_step_seqs = plan.len();
         st.forward_time += t2 - t1;
         st.overhead_time += (t1 - t0) + (t3 - t2);
+        let moe = self.ws.take_moe_stats();
+        st.moe.add(&moe);
+        if tokens == plan.len() {
+            st.moe_decode.add(&moe);
+        }
         let ms = (t2 - t1).as_secs_f64() * 1e3;
         if st.recent_step_ms.len() == RECENT_STEPS {
             st.recent_step_ms.pop_front();

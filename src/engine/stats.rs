@@ -34,6 +34,10 @@ pub struct EngineStats {
     pub forward_time: Duration,
     /// Time in scheduling, sampling, detokenization and sending events, summed over steps.
     pub overhead_time: Duration,
+    /// How a mixture of experts' rows spread over its experts (zero for a dense model), in
+    /// every step and in steps of one decode row per sequence only.
+    pub moe: crate::model::moe::Stats,
+    pub moe_decode: crate::model::moe::Stats,
     /// Forward time of the most recent steps, in milliseconds (at most [`RECENT_STEPS`]).
     pub recent_step_ms: std::collections::VecDeque<f32>,
 }

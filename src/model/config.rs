@@ -19,6 +19,9 @@ pub enum Arch {
     /// Gemma 2: scaled embeddings, (1 + w) norms (stored as such once loaded), post-norms,
     /// GELU-tanh, soft-capped attention and logits, sliding window on even layers.
     Gemma2,
+    /// Gemma 3 (text): Gemma 2's layer without soft-caps, with (1 + w) q/k norms, five
+    /// sliding-window layers to one global, and the local layers' own RoPE base.
+    Gemma3,
     /// BitNet b1.58: ternary projections (computed as TQ2_0 with per-row int8
     /// activations, as trained), relu² MLP, RMSNorms before o_proj and down_proj.
     BitNet,
@@ -35,11 +38,12 @@ impl Arch {
             "qwen3" | "qwen3_moe" | "qwen3moe" => Arch::Qwen3,
             "phi3" => Arch::Phi3,
             "gemma2" => Arch::Gemma2,
+            "gemma3" | "gemma3_text" => Arch::Gemma3,
             // llama.cpp's name, and bitnet.cpp's for its I2_S files.
             "bitnet" | "bitnet-b1.58" => Arch::BitNet,
             other => {
                 bail!(
-                    "unsupported architecture '{other}' (supported: llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, phi3, gemma2, bitnet)"
+                    "unsupported architecture '{other}' (supported: llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, phi3, gemma2, gemma3_text, bitnet)"
                 )
             }
         })
@@ -69,7 +73,7 @@ impl Activation {
     /// A family's activation when its files do not name one.
     fn default_for(arch: Arch) -> Self {
         match arch {
-            Arch::Gemma2 => Activation::GeluTanh,
+            Arch::Gemma2 | Arch::Gemma3 => Activation::GeluTanh,
             Arch::BitNet => Activation::Relu2,
             _ => Activation::Silu,
         }
@@ -94,8 +98,12 @@ pub struct ModelConfig {
     pub activation: Activation,
     /// Biases on the q, k and v projections.
     pub qkv_bias: bool,
-    /// Attention limited to the last `W` positions (every layer, or Gemma 2's even layers).
+    /// Attention limited to the last `W` positions (every layer, or Gemma's local ones).
     pub sliding_window: Option<usize>,
+    /// Of every `n` layers the last is global, the rest sliding (Gemma 2: 2, Gemma 3: 6).
+    pub sliding_pattern: Option<usize>,
+    /// The sliding layers' RoPE base, unscaled (Gemma 3); else every layer uses `rope_theta`.
+    pub rope_local_theta: Option<f32>,
     /// Scale of q·k: `1/sqrt(head_dim)`, or Gemma 2's `1/sqrt(query_pre_attn_scalar)`.
     pub attn_scale: f32,
     /// Attention scores become `cap · tanh(score / cap)` (Gemma 2).
@@ -288,10 +296,10 @@ impl RopeScaling {
     }
 }
 
-/// Gemma 2 GGUF files carry no `query_pre_attn_scalar`; llama.cpp uses the head dim, except
-/// for the 27B model (46 layers), whose scalar is hidden / heads.
+/// Gemma GGUF files carry no `query_pre_attn_scalar`; llama.cpp uses the head dim, except
+/// for the 27B models (Gemma 2's 46 layers, Gemma 3's 62), whose scalar is hidden / heads.
 fn gguf_query_pre_attn_scalar(arch: Arch, hidden: usize, heads: usize, head_dim: usize, layers: usize) -> f32 {
-    if arch == Arch::Gemma2 && layers == 46 {
+    if (arch == Arch::Gemma2 && layers == 46) || (arch == Arch::Gemma3 && layers == 62) {
         (hidden / heads.max(1)) as f32
     } else {
         head_dim as f32
@@ -329,6 +337,11 @@ fn gguf_activation(g: &GgufFile, name: &str, arch: Arch) -> Result<Activation> {
             Ok(Activation::default_for(arch))
         }
     }
+}
+
+/// Gemma 2 and 3: soft-caps where the config sets them.
+fn gemma(arch: Arch) -> bool {
+    matches!(arch, Arch::Gemma2 | Arch::Gemma3)
 }
 
 /// `1/sqrt(s)` as Hugging Face computes `s ** -0.5` (in f64, then stored as f32).
@@ -375,6 +388,8 @@ struct HfConfig {
     layer_types: Option<Vec<String>>,
     partial_rotary_factor: Option<f32>,
     query_pre_attn_scalar: Option<f32>,
+    sliding_window_pattern: Option<usize>,
+    rope_local_base_freq: Option<f32>,
     attn_logit_softcapping: Option<f32>,
     final_logit_softcapping: Option<f32>,
     quantization_config: Option<serde_json::Value>,
@@ -424,11 +439,17 @@ impl ModelConfig {
             Arch::Qwen2 | Arch::Qwen3 => None,
             _ => c.sliding_window.filter(|&w| w < c.max_position_embeddings),
         };
-        if let (Arch::Gemma2, Some(types)) = (arch, &c.layer_types) {
-            // Layers alternate sliding (even) and global (odd), the only layout supported.
+        let sliding_pattern = match arch {
+            Arch::Gemma2 => Some(2),
+            Arch::Gemma3 => Some(c.sliding_window_pattern.unwrap_or(6)),
+            _ => None,
+        };
+        if let (Some(p), Some(types)) = (sliding_pattern, &c.layer_types) {
+            // Every `p`-th layer global and the rest sliding: the only layout supported.
+            ensure!(p > 0, "sliding_window_pattern is 0");
             for (i, t) in types.iter().enumerate() {
-                let want = if i % 2 == 0 { "sliding_attention" } else { "full_attention" };
-                ensure!(t == want, "Gemma 2 layer {i} is '{t}'; only alternating sliding/full layers are supported");
+                let want = if (i + 1) % p == 0 { "full_attention" } else { "sliding_attention" };
+                ensure!(t == want, "layer {i} is '{t}'; only {} sliding layers to one full are supported", p - 1);
             }
         }
         let head_dim = c.head_dim.unwrap_or(c.hidden_size / c.num_attention_heads.max(1));
@@ -450,8 +471,11 @@ impl ModelConfig {
             qkv_bias: arch == Arch::Qwen2 || c.attention_bias,
             sliding_window,
             attn_scale: attn_scale(c.query_pre_attn_scalar.unwrap_or(head_dim as f32)),
-            attn_softcap: c.attn_logit_softcapping.filter(|_| arch == Arch::Gemma2),
-            final_softcap: c.final_logit_softcapping.filter(|_| arch == Arch::Gemma2),
+            attn_softcap: c.attn_logit_softcapping.filter(|_| gemma(arch)),
+            final_softcap: c.final_logit_softcapping.filter(|_| gemma(arch)),
+            sliding_pattern,
+            // transformers' default for Gemma 3.
+            rope_local_theta: (arch == Arch::Gemma3).then(|| c.rope_local_base_freq.unwrap_or(10000.0)),
             moe,
         };
         cfg.validate()?;
@@ -539,8 +563,15 @@ impl ModelConfig {
             qkv_bias: g.tensors.contains_key("blk.0.attn_q.bias"),
             sliding_window: sliding_window.filter(|_| !matches!(arch, Arch::Qwen2 | Arch::Qwen3)),
             attn_scale: attn_scale(gguf_query_pre_attn_scalar(arch, hidden, heads, head_dim, int("block_count")?)),
-            attn_softcap: float("attn_logit_softcapping").filter(|_| arch == Arch::Gemma2),
-            final_softcap: float("final_logit_softcapping").filter(|_| arch == Arch::Gemma2),
+            attn_softcap: float("attn_logit_softcapping").filter(|_| gemma(arch)),
+            final_softcap: float("final_logit_softcapping").filter(|_| gemma(arch)),
+            // llama.cpp's: the pattern is not in the file.
+            sliding_pattern: match arch {
+                Arch::Gemma2 => Some(2),
+                Arch::Gemma3 => Some(6),
+                _ => None,
+            },
+            rope_local_theta: float("rope.freq_base_swa").filter(|_| arch == Arch::Gemma3),
             moe,
         };
         ensure!(arch != Arch::Qwen2 || cfg.qkv_bias, "Qwen2 needs q/k/v biases, blk.0.attn_q.bias is missing");
@@ -559,8 +590,8 @@ impl ModelConfig {
 
     /// The sliding window of layer `i`, if it has one (Gemma 2 alternates, starting sliding).
     pub fn layer_window(&self, i: usize) -> Option<usize> {
-        match self.arch {
-            Arch::Gemma2 if i % 2 == 1 => None,
+        match self.sliding_pattern {
+            Some(p) if (i + 1) % p == 0 => None,
             _ => self.sliding_window,
         }
     }
@@ -597,6 +628,10 @@ impl ModelConfig {
         );
         ensure!(self.max_position_embeddings > 0, "context length is 0");
         ensure!(self.sliding_window != Some(0), "sliding window of 0 positions");
+        ensure!(self.sliding_pattern != Some(0), "sliding window pattern of 0 layers");
+        if let Some(t) = self.rope_local_theta {
+            ensure!(t.is_finite() && t > 0.0, "local RoPE base {t} is not a positive finite number");
+        }
         ensure!(
             self.attn_scale.is_finite() && self.attn_scale > 0.0,
             "attention scale {} is not positive",

@@ -67,6 +67,9 @@ pub fn hf_to_gguf(
         None if c.arch == Arch::Phi3 => put("attention.sliding_window", Meta::U32(0)),
         None => {}
     }
+    if let Some(theta) = c.rope_local_theta {
+        put("rope.freq_base_swa", Meta::F32(theta));
+    }
     if let Some(cap) = c.attn_softcap {
         put("attn_logit_softcapping", Meta::F32(cap));
     }
@@ -196,6 +199,7 @@ fn arch_name(c: &ModelConfig) -> &'static str {
         Arch::Qwen3 => "qwen3",
         Arch::Phi3 => "phi3",
         Arch::Gemma2 => "gemma2",
+        Arch::Gemma3 => "gemma3",
         Arch::BitNet => "bitnet",
     }
 }
@@ -205,7 +209,9 @@ fn arch_name(c: &ModelConfig) -> &'static str {
 fn gguf_values(c: &ModelConfig, src: &SafetensorsWeights, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
     let t = src.load(name, shape)?;
     let mut v = t.data().to_vec();
-    if c.arch == Arch::Gemma2 && (name.ends_with("layernorm.weight") || name == "model.norm.weight") {
+    let gemma = matches!(c.arch, Arch::Gemma2 | Arch::Gemma3);
+    // Gemma 3's q/k norms too.
+    if gemma && name.ends_with("norm.weight") {
         v.iter_mut().for_each(|w| *w += 1.0);
     }
     if c.arch == Arch::Llama {

@@ -138,6 +138,8 @@ pub struct Decoder {
     norm: Tensor,
     lm_head: Weight,
     rope: Rotary,
+    /// The sliding layers' own rotary table (Gemma 3).
+    rope_local: Option<Rope>,
 }
 
 /// One sequence's part of a step: `num_tokens` new tokens at positions
@@ -186,6 +188,13 @@ pub struct Workspace {
     /// Activations quantized for block-format weights.
     xq: QActs,
     moe: moe::Scratch,
+}
+
+impl Workspace {
+    /// The mixture layers' statistics since the last call (zero for a dense model).
+    pub fn take_moe_stats(&mut self) -> moe::Stats {
+        std::mem::take(&mut self.moe.stats)
+    }
 }
 
 /// Rows per task when row-wise work (norms, RoPE, SwiGLU) is spread over the pool.
@@ -247,7 +256,7 @@ impl Decoder {
     pub fn load(config: ModelConfig, src: &dyn WeightSource, dtype: WeightDtype) -> Result<Self> {
         let c = &config;
         let (d, f, hd) = (c.hidden_size, c.intermediate_size, c.head_dim);
-        let gemma = c.arch == Arch::Gemma2;
+        let gemma = matches!(c.arch, Arch::Gemma2 | Arch::Gemma3);
         let bitnet = c.arch == Arch::BitNet;
         // BitNet's projections are ternary: computed as TQ2_0 blocks unless `dtype` is f32.
         let load = |parts: &[(&str, [usize; 2])]| {
@@ -288,10 +297,13 @@ impl Decoder {
             } else {
                 None
             };
-            let qk_norm = if c.arch == Arch::Qwen3 {
-                Some((src.load(&attn("q_norm", "weight"), &[hd])?, src.load(&attn("k_norm", "weight"), &[hd])?))
-            } else {
-                None
+            let qk_norm = match c.arch {
+                Arch::Qwen3 => {
+                    Some((src.load(&attn("q_norm", "weight"), &[hd])?, src.load(&attn("k_norm", "weight"), &[hd])?))
+                }
+                // Gemma's (1 + w) form, as its other norms.
+                Arch::Gemma3 => Some((norm(&attn("q_norm", "weight"), hd)?, norm(&attn("k_norm", "weight"), hd)?)),
+                _ => None,
             };
             let mlp = if let Some(m) = c.layer_moe(i) {
                 Mlp::Experts(Experts::load(src, i, m, d, dtype)?)
@@ -341,8 +353,11 @@ impl Decoder {
             (Some(embed), Weight::load(src, &[("lm_head.weight", [c.vocab_size, d])], dtype)?)
         };
         let rope = Self::rotary(c, src)?;
+        let rope_local = c.rope_local_theta.map(|theta| {
+            Rope::with_inv_freq(crate::kernels::rope::inv_freq(hd, theta), 1.0, c.max_position_embeddings)
+        });
         let embed_scale = gemma.then(|| (d as f32).sqrt());
-        Ok(Decoder { config, embed, embed_scale, layers, norm: final_norm, lm_head, rope })
+        Ok(Decoder { config, embed, embed_scale, layers, norm: final_norm, lm_head, rope, rope_local })
     }
 
     /// The rotary tables the configuration (and, in GGUF files of Llama 3.x, the
@@ -469,7 +484,10 @@ impl Decoder {
                         q.chunks_exact_mut(hd).for_each(|head| rmsnorm_in_place(head, qn.data(), eps));
                         k.chunks_exact_mut(hd).for_each(|head| rmsnorm_in_place(head, kn.data(), eps));
                     }
-                    let rope = self.rope.for_len(input.seqs[si].seq_len);
+                    let rope = match (&self.rope_local, layer.window) {
+                        (Some(local), Some(_)) => local,
+                        _ => self.rope.for_len(input.seqs[si].seq_len),
+                    };
                     rope.apply(q, pos);
                     rope.apply(k, pos);
                 }

@@ -8,7 +8,7 @@ pub mod file_type;
 pub mod gguf;
 pub mod gguf_write;
 pub mod loader;
-mod moe;
+pub mod moe;
 pub mod requantize;
 mod tensor;
 pub mod weight;

@@ -34,9 +34,36 @@ pub struct Experts {
     ffn: usize,
 }
 
-/// Buffers of [`Experts::forward`], reused across steps.
+/// How a mixture's rows spread over its experts, summed over layers and steps: what
+/// `weft bench` reports as expert-load balance.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Stats {
+    /// Mixture layers run (one per layer per step).
+    pub layer_runs: u64,
+    /// Rows routed: rows times experts per row.
+    pub routed_rows: u64,
+    /// Experts with at least one row.
+    pub experts_used: u64,
+    /// Rows of each run's busiest expert.
+    pub busiest_rows: u64,
+    /// Time in the mixture layers (router, experts and the weighted sum).
+    pub time: std::time::Duration,
+}
+
+impl Stats {
+    pub fn add(&mut self, o: &Stats) {
+        self.layer_runs += o.layer_runs;
+        self.routed_rows += o.routed_rows;
+        self.experts_used += o.experts_used;
+        self.busiest_rows += o.busiest_rows;
+        self.time += o.time;
+    }
+}
+
+/// Buffers of [`Experts::forward`], reused across steps, and its statistics.
 #[derive(Default)]
 pub struct Scratch {
+    pub stats: Stats,
     logits: Vec<f32>,
     /// Per row, its top-k experts and weights in expert order.
     routes: Vec<(usize, f32)>,
@@ -127,6 +154,7 @@ impl Experts {
         xq: &mut QActs,
         out: &mut [f32],
     ) {
+        let start = std::time::Instant::now();
         let (n_exp, k) = (self.experts.len(), self.top_k);
         let d = self.hidden;
         let logits = resize(&mut s.logits, t * n_exp);
@@ -152,6 +180,11 @@ impl Experts {
             }
         }
         let counts: Vec<usize> = (0..n_exp).map(|e| starts[e + 1] - starts[e]).collect();
+        let st = &mut s.stats;
+        st.layer_runs += 1;
+        st.routed_rows += (t * k) as u64;
+        st.experts_used += counts.iter().filter(|&&n| n > 0).count() as u64;
+        st.busiest_rows += counts.iter().max().copied().unwrap_or(0) as u64;
         resize(&mut s.y, t * k * d);
         if self.blocks {
             self.run_blocks(&counts, activation, s);
@@ -165,6 +198,7 @@ impl Experts {
                 o.iter_mut().zip(&y[slot * d..(slot + 1) * d]).for_each(|(o, v)| *o += w * v);
             }
         });
+        s.stats.time += start.elapsed();
     }
 
     /// Float experts (the exact path): one after another, each matrix multiply parallel.

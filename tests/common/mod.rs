@@ -26,6 +26,7 @@ pub const FAMILIES: &[&str] = &[
     "tiny-mistral-swa",
     "tiny-phi3",
     "tiny-gemma2",
+    "tiny-gemma3",
     "tiny-qwen3moe",
     "tiny-mixtral",
 ];
@@ -260,6 +261,8 @@ pub const VARIANTS: &[(&str, &str)] = &[
     ("tiny-phi3/tiny-phi3.gguf", "tiny-phi3"),
     ("tiny-gemma2", "tiny-gemma2"),
     ("tiny-gemma2/tiny-gemma2.gguf", "tiny-gemma2"),
+    ("tiny-gemma3", "tiny-gemma3"),
+    ("tiny-gemma3/tiny-gemma3.gguf", "tiny-gemma3"),
     ("tiny-llama3-q/tiny-llama3-q.Q8_0.gguf", "tiny-llama3-q/reference.Q8_0.json"),
     ("tiny-llama3-q/tiny-llama3-q.Q4_0.gguf", "tiny-llama3-q/reference.Q4_0.json"),
     ("tiny-llama3-q/tiny-llama3-q.Q4_1.gguf", "tiny-llama3-q/reference.Q4_1.json"),

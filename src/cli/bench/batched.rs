@@ -86,7 +86,34 @@ fn batched_row(
     if overlapped > 0 {
         println!("  B={b}: {overlapped} tokens decoded while prompts were still prefilling, left out of TG");
     }
+    let mut row = row;
+    if let (Some(moe), true) = (&model.model.config.moe, st.moe_decode.layer_runs > 0) {
+        row["experts"] = expert_balance(b, moe.num_experts, &st.moe_decode, st.forward_time, st.moe.time);
+    }
     Ok(row)
+}
+
+/// How decode steps' rows spread over a mixture's experts, and the share of the forward
+/// time its layers take: printed and as JSON.
+fn expert_balance(
+    b: usize,
+    experts: usize,
+    m: &crate::model::moe::Stats,
+    forward: Duration,
+    moe_time: Duration,
+) -> Value {
+    let runs = m.layer_runs as f64;
+    let used = m.experts_used as f64 / runs;
+    let per_used = m.routed_rows as f64 / m.experts_used.max(1) as f64;
+    let busiest = m.busiest_rows as f64 / runs;
+    let share = moe_time.as_secs_f64() / forward.as_secs_f64().max(1e-9);
+    println!(
+        "  B={b} experts, decode steps: {used:.1} of {experts} used per layer, {per_used:.2} rows each, \
+         busiest {busiest:.1}; mixture layers {:.0}% of forward time",
+        share * 100.0
+    );
+    json!({"used_per_layer": used, "rows_per_used_expert": per_used, "busiest_rows": busiest,
+        "moe_share_of_forward": share})
 }
 
 /// Batch size `b`'s runs as one row: the run with the median decode speed, and with a

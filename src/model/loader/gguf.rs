@@ -77,9 +77,9 @@ pub fn gguf_name(arch: Arch, hf: &str) -> Option<String> {
         (_, "input_layernorm") => "attn_norm",
         // Gemma 2's post-attention norm is applied to the attention output; its pre-MLP
         // norm is the one other families call post-attention.
-        (Arch::Gemma2, "post_attention_layernorm") => "post_attention_norm",
-        (Arch::Gemma2, "pre_feedforward_layernorm") => "ffn_norm",
-        (Arch::Gemma2, "post_feedforward_layernorm") => "post_ffw_norm",
+        (Arch::Gemma2 | Arch::Gemma3, "post_attention_layernorm") => "post_attention_norm",
+        (Arch::Gemma2 | Arch::Gemma3, "pre_feedforward_layernorm") => "ffn_norm",
+        (Arch::Gemma2 | Arch::Gemma3, "post_feedforward_layernorm") => "post_ffw_norm",
         (_, "post_attention_layernorm") => "ffn_norm",
         (_, "self_attn.q_proj") => "attn_q",
         (_, "self_attn.k_proj") => "attn_k",
