@@ -140,7 +140,7 @@ impl MoeConfig {
         let step = c.decoder_sparse_step.unwrap_or(1);
         ensure!(step > 0, "decoder_sparse_step is 0");
         let only = c.mlp_only_layers.clone().unwrap_or_default();
-        let dense_layers = (0..c.num_hidden_layers).filter(|i| only.contains(i) || (i + 1) % step != 0).collect();
+        let dense_layers = (0..c.num_hidden_layers).filter(|i| only.contains(i) || !(i + 1).is_multiple_of(step)).collect();
         Ok(Some(MoeConfig {
             num_experts,
             top_k,
@@ -448,7 +448,7 @@ impl ModelConfig {
             // Every `p`-th layer global and the rest sliding: the only layout supported.
             ensure!(p > 0, "sliding_window_pattern is 0");
             for (i, t) in types.iter().enumerate() {
-                let want = if (i + 1) % p == 0 { "full_attention" } else { "sliding_attention" };
+                let want = if (i + 1).is_multiple_of(p) { "full_attention" } else { "sliding_attention" };
                 ensure!(t == want, "layer {i} is '{t}'; only {} sliding layers to one full are supported", p - 1);
             }
         }
@@ -591,7 +591,7 @@ impl ModelConfig {
     /// The sliding window of layer `i`, if it has one (Gemma 2 alternates, starting sliding).
     pub fn layer_window(&self, i: usize) -> Option<usize> {
         match self.sliding_pattern {
-            Some(p) if (i + 1) % p == 0 => None,
+            Some(p) if (i + 1).is_multiple_of(p) => None,
             _ => self.sliding_window,
         }
     }
