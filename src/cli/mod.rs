@@ -206,10 +206,10 @@ impl EngineArgs {
             loaded.tokenizer.set_chat_template(source).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
         }
         eprintln!(
-            "weft: loaded {} in {:.2} s ({} MB of weights, {:?})",
+            "weft: loaded {} in {:.2} s ({}, {:?})",
             loaded.name,
             t0.elapsed().as_secs_f64(),
-            loaded.model.weight_bytes() / 1_000_000,
+            loaded.model.weights_summary(),
             self.weight_dtype()
         );
         Ok(loaded)

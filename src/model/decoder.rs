@@ -413,6 +413,32 @@ impl Decoder {
         layer + 4 * self.norm.data().len() + self.lm_head.bytes()
     }
 
+    /// Bytes the weights take in memory: every matrix (of a mixture, every expert), the
+    /// untied embeddings and the norms.
+    pub fn resident_bytes(&self) -> usize {
+        let norms = |l: &Layer| 4 * (l.attn_norm.data().len() + l.ffn_norm.data().len());
+        let layers: usize =
+            self.layers.iter().map(|l| norms(l) + l.matrices().iter().map(|w| w.bytes()).sum::<usize>()).sum();
+        let embed = match &self.embed {
+            Some(Embeddings::Rows(t)) => 4 * t.data().len(),
+            Some(Embeddings::Half(_, bits)) => 2 * bits.len(),
+            Some(Embeddings::Blocks(q)) => q.bytes(),
+            None => 0,
+        };
+        layers + embed + 4 * self.norm.data().len() + self.lm_head.bytes()
+    }
+
+    /// A line for the log: the weights' memory and, where it differs (a mixture of
+    /// experts), what one token reads of them.
+    pub fn weights_summary(&self) -> String {
+        let (all, read) = (self.resident_bytes() / 1_000_000, self.weight_bytes() / 1_000_000);
+        if self.config.moe.is_some() {
+            format!("{all} MB of weights, {read} MB read per token")
+        } else {
+            format!("{all} MB of weights")
+        }
+    }
+
     /// Multiply-adds of the matrices per token, by block format (`None`: f32), largest
     /// first: what sets the matrices' ceiling at large batches (`weft bench`).
     pub fn products_by_format(&self) -> Vec<(Option<GgmlType>, usize)> {

@@ -111,9 +111,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let base = args.engine.config();
     let threads = crate::engine::thread_pool(base.threads)?.current_num_threads();
     println!(
-        "model {} ({} MB of weights, {:?}; {} KV cache), {threads} threads",
+        "model {} ({}, {:?}; {} KV cache), {threads} threads",
         model.name,
-        model.model.weight_bytes() / 1_000_000,
+        model.model.weights_summary(),
         args.engine.dtype,
         model.model.kv_dtype(base.kv_cache_dtype)
     );
