@@ -137,14 +137,24 @@ pub struct KvSpan<'a> {
 }
 
 /// How a query-key dot product becomes a score: `dot · scale`, then, with a soft-cap `c`,
-/// `c · tanh(score / c)` (Gemma 2).
-#[derive(Clone, Copy, Debug)]
-pub struct Scoring {
+/// `c · tanh(score / c)` (Gemma 2); and with sinks, one learned logit per query head that
+/// joins the softmax's denominator and takes its share of the weight to nothing (gpt-oss).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Scoring<'a> {
     pub scale: f32,
     pub softcap: Option<f32>,
+    /// Per query head of the call, in order.
+    pub sinks: Option<&'a [f32]>,
 }
 
-impl Scoring {
+impl Scoring<'_> {
+    /// Each head's row of scores turned into weights.
+    fn softmax(&self, scores: &mut [f32], n: usize) {
+        for (h, row) in scores.chunks_exact_mut(n).enumerate() {
+            softmax(row, self.sinks.map(|s| s[h]));
+        }
+    }
+
     /// The soft-cap over a row of scaled scores (nothing without one).
     fn cap(&self, scores: &mut [f32]) {
         if let Some(c) = self.softcap {
@@ -275,7 +285,7 @@ fn attend_portable<E: KvElem>(
         p0 += len;
     }
     scoring.cap(scores);
-    scores.chunks_exact_mut(n).for_each(softmax);
+    scoring.softmax(scores, n);
     out.fill(0.0);
     let mut p0 = 0;
     for (base, slot, len) in kv.runs(span.block_table, start, end) {
@@ -370,7 +380,7 @@ unsafe fn attend_avx2<E: KvElem>(
             p0 += len;
         }
         scoring.cap(scores);
-        scores.chunks_exact_mut(n).for_each(softmax);
+        scoring.softmax(scores, n);
         let mut p0 = 0;
         for (i, &(base, slot, len)) in runs.iter().enumerate() {
             fetch(runs.len() + i + AHEAD);
@@ -519,17 +529,20 @@ unsafe fn weighted_sum<E: KvElem, const H: usize, const D: usize>(
 }
 
 /// A row of scores becomes its softmax.
-fn softmax(row: &mut [f32]) {
+fn softmax(row: &mut [f32], sink: Option<f32>) {
     #[cfg(target_arch = "x86_64")]
     if crate::kernels::matmul::avx2::available() {
         // SAFETY: the CPU supports AVX2 and FMA.
-        return unsafe { softmax_avx2(row) };
+        return unsafe { softmax_avx2(row, sink) };
     }
-    let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    let max = row.iter().cloned().fold(sink.unwrap_or(f32::NEG_INFINITY), f32::max);
     let mut sum = 0f32;
     for s in row.iter_mut() {
         *s = exp(*s - max);
         sum += *s;
+    }
+    if let Some(s) = sink {
+        sum += exp(s - max);
     }
     let inv = 1.0 / sum;
     row.iter_mut().for_each(|s| *s *= inv);
@@ -541,7 +554,7 @@ fn softmax(row: &mut [f32]) {
 /// AVX2 and FMA must be available.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn softmax_avx2(row: &mut [f32]) {
+unsafe fn softmax_avx2(row: &mut [f32], sink: Option<f32>) {
     unsafe {
         use super::exp::avx2;
         use std::arch::x86_64::*;
@@ -553,7 +566,7 @@ unsafe fn softmax_avx2(row: &mut [f32]) {
         }
         let mut lanes = [0f32; 8];
         _mm256_storeu_ps(lanes.as_mut_ptr(), mv);
-        let max = lanes.iter().chain(&row[n8..]).cloned().fold(f32::NEG_INFINITY, f32::max);
+        let max = lanes.iter().chain(&row[n8..]).cloned().fold(sink.unwrap_or(f32::NEG_INFINITY), f32::max);
         let (maxv, mut sv) = (_mm256_set1_ps(max), _mm256_setzero_ps());
         for i in (0..n8).step_by(8) {
             let e = avx2::exp(_mm256_sub_ps(_mm256_loadu_ps(p.add(i)), maxv));
@@ -565,6 +578,9 @@ unsafe fn softmax_avx2(row: &mut [f32]) {
         for s in &mut row[n8..] {
             *s = exp(*s - max);
             sum += *s;
+        }
+        if let Some(s) = sink {
+            sum += exp(s - max);
         }
         let inv = _mm256_set1_ps(1.0 / sum);
         for i in (0..n8).step_by(8) {
@@ -624,11 +640,18 @@ mod tests {
         for ((first, last), softcap) in spans.into_iter().zip([None, Some(1.5)].into_iter().cycle()) {
             let mut out = vec![0f32; heads * hd];
             let span = KvSpan { block_table: &table, first_pos: first, last_pos: last };
-            attend(&q, kv, span, Scoring { scale, softcap }, &mut Scratch::default(), &mut out);
+            attend(&q, kv, span, Scoring { scale, softcap, sinks: None }, &mut Scratch::default(), &mut out);
             // One kv head at a time gives the same heads, bit for bit.
             for (g, (qg, og)) in q.chunks(group * hd).zip(out.chunks(group * hd)).enumerate() {
                 let mut one = vec![0f32; group * hd];
-                attend(qg, kv.heads(g, 1), span, Scoring { scale, softcap }, &mut Scratch::default(), &mut one);
+                attend(
+                    qg,
+                    kv.heads(g, 1),
+                    span,
+                    Scoring { scale, softcap, sinks: None },
+                    &mut Scratch::default(),
+                    &mut one,
+                );
                 assert_eq!(one, og, "kv head {g} alone");
             }
 
@@ -681,7 +704,7 @@ mod tests {
             let table = [3u32, 6, 1, 4];
             for (first, last) in [(0, 0), (0, 4 * bs - 1), (3, 3 * bs)] {
                 let span = KvSpan { block_table: &table, first_pos: first, last_pos: last };
-                let scoring = Scoring { scale: 0.3, softcap: None };
+                let scoring = Scoring { scale: 0.3, softcap: None, sinks: None };
                 let run = |pools| {
                     let mut out = vec![0f32; q.len()];
                     attend(&q, PagedKv::new(pools, bs, kvh, hd), span, scoring, &mut Scratch::default(), &mut out);
@@ -733,7 +756,14 @@ mod tests {
                         let span = KvSpan { block_table: &table, first_pos: first, last_pos: last };
                         let mut out = vec![0f32; q.len()];
                         let kv = PagedKv::new(pools, bs, kvh, hd);
-                        attend(&q, kv, span, Scoring { scale: 0.3, softcap: None }, &mut Scratch::default(), &mut out);
+                        attend(
+                            &q,
+                            kv,
+                            span,
+                            Scoring { scale: 0.3, softcap: None, sinks: None },
+                            &mut Scratch::default(),
+                            &mut out,
+                        );
                         got.push(out);
                     }
                 }
@@ -759,12 +789,31 @@ mod tests {
         }
     }
 
+    /// A sink takes its share of the denominator: the weights are the softmax over the
+    /// scores and the sink with the sink's own weight dropped, on either path.
+    #[test]
+    fn a_sink_joins_the_denominator() {
+        for n in [1, 5, 8, 21] {
+            for sink in [-3.0f32, 0.5, 9.0] {
+                let mut row: Vec<f32> = (0..n).map(|i| (i as f32 * 0.61).cos() * 4.0).collect();
+                let all: Vec<f64> = row.iter().map(|&x| x as f64).chain([sink as f64]).collect();
+                let m = all.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = all.iter().map(|x| (x - m).exp()).sum();
+                let want: Vec<f64> = all[..n].iter().map(|x| (x - m).exp() / z).collect();
+                softmax(&mut row, Some(sink));
+                for (got, want) in row.iter().zip(&want) {
+                    assert!((*got as f64 - want).abs() < 1e-6, "n {n} sink {sink}: {got} vs {want}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn softmax_sums_to_one_and_keeps_order() {
         for n in [1, 7, 8, 19] {
             let mut row: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() * 5.0).collect();
             let before = row.clone();
-            softmax(&mut row);
+            softmax(&mut row, None);
             assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-5, "n {n}");
             let m = before.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
             let z: f64 = before.iter().map(|x| ((x - m) as f64).exp()).sum();

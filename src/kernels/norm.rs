@@ -70,6 +70,20 @@ pub fn relu2_mul(gate_up: &[f32], f: usize, out: &mut [f32]) {
     }
 }
 
+/// gpt-oss's clamped SwiGLU, with its published limit and alpha: `gate = min(gate, 7)`,
+/// `up = clamp(up, −7, 7)`, `out = (up + 1) · gate · σ(1.702 · gate)`; rows as [`silu_mul`].
+pub fn swiglu_oai_mul(gate_up: &[f32], f: usize, out: &mut [f32]) {
+    const LIMIT: f32 = 7.0;
+    const ALPHA: f32 = 1.702;
+    for (gu, or) in gate_up.chunks_exact(2 * f).zip(out.chunks_exact_mut(f)) {
+        let (g, u) = gu.split_at(f);
+        for ((o, &g), &u) in or.iter_mut().zip(g).zip(u) {
+            let (g, u) = (g.min(LIMIT), u.clamp(-LIMIT, LIMIT));
+            *o = (u + 1.0) * (g / (1.0 + exp(-(g * ALPHA))));
+        }
+    }
+}
+
 /// The vector part of one row of [`silu_mul`], the same operations 8 lanes at a time;
 /// returns how many elements it wrote.
 ///

@@ -34,6 +34,9 @@ pub enum GgmlType {
     /// bitnet.cpp's ternary: 2-bit codes, one f32 scale after a tensor's codes. Read, and
     /// computed as [`GgmlType::Tq2_0`].
     I2s,
+    /// OCP microscaling FP4 (gpt-oss's experts): an E8M0 power-of-two scale byte, then 32
+    /// E2M1 values as 4-bit codes ([`MXFP4_VALUES`]). Read, and widened at load.
+    Mxfp4,
 }
 
 /// The block formats (quantized, computed with int8 activations), in a fixed order.
@@ -60,16 +63,25 @@ pub const TERNARY_ONLY_READ: [GgmlType; 2] = [GgmlType::Tq1_0, GgmlType::I2s];
 /// denser near zero, where most weights are.
 pub const IQ4_VALUES: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
 
-/// Every type this engine reads: the floats, [`BLOCK_FORMATS`], then [`TERNARY_ONLY_READ`].
-pub const TYPES: [GgmlType; 5 + BLOCK_FORMATS.len()] = {
-    let mut all = [GgmlType::F32; 5 + BLOCK_FORMATS.len()];
+/// The values of MXFP4's E2M1 codes, doubled to integers (ggml's `kvalues_mxfp4`), so a
+/// block's scale is its E8M0 power of two halved.
+pub const MXFP4_VALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// Bytes of an MXFP4 block: the E8M0 scale, then 16 bytes of codes (low nibbles the first
+/// 16 values, high nibbles the next 16).
+pub const MXFP4_BYTES: usize = 17;
+
+/// Every type this engine reads: the floats, [`BLOCK_FORMATS`], [`TERNARY_ONLY_READ`],
+/// then MXFP4.
+pub const TYPES: [GgmlType; 6 + BLOCK_FORMATS.len()] = {
+    let mut all = [GgmlType::F32; 6 + BLOCK_FORMATS.len()];
     (all[1], all[2]) = (GgmlType::F16, GgmlType::Bf16);
     let mut i = 0;
     while i < BLOCK_FORMATS.len() {
         all[3 + i] = BLOCK_FORMATS[i];
         i += 1;
     }
-    (all[3 + i], all[4 + i]) = (TERNARY_ONLY_READ[0], TERNARY_ONLY_READ[1]);
+    (all[3 + i], all[4 + i], all[5 + i]) = (TERNARY_ONLY_READ[0], TERNARY_ONLY_READ[1], GgmlType::Mxfp4);
     all
 };
 
@@ -95,6 +107,7 @@ impl GgmlType {
             GgmlType::Tq1_0 => (QK_K, TQ1_0_BYTES),
             // Plus one trailer of a scale per tensor ([`i2s_bytes`]).
             GgmlType::I2s => (I2S_GROUP, 32),
+            GgmlType::Mxfp4 => (32, MXFP4_BYTES),
         }
     }
 }
@@ -108,6 +121,7 @@ impl std::fmt::Display for GgmlType {
             GgmlType::Tq2_0 => f.write_str("TQ2_0"),
             GgmlType::Tq1_0 => f.write_str("TQ1_0"),
             GgmlType::I2s => f.write_str("I2_S"),
+            GgmlType::Mxfp4 => f.write_str("MXFP4"),
             _ => f.write_str(&format!("{self:?}").replace('K', "_K").to_uppercase()),
         }
     }
@@ -187,9 +201,30 @@ pub fn dequantize(dtype: GgmlType, raw: &[u8]) -> Vec<f32> {
                 iq4_run(iq4_run_scale(dtype, b, sub), &b[iq4_indices_at(dtype, sub)..][..16], o);
             }
         }),
+        GgmlType::Mxfp4 => blocks.for_each(|(b, o)| {
+            let d = e8m0_half(b[0]);
+            for (j, &q) in b[1..].iter().enumerate() {
+                o[j] = MXFP4_VALUES[(q & 15) as usize] as f32 * d;
+                o[j + 16] = MXFP4_VALUES[(q >> 4) as usize] as f32 * d;
+            }
+        }),
         GgmlType::Tq2_0 | GgmlType::Tq1_0 | GgmlType::I2s => unreachable!("ternary formats returned above"),
     }
     out
+}
+
+/// Half of the E8M0 scale `e` (2^(e − 127)), exactly: 2^(e − 128), subnormal below e = 2.
+/// (0xFF, E8M0's NaN, is refused at load: [`mxfp4_check`].)
+pub fn e8m0_half(e: u8) -> f32 {
+    f32::from_bits(if e < 2 { 0x0020_0000 << e } else { (e as u32 - 1) << 23 })
+}
+
+/// An MXFP4 tensor's scales checked: a byte of 0xFF is E8M0's NaN.
+pub fn mxfp4_check(raw: &[u8]) -> Result<(), String> {
+    match raw.chunks_exact(MXFP4_BYTES).position(|b| b[0] == 0xFF) {
+        Some(i) => Err(format!("block {i} has the scale byte 0xFF (NaN in E8M0)")),
+        None => Ok(()),
+    }
 }
 
 /// Bytes of a TQ2_0 block: 64 bytes of 2-bit codes, then the f16 scale.

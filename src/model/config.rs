@@ -22,6 +22,9 @@ pub enum Arch {
     /// Gemma 3 (text): Gemma 2's layer without soft-caps, with (1 + w) q/k norms, five
     /// sliding-window layers to one global, and the local layers' own RoPE base.
     Gemma3,
+    /// gpt-oss: a mixture of experts with biases and a clamped SwiGLU, attention sinks,
+    /// q/k/v/o biases, sliding and full layers alternating, YaRN.
+    GptOss,
     /// BitNet b1.58: ternary projections (computed as TQ2_0 with per-row int8
     /// activations, as trained), relu² MLP, RMSNorms before o_proj and down_proj.
     BitNet,
@@ -39,11 +42,12 @@ impl Arch {
             "phi3" => Arch::Phi3,
             "gemma2" => Arch::Gemma2,
             "gemma3" | "gemma3_text" => Arch::Gemma3,
+            "gpt_oss" | "gpt-oss" => Arch::GptOss,
             // llama.cpp's name, and bitnet.cpp's for its I2_S files.
             "bitnet" | "bitnet-b1.58" => Arch::BitNet,
             other => {
                 bail!(
-                    "unsupported architecture '{other}' (supported: llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, phi3, gemma2, gemma3_text, bitnet)"
+                    "unsupported architecture '{other}' (supported: llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, phi3, gemma2, gemma3_text, gpt_oss, bitnet)"
                 )
             }
         })
@@ -58,6 +62,9 @@ pub enum Activation {
     GeluTanh,
     /// `relu(x)²` (BitNet b1.58).
     Relu2,
+    /// gpt-oss's SwiGLU: the gate clamped above at 7, the up clamped to ±7, then
+    /// `(up + 1) · gate · σ(1.702 · gate)` (its published `swiglu_limit` and `swiglu_alpha`).
+    SwigluOai,
 }
 
 impl Activation {
@@ -75,6 +82,7 @@ impl Activation {
         match arch {
             Arch::Gemma2 | Arch::Gemma3 => Activation::GeluTanh,
             Arch::BitNet => Activation::Relu2,
+            Arch::GptOss => Activation::SwigluOai,
             _ => Activation::Silu,
         }
     }
@@ -98,6 +106,8 @@ pub struct ModelConfig {
     pub activation: Activation,
     /// Biases on the q, k and v projections.
     pub qkv_bias: bool,
+    /// A bias on the output projection.
+    pub o_bias: bool,
     /// Attention limited to the last `W` positions (every layer, or Gemma's local ones).
     pub sliding_window: Option<usize>,
     /// Of every `n` layers the last is global, the rest sliding (Gemma 2: 2, Gemma 3: 6).
@@ -136,18 +146,21 @@ impl MoeConfig {
         let Some(num_experts) = c.num_local_experts.or(c.num_experts).filter(|&e| e > 0) else {
             return Ok(None);
         };
-        let top_k = c.num_experts_per_tok.context("a mixture of experts needs num_experts_per_tok")?;
+        let top_k =
+            c.num_experts_per_tok.or(c.experts_per_token).context("a mixture of experts needs num_experts_per_tok")?;
         let step = c.decoder_sparse_step.unwrap_or(1);
         ensure!(step > 0, "decoder_sparse_step is 0");
         let only = c.mlp_only_layers.clone().unwrap_or_default();
-        let dense_layers = (0..c.num_hidden_layers).filter(|i| only.contains(i) || !(i + 1).is_multiple_of(step)).collect();
+        let dense_layers =
+            (0..c.num_hidden_layers).filter(|i| only.contains(i) || !(i + 1).is_multiple_of(step)).collect();
         Ok(Some(MoeConfig {
             num_experts,
             top_k,
             expert_ffn: c.moe_intermediate_size.unwrap_or(c.intermediate_size),
             // Mixtral always renormalises; Qwen3-MoE says so in its config (transformers'
             // default is false).
-            norm_topk_prob: c.norm_topk_prob.unwrap_or(arch == Arch::Llama),
+            // gpt-oss takes the softmax of the top-k logits, the same weights.
+            norm_topk_prob: c.norm_topk_prob.unwrap_or(matches!(arch, Arch::Llama | Arch::GptOss)),
             dense_layers,
         }))
     }
@@ -199,6 +212,18 @@ pub enum RopeScaling {
         high_freq_factor: f32,
         original_max_position_embeddings: f32,
     },
+    /// YaRN: low frequencies divided by `factor`, high ones kept, a linear ramp between
+    /// over the frequencies whose rotations in the original context fall between
+    /// `beta_slow` and `beta_fast` (its ends rounded outwards when `truncate`); cos and
+    /// sin scaled by `attention_factor`.
+    Yarn {
+        factor: f32,
+        original_max_position_embeddings: f32,
+        beta_fast: f32,
+        beta_slow: f32,
+        truncate: bool,
+        attention_factor: f32,
+    },
     /// Phi-3's longrope: per-frequency divisors, the short set while the sequence fits in
     /// `original_max_position_embeddings` and the long set beyond, cos/sin scaled by
     /// `attention_factor` either way.
@@ -236,6 +261,29 @@ impl RopeScaling {
                     original_max_position_embeddings: num("original_max_position_embeddings")?,
                 }
             }
+            "yarn" => {
+                let opt = |k: &str| v.get(k).and_then(|x| x.as_f64());
+                let factor = num("factor")?;
+                let original = match opt("original_max_position_embeddings") {
+                    Some(o) => o as f32,
+                    None => contexts.0 as f32,
+                };
+                // transformers' mscale: 0.1 · ln(factor) + 1, or the ratio of two of them.
+                let mscale = |m: f64| if factor <= 1.0 { 1.0 } else { 0.1 * m * (factor as f64).ln() + 1.0 };
+                let attention_factor = match (opt("attention_factor"), opt("mscale"), opt("mscale_all_dim")) {
+                    (Some(a), _, _) => a as f32,
+                    (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => (mscale(m) / mscale(all)) as f32,
+                    _ => mscale(1.0) as f32,
+                };
+                RopeScaling::Yarn {
+                    factor,
+                    original_max_position_embeddings: original,
+                    beta_fast: opt("beta_fast").unwrap_or(32.0) as f32,
+                    beta_slow: opt("beta_slow").unwrap_or(1.0) as f32,
+                    truncate: v.get("truncate").and_then(|t| t.as_bool()).unwrap_or(true),
+                    attention_factor,
+                }
+            }
             "longrope" => {
                 let factors = |k: &str| -> Result<Vec<f32>> {
                     let a = v.get(k).and_then(|a| a.as_array()).with_context(|| format!("longrope needs `{k}`"))?;
@@ -267,15 +315,46 @@ impl RopeScaling {
                     attention_factor,
                 }
             }
-            other => bail!("rope_scaling type '{other}' is not supported (supported: linear, llama3, longrope)"),
+            other => bail!("rope_scaling type '{other}' is not supported (supported: linear, llama3, yarn, longrope)"),
         })
     }
 
-    /// Applies the scaling to unscaled inverse frequencies, with Hugging Face's f32 arithmetic
-    /// (longrope builds its own frequencies; see the model's RoPE setup).
-    pub fn apply(&self, inv_freq: &mut [f32]) {
+    /// What cos and sin are multiplied by (YaRN's attention factor; longrope carries its own).
+    pub fn attention_factor(&self) -> f32 {
+        match *self {
+            RopeScaling::Yarn { attention_factor, .. } => attention_factor,
+            _ => 1.0,
+        }
+    }
+
+    /// Applies the scaling to unscaled inverse frequencies of base `theta`, with Hugging
+    /// Face's f32 arithmetic (longrope builds its own frequencies; see the model's RoPE setup).
+    pub fn apply(&self, inv_freq: &mut [f32], theta: f32) {
         match *self {
             RopeScaling::None | RopeScaling::LongRope { .. } => {}
+            RopeScaling::Yarn { factor, original_max_position_embeddings, beta_fast, beta_slow, truncate, .. } => {
+                // As transformers: the correction range in f64, the ramp and blend in f32.
+                let dim = 2 * inv_freq.len();
+                let at = |rotations: f32| {
+                    let (d, base, len) = (dim as f64, theta as f64, original_max_position_embeddings as f64);
+                    d * (len / (rotations as f64 * 2.0 * std::f64::consts::PI)).ln() / (2.0 * base.ln())
+                };
+                let (mut low, mut high) = (at(beta_fast), at(beta_slow));
+                if truncate {
+                    (low, high) = (low.floor(), high.ceil());
+                }
+                let (low, mut high) = (low.max(0.0), high.min(dim as f64 - 1.0));
+                if low == high {
+                    high += 0.001;
+                }
+                for (i, f) in inv_freq.iter_mut().enumerate() {
+                    let ramp = ((i as f32 - low as f32) / (high as f32 - low as f32)).clamp(0.0, 1.0);
+                    let extrapolation = 1.0 - ramp;
+                    let pos_freq = theta.powf((2 * i) as f32 / dim as f32);
+                    let interpolation = 1.0 / (factor * pos_freq);
+                    *f = interpolation * (1.0 - extrapolation) + *f * extrapolation;
+                }
+            }
             RopeScaling::Linear(factor) => inv_freq.iter_mut().for_each(|f| *f /= factor),
             RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => {
                 let two_pi = (2.0 * std::f64::consts::PI) as f32;
@@ -402,6 +481,10 @@ struct HfConfig {
     mlp_only_layers: Option<Vec<usize>>,
     /// Qwen2-MoE's shared expert, which no supported family has.
     shared_expert_intermediate_size: Option<usize>,
+    /// gpt-oss's name for `num_experts_per_tok`.
+    experts_per_token: Option<usize>,
+    swiglu_limit: Option<f32>,
+    swiglu_alpha: Option<f32>,
 }
 
 fn default_theta() -> f32 {
@@ -418,6 +501,8 @@ impl ModelConfig {
     fn from_hf(c: HfConfig) -> Result<Self> {
         let arch = Arch::parse(c.model_type.as_deref().unwrap_or("?"))?;
         let activation = match c.hidden_act.as_deref().or(c.hidden_activation.as_deref()) {
+            // gpt-oss's config says `silu`, for the SiLU-like part of its own SwiGLU.
+            _ if arch == Arch::GptOss => Activation::SwigluOai,
             Some(a) => Activation::parse(a)?,
             None => Activation::default_for(arch),
         };
@@ -425,6 +510,10 @@ impl ModelConfig {
             check_quantization(arch, q)?;
         }
         ensure!(c.shared_expert_intermediate_size.unwrap_or(0) == 0, "shared experts are not supported");
+        // gpt-oss's SwiGLU is computed with its published constants.
+        for (what, got, want) in [("swiglu_limit", c.swiglu_limit, 7.0), ("swiglu_alpha", c.swiglu_alpha, 1.702)] {
+            ensure!(got.is_none_or(|g| g == want), "{what} {got:?} is not supported (only gpt-oss's {want})");
+        }
         let moe = MoeConfig::from_hf(&c, arch)?;
         let rope_scaling = match c.rope_scaling.filter(|v| !v.is_null()) {
             Some(v) => RopeScaling::from_hf(&v, (c.max_position_embeddings, c.original_max_position_embeddings))?,
@@ -440,7 +529,7 @@ impl ModelConfig {
             _ => c.sliding_window.filter(|&w| w < c.max_position_embeddings),
         };
         let sliding_pattern = match arch {
-            Arch::Gemma2 => Some(2),
+            Arch::Gemma2 | Arch::GptOss => Some(2),
             Arch::Gemma3 => Some(c.sliding_window_pattern.unwrap_or(6)),
             _ => None,
         };
@@ -469,6 +558,8 @@ impl ModelConfig {
             tie_word_embeddings: c.tie_word_embeddings,
             activation,
             qkv_bias: arch == Arch::Qwen2 || c.attention_bias,
+            // transformers gives o_proj a bias with `attention_bias` in these families.
+            o_bias: c.attention_bias && matches!(arch, Arch::Llama | Arch::GptOss),
             sliding_window,
             attn_scale: attn_scale(c.query_pre_attn_scalar.unwrap_or(head_dim as f32)),
             attn_softcap: c.attn_logit_softcapping.filter(|_| gemma(arch)),
@@ -534,7 +625,24 @@ impl ModelConfig {
             match g.get(&format!("{name}.rope.scaling.type")).and_then(Value::as_str) {
                 None | Some("none") => RopeScaling::None,
                 Some("linear") => RopeScaling::Linear(float("rope.scaling.factor").unwrap_or(1.0)),
-                Some(other) => bail!("RoPE scaling '{other}' is not supported (supported: linear, llama3, longrope)"),
+                Some("yarn") => {
+                    let factor = float("rope.scaling.factor").unwrap_or(1.0);
+                    let mscale = if factor <= 1.0 { 1.0 } else { (0.1 * (factor as f64).ln() + 1.0) as f32 };
+                    RopeScaling::Yarn {
+                        factor,
+                        original_max_position_embeddings: int("rope.scaling.original_context_length")? as f32,
+                        beta_fast: float("rope.scaling.yarn_beta_fast").unwrap_or(32.0),
+                        beta_slow: float("rope.scaling.yarn_beta_slow").unwrap_or(1.0),
+                        // GGUF has no key for it: gpt-oss's config says false (llama.cpp
+                        // always rounds, which changes gpt-oss's outputs); transformers'
+                        // default otherwise.
+                        truncate: arch != Arch::GptOss,
+                        attention_factor: float("rope.scaling.attn_factor").unwrap_or(mscale),
+                    }
+                }
+                Some(other) => {
+                    bail!("RoPE scaling '{other}' is not supported (supported: linear, llama3, yarn, longrope)")
+                }
             }
         };
         let sliding_window = int("attention.sliding_window").ok().filter(|&w| w > 0 && w < context);
@@ -561,13 +669,14 @@ impl ModelConfig {
             tie_word_embeddings: !g.tensors.contains_key("output.weight"),
             activation: gguf_activation(g, name, arch)?,
             qkv_bias: g.tensors.contains_key("blk.0.attn_q.bias"),
+            o_bias: g.tensors.contains_key("blk.0.attn_output.bias"),
             sliding_window: sliding_window.filter(|_| !matches!(arch, Arch::Qwen2 | Arch::Qwen3)),
             attn_scale: attn_scale(gguf_query_pre_attn_scalar(arch, hidden, heads, head_dim, int("block_count")?)),
             attn_softcap: float("attn_logit_softcapping").filter(|_| gemma(arch)),
             final_softcap: float("final_logit_softcapping").filter(|_| gemma(arch)),
             // llama.cpp's: the pattern is not in the file.
             sliding_pattern: match arch {
-                Arch::Gemma2 => Some(2),
+                Arch::Gemma2 | Arch::GptOss => Some(2),
                 Arch::Gemma3 => Some(6),
                 _ => None,
             },
@@ -657,6 +766,25 @@ impl ModelConfig {
         }
         if let Some(m) = &self.moe {
             m.validate(self.num_layers)?;
+        }
+        if let RopeScaling::Yarn {
+            factor,
+            original_max_position_embeddings,
+            beta_fast,
+            beta_slow,
+            attention_factor,
+            ..
+        } = self.rope_scaling
+        {
+            for (what, x) in [
+                ("factor", factor),
+                ("original context", original_max_position_embeddings),
+                ("beta_fast", beta_fast),
+                ("beta_slow", beta_slow),
+                ("attention factor", attention_factor),
+            ] {
+                ensure!(x.is_finite() && x > 0.0, "YaRN {what} {x} is not a positive finite number");
+            }
         }
         if let RopeScaling::Linear(f) = self.rope_scaling {
             ensure!(f.is_finite() && f > 0.0, "RoPE scaling factor {f} is not positive");

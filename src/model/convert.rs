@@ -88,6 +88,16 @@ pub fn hf_to_gguf(
             put("rope.scaling.factor", Meta::F32(*factor));
         }
         RopeScaling::Llama3 { .. } => tensors.push(vector("rope_freqs.weight", llama3_divisors(c))),
+        RopeScaling::Yarn {
+            factor, original_max_position_embeddings, beta_fast, beta_slow, attention_factor, ..
+        } => {
+            put("rope.scaling.type", Meta::Str("yarn".into()));
+            put("rope.scaling.factor", Meta::F32(*factor));
+            put("rope.scaling.original_context_length", int(*original_max_position_embeddings as usize)?);
+            put("rope.scaling.yarn_beta_fast", Meta::F32(*beta_fast));
+            put("rope.scaling.yarn_beta_slow", Meta::F32(*beta_slow));
+            put("rope.scaling.attn_factor", Meta::F32(*attention_factor));
+        }
         RopeScaling::LongRope { short, long, original_max_position_embeddings, attention_factor } => {
             put("rope.scaling.attn_factor", Meta::F32(*attention_factor));
             put("rope.scaling.original_context_length", int(*original_max_position_embeddings)?);
@@ -200,6 +210,7 @@ fn arch_name(c: &ModelConfig) -> &'static str {
         Arch::Phi3 => "phi3",
         Arch::Gemma2 => "gemma2",
         Arch::Gemma3 => "gemma3",
+        Arch::GptOss => "gpt-oss",
         Arch::BitNet => "bitnet",
     }
 }

@@ -11,7 +11,7 @@ use super::tensor::Tensor;
 use super::weight::{Weight, WeightDtype};
 use crate::kernels::attention::{attend, softcap, KvSpan, Scoring, Scratch};
 use crate::kernels::matmul::Half;
-use crate::kernels::norm::{gelu_tanh_mul, relu2_mul, rmsnorm_in_place};
+use crate::kernels::norm::{gelu_tanh_mul, relu2_mul, rmsnorm_in_place, swiglu_oai_mul};
 use crate::kernels::qmatmul::{QActs, QMatrix};
 use crate::kernels::quant::GgmlType;
 use crate::kernels::rope::Rope;
@@ -31,6 +31,10 @@ struct Layer {
     /// Normalizes the attention output before `wo` (BitNet's `attn_sub_norm`).
     attn_sub_norm: Option<Tensor>,
     wo: Weight,
+    /// The output projection's bias (gpt-oss).
+    o_bias: Option<Tensor>,
+    /// One learned logit per query head in each softmax's denominator (gpt-oss).
+    sinks: Option<Tensor>,
     /// Normalizes the attention output before the residual add (Gemma 2).
     post_attn_norm: Option<Tensor>,
     ffn_norm: Tensor,
@@ -316,6 +320,12 @@ impl Decoder {
                 let sub_norm = if bitnet { Some(norm(&name("mlp.ffn_sub_norm"), f)?) } else { None };
                 Mlp::Dense { gate_up, sub_norm, down: load(&[(&name("mlp.down_proj"), [d, f])])? }
             };
+            let o_bias = if c.o_bias { Some(src.load(&attn("o_proj", "bias"), &[d])?) } else { None };
+            let sinks = if c.arch == Arch::GptOss {
+                Some(src.load(&format!("model.layers.{i}.self_attn.sinks"), &[c.num_heads])?)
+            } else {
+                None
+            };
             let attn_sub_norm = if bitnet { Some(norm(&name("self_attn.attn_sub_norm"), c.q_dim())?) } else { None };
             let (post_attn_norm, ffn_norm, post_ffn_norm) = if gemma {
                 (
@@ -333,6 +343,8 @@ impl Decoder {
                 qk_norm,
                 attn_sub_norm,
                 wo: load(&[(&attn("o_proj", "weight"), [d, c.q_dim()])])?,
+                o_bias,
+                sinks,
                 post_attn_norm,
                 ffn_norm,
                 mlp,
@@ -377,7 +389,7 @@ impl Decoder {
             return Ok(Rotary::LongRope(table(short), table(long), *original_max_position_embeddings));
         }
         let mut inv_freq = base;
-        c.rope_scaling.apply(&mut inv_freq);
+        c.rope_scaling.apply(&mut inv_freq, c.rope_theta);
         // GGUF files of Llama 3.x carry the scaling as per-frequency divisors.
         if src.contains("rope_freqs.weight") {
             let divisors = src.load("rope_freqs.weight", &[c.head_dim / 2])?;
@@ -386,7 +398,7 @@ impl Decoder {
                 *f /= d;
             }
         }
-        Ok(Rotary::One(Rope::with_inv_freq(inv_freq, 1.0, c.max_position_embeddings)))
+        Ok(Rotary::One(Rope::with_inv_freq(inv_freq, c.rope_scaling.attention_factor(), c.max_position_embeddings)))
     }
 
     /// Whether the matrices are computed in a block format (then approximate anyway, so an
@@ -491,7 +503,7 @@ impl Decoder {
         let tmp = resize(&mut ws.tmp, t * d);
         let gate_up = resize(&mut ws.gate_up, t * 2 * f);
         let act = resize(&mut ws.act, t * f);
-        let scoring = Scoring { scale: c.attn_scale, softcap: c.attn_softcap };
+        let scoring = Scoring { scale: c.attn_scale, softcap: c.attn_softcap, sinks: None };
 
         let width = qd + 2 * kvd;
         let eps = c.rms_norm_eps;
@@ -527,6 +539,8 @@ impl Decoder {
             // One task per row and run of `heads` kv heads (with their query heads).
             let heads = attention_task_heads(t, c.num_kv_heads);
             let (group_width, tasks_per_row) = (qd / c.num_kv_heads, c.num_kv_heads / heads);
+            let group = c.num_heads / c.num_kv_heads;
+            let sinks = layer.sinks.as_ref().map(Tensor::data);
             let task_width = group_width * heads;
             attn.par_chunks_mut(task_width).enumerate().for_each_init(Scratch::default, |scratch, (i, out)| {
                 let (r, g) = (i / tasks_per_row, i % tasks_per_row * heads);
@@ -534,12 +548,18 @@ impl Decoder {
                 let first_pos = layer.window.map_or(0, |w| (pos + 1).saturating_sub(w));
                 let span = KvSpan { block_table: input.seqs[si].block_table, first_pos, last_pos: pos };
                 let q = &qkv_ro[r * width + g * group_width..][..task_width];
+                let scoring = Scoring { sinks: sinks.map(|s| &s[g * group..(g + heads) * group]), ..scoring };
                 attend(q, view.heads(g, heads), span, scoring, scratch, out);
             });
             if let Some(w) = &layer.attn_sub_norm {
                 rows_par_mut(attn, qd).for_each(|rows| rmsnorm_in_place(rows, w.data(), eps));
             }
             layer.wo.matmul(attn, &mut ws.xq, tmp, t);
+            if let Some(b) = &layer.o_bias {
+                rows_par_mut(tmp, d).for_each(|rows| {
+                    rows.chunks_exact_mut(d).for_each(|row| row.iter_mut().zip(b.data()).for_each(|(x, b)| *x += b))
+                });
+            }
             let post = layer.post_attn_norm.as_ref().map(Tensor::data);
             add_and_norm(h, tmp, post, Some(layer.ffn_norm.data()), eps, xn, d);
 
@@ -547,6 +567,7 @@ impl Decoder {
                 Activation::Silu => silu_mul,
                 Activation::GeluTanh => gelu_tanh_mul,
                 Activation::Relu2 => relu2_mul,
+                Activation::SwigluOai => swiglu_oai_mul,
             };
             match &layer.mlp {
                 Mlp::Dense { gate_up: w_gate_up, sub_norm, down } => {

@@ -76,6 +76,7 @@ impl GgmlType {
             GgmlType::Tq2_0 => 35,
             // bitnet.cpp's id; upstream ggml retired 36 (IQ4_NL_4_4) and never writes it.
             GgmlType::I2s => 36,
+            GgmlType::Mxfp4 => 39,
         }
     }
 
@@ -83,7 +84,7 @@ impl GgmlType {
         match TYPES.into_iter().find(|t| t.id() == id) {
             Some(t) => Ok(t),
             None => bail!(
-                "unsupported GGML tensor type {id} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, TQ1_0, TQ2_0, I2_S)"
+                "unsupported GGML tensor type {id} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, TQ1_0, TQ2_0, I2_S, MXFP4)"
             ),
         }
     }

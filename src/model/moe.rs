@@ -1,4 +1,4 @@
-//! A mixture-of-experts MLP (Mixtral, Qwen3-MoE): a router picks each row's top-k experts,
+//! A mixture-of-experts MLP (Mixtral, Qwen3-MoE, gpt-oss): a router picks each row's top-k experts,
 //! the rows routed to one expert are gathered so that its weights are read once for all of
 //! them, and each row's expert outputs are summed in expert order, so that a row's routing
 //! and result never depend on the other rows of the step.
@@ -18,6 +18,9 @@ struct Expert {
     /// gate and up projections stacked: `[2 expert_ffn, hidden]`.
     gate_up: Weight,
     down: Weight,
+    /// Their biases (gpt-oss), gate's and up's stacked as the matrix.
+    gate_up_bias: Option<Vec<f32>>,
+    down_bias: Option<Vec<f32>>,
 }
 
 pub struct Experts {
@@ -25,6 +28,7 @@ pub struct Experts {
     /// logit falls to 1e-5 on real inputs, so rounded activations would flip choices
     /// (llama.cpp keeps routers in F32 for the same reason).
     router: Weight,
+    router_bias: Option<Vec<f32>>,
     experts: Vec<Expert>,
     top_k: usize,
     norm_topk_prob: bool,
@@ -85,8 +89,9 @@ fn resize(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
 
 impl Experts {
     /// Layer `layer`'s router and experts, under Qwen3-MoE's names (`mlp.gate`,
-    /// `mlp.experts.E.gate_proj`) or Mixtral's (`block_sparse_moe.gate`, `…experts.E.w1`),
-    /// whichever the source holds.
+    /// `mlp.experts.E.gate_proj`), Mixtral's (`block_sparse_moe.gate`, `…experts.E.w1`) or
+    /// gpt-oss's (`mlp.router`, with biases), whichever the source holds; gpt-oss's
+    /// Hugging Face experts come fused ([`fused_gpt_oss`]).
     pub fn load(
         src: &dyn WeightSource,
         layer: usize,
@@ -95,25 +100,44 @@ impl Experts {
         dtype: WeightDtype,
     ) -> Result<Self> {
         let (d, f) = (hidden, c.expert_ffn);
-        let mixtral = src.contains(&format!("model.layers.{layer}.block_sparse_moe.gate.weight"));
-        let (block, [gate, up, down]) = if mixtral {
-            ("block_sparse_moe", ["w1", "w3", "w2"])
+        let at = |s: &str| format!("model.layers.{layer}.{s}");
+        let (block, router_stem, [gate, up, down]) = if src.contains(&at("block_sparse_moe.gate.weight")) {
+            ("block_sparse_moe", "gate", ["w1", "w3", "w2"])
+        } else if src.contains(&at("mlp.router.weight")) {
+            ("mlp", "router", ["gate_proj", "up_proj", "down_proj"])
         } else {
-            ("mlp", ["gate_proj", "up_proj", "down_proj"])
+            ("mlp", "gate", ["gate_proj", "up_proj", "down_proj"])
         };
-        let router_name = format!("model.layers.{layer}.{block}.gate.weight");
+        let router_name = at(&format!("{block}.{router_stem}.weight"));
         let router = Weight::load(src, &[(&router_name, [c.num_experts, d])], WeightDtype::F32)?;
-        let mut experts = Vec::with_capacity(c.num_experts);
-        for e in 0..c.num_experts {
-            let name = |p: &str| format!("model.layers.{layer}.{block}.experts.{e}.{p}.weight");
-            let gate_up = Weight::load(src, &[(&name(gate), [f, d]), (&name(up), [f, d])], dtype)
-                .with_context(|| format!("layer {layer} expert {e}"))?;
-            let down = Weight::load(src, &[(&name(down), [d, f])], dtype)
-                .with_context(|| format!("layer {layer} expert {e}"))?;
-            experts.push(Expert { gate_up, down });
-        }
+        let bias_name = at(&format!("{block}.{router_stem}.bias"));
+        let router_bias =
+            if src.contains(&bias_name) { Some(src.load(&bias_name, &[c.num_experts])?.data().to_vec()) } else { None };
+        let experts = if src.contains(&at("mlp.experts.gate_up_proj")) {
+            fused_gpt_oss(src, layer, c, d, dtype)?
+        } else {
+            let mut experts = Vec::with_capacity(c.num_experts);
+            for e in 0..c.num_experts {
+                let name = |p: &str, kind: &str| at(&format!("{block}.experts.{e}.{p}.{kind}"));
+                let context = || format!("layer {layer} expert {e}");
+                let parts = [(name(gate, "weight"), [f, d]), (name(up, "weight"), [f, d])];
+                let gate_up =
+                    Weight::load(src, &parts.each_ref().map(|(n, s)| (n.as_str(), *s)), dtype).with_context(context)?;
+                let down_w = Weight::load(src, &[(&name(down, "weight"), [d, f])], dtype).with_context(context)?;
+                let (gate_up_bias, down_bias) = if src.contains(&name(gate, "bias")) {
+                    let mut gu = src.load(&name(gate, "bias"), &[f])?.data().to_vec();
+                    gu.extend_from_slice(src.load(&name(up, "bias"), &[f])?.data());
+                    (Some(gu), Some(src.load(&name(down, "bias"), &[d])?.data().to_vec()))
+                } else {
+                    (None, None)
+                };
+                experts.push(Expert { gate_up, down: down_w, gate_up_bias, down_bias });
+            }
+            experts
+        };
         let blocks = experts.iter().all(|x| matches!((&x.gate_up, &x.down), (Weight::Quant(_), Weight::Quant(_))));
-        Ok(Experts { router, experts, top_k: c.top_k, norm_topk_prob: c.norm_topk_prob, blocks, hidden: d, ffn: f })
+        let (top_k, norm_topk_prob) = (c.top_k, c.norm_topk_prob);
+        Ok(Experts { router, router_bias, experts, top_k, norm_topk_prob, blocks, hidden: d, ffn: f })
     }
 
     /// Every matrix: the router, then each expert's.
@@ -159,6 +183,9 @@ impl Experts {
         let d = self.hidden;
         let logits = resize(&mut s.logits, t * n_exp);
         self.router.matmul(x, xq, logits, t);
+        if let Some(b) = &self.router_bias {
+            add_bias(logits, b);
+        }
         s.routes.clear();
         for row in logits.chunks_exact(n_exp) {
             route(row, k, self.norm_topk_prob, &mut s.routes);
@@ -213,9 +240,17 @@ impl Experts {
                 continue;
             }
             let rows = first..first + n;
-            x.gate_up.matmul(&s.x[rows.start * d..rows.end * d], xq, &mut gu[rows.start * 2 * f..rows.end * 2 * f], n);
-            activation(&gu[rows.start * 2 * f..rows.end * 2 * f], f, &mut act[rows.start * f..rows.end * f]);
-            x.down.matmul(&act[rows.start * f..rows.end * f], xq, &mut s.y[rows.start * d..rows.end * d], n);
+            let gu = &mut gu[rows.start * 2 * f..rows.end * 2 * f];
+            x.gate_up.matmul(&s.x[rows.start * d..rows.end * d], xq, gu, n);
+            if let Some(b) = &x.gate_up_bias {
+                add_bias(gu, b);
+            }
+            activation(gu, f, &mut act[rows.start * f..rows.end * f]);
+            let y = &mut s.y[rows.start * d..rows.end * d];
+            x.down.matmul(&act[rows.start * f..rows.end * f], xq, y, n);
+            if let Some(b) = &x.down_bias {
+                add_bias(y, b);
+            }
             first += n;
         }
     }
@@ -239,6 +274,7 @@ impl Experts {
             }
         });
         run_products(&self.experts, counts, &s.xq, gu, 2 * f, |e| quant(&e.gate_up));
+        add_biases(&self.experts, counts, gu, 2 * f, |e| e.gate_up_bias.as_deref());
 
         gu.par_chunks(2 * f * 8).zip(act.par_chunks_mut(f * 8)).for_each(|(g, a)| activation(g, f, a));
 
@@ -250,7 +286,67 @@ impl Experts {
             }
         });
         run_products(&self.experts, counts, &s.aq, ys, d, |e| quant(&e.down));
+        add_biases(&self.experts, counts, ys, d, |e| e.down_bias.as_deref());
     }
+}
+
+/// Adds `bias` to each row of `rows`.
+fn add_bias(rows: &mut [f32], bias: &[f32]) {
+    rows.chunks_exact_mut(bias.len()).for_each(|r| r.iter_mut().zip(bias).for_each(|(x, b)| *x += b));
+}
+
+/// Adds each expert's `which` bias, where it has one, to its run of `y`'s rows.
+fn add_biases(
+    experts: &[Expert],
+    counts: &[usize],
+    y: &mut [f32],
+    width: usize,
+    which: impl Fn(&Expert) -> Option<&[f32]>,
+) {
+    let mut first = 0;
+    for (e, &n) in experts.iter().zip(counts) {
+        if let Some(b) = which(e) {
+            add_bias(&mut y[first * width..(first + n) * width], b);
+        }
+        first += n;
+    }
+}
+
+/// gpt-oss's experts as its Hugging Face checkpoints hold them (dequantized): fused
+/// `mlp.experts.gate_up_proj` `[experts, hidden, 2 ffn]` with gate in the even and up in
+/// the odd columns (`x · W`), its bias `[experts, 2 ffn]` interleaved alike, and
+/// `down_proj` `[experts, ffn, hidden]` with its bias `[experts, hidden]`; cut into each
+/// expert's matrices in `[out, in]` rows.
+fn fused_gpt_oss(
+    src: &dyn WeightSource,
+    layer: usize,
+    c: &MoeConfig,
+    d: usize,
+    dtype: WeightDtype,
+) -> Result<Vec<Expert>> {
+    let (n, f) = (c.num_experts, c.expert_ffn);
+    let at = |s: &str| format!("model.layers.{layer}.mlp.experts.{s}");
+    let gate_up = src.load(&at("gate_up_proj"), &[n, d, 2 * f])?;
+    let gate_up_bias = src.load(&at("gate_up_proj_bias"), &[n, 2 * f])?;
+    let down = src.load(&at("down_proj"), &[n, f, d])?;
+    let down_bias = src.load(&at("down_proj_bias"), &[n, d])?;
+    let mut experts = Vec::with_capacity(n);
+    for e in 0..n {
+        let gu = &gate_up.data()[e * d * 2 * f..(e + 1) * d * 2 * f];
+        // Row r of the stacked matrix: gate's r (column 2r), then up's (column 2(r − f) + 1).
+        let column = |r: usize| if r < f { 2 * r } else { 2 * (r - f) + 1 };
+        let rows: Vec<f32> = (0..2 * f).flat_map(|r| (0..d).map(move |i| gu[i * 2 * f + column(r)])).collect();
+        let bias = &gate_up_bias.data()[e * 2 * f..(e + 1) * 2 * f];
+        let dn = &down.data()[e * f * d..(e + 1) * f * d];
+        let down_rows: Vec<f32> = (0..d).flat_map(|o| (0..f).map(move |i| dn[i * d + o])).collect();
+        experts.push(Expert {
+            gate_up: Weight::from_values(&rows, 2 * f, d, dtype)?,
+            down: Weight::from_values(&down_rows, d, f, dtype)?,
+            gate_up_bias: Some((0..2 * f).map(|r| bias[column(r)]).collect()),
+            down_bias: Some(down_bias.data()[e * d..(e + 1) * d].to_vec()),
+        });
+    }
+    Ok(experts)
 }
 
 /// A block-format matrix ([`Experts::run_blocks`] runs only when every expert's is one).
@@ -358,13 +454,15 @@ mod tests {
                 (w, exact)
             };
             let ((gate_up, gu), (down, dn)) = (make(2 * f, d, 10 + e as u64), make(d, f, 100 + e as u64));
-            all.push(Expert { gate_up, down });
+            all.push(Expert { gate_up, down, gate_up_bias: None, down_bias: None });
             values.push([gu, dn]);
         }
         // Logits spread wider than the activations' rounding, so that no choice is a tie.
         let router: Vec<f32> = random_vec(n * d, 7).iter().map(|x| 4.0 * x).collect();
         let router = Weight::F32(PackedMatrix::pack(&router, n, d));
-        (Experts { router, experts: all, top_k, norm_topk_prob: true, blocks, hidden: d, ffn: f }, values)
+        let experts =
+            Experts { router, router_bias: None, experts: all, top_k, norm_topk_prob: true, blocks, hidden: d, ffn: f };
+        (experts, values)
     }
 
     fn run(x: &Experts, input: &[f32], t: usize) -> Vec<f32> {

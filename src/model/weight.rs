@@ -74,6 +74,18 @@ impl Weight {
         Ok(Weight::F32(PackedMatrix::pack(&all, rows, k)))
     }
 
+    /// A `[rows, k]` matrix from values computed at load (experts cut from a fused
+    /// tensor): quantized when `dtype` asks for a format that fits, else f32.
+    pub fn from_values(values: &[f32], rows: usize, k: usize, dtype: WeightDtype) -> Result<Self> {
+        if let WeightDtype::Quantize(target) = dtype {
+            if let Some(t) = fitting(target, k) {
+                let raw = quantize_matrix(t, k, rows, |r| Cow::Borrowed(&values[r.start * k..r.end * k]));
+                return Ok(Weight::Quant(QMatrix::new(k, vec![(t, rows, raw.into())])?));
+            }
+        }
+        Ok(Weight::F32(PackedMatrix::pack(values, rows, k)))
+    }
+
     /// BitNet's ternary projections: with `dtype` auto, TQ2_0 blocks computed with per-row
     /// int8 activations, as the model was trained, from whatever ternary form the file
     /// holds (sources give TQ1_0, I2_S and packed Hugging Face weights as TQ2_0) or from

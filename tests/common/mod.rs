@@ -274,6 +274,8 @@ pub const VARIANTS: &[(&str, &str)] = &[
     ("tiny-qwen3moe/tiny-qwen3moe.gguf", "tiny-qwen3moe"),
     ("tiny-mixtral", "tiny-mixtral"),
     ("tiny-mixtral/tiny-mixtral.gguf", "tiny-mixtral"),
+    ("tiny-gpt-oss", "tiny-gpt-oss"),
+    ("tiny-gpt-oss/tiny-gpt-oss.gguf", "tiny-gpt-oss"),
     // Ternary: every form of the same numbers against float activations (the int8 ones,
     // what transformers computes, are judged in tests/ternary.rs).
     ("tiny-bitnet", BITNET_FLOAT),

@@ -163,7 +163,7 @@ fn decode(dtype: GgmlType, blk: &[u8], sub: usize) -> Block {
             }
             same(f16_at(blk, 64), 0.0)
         }
-        GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 | GgmlType::Tq1_0 | GgmlType::I2s => {
+        GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 | GgmlType::Tq1_0 | GgmlType::I2s | GgmlType::Mxfp4 => {
             unreachable!("{dtype} is not computed in blocks")
         }
     };
@@ -362,7 +362,7 @@ mod avx2 {
                     let (s, o) = same(f16_at(blk, 64), 0.0);
                     (_mm256_sub_epi8(codes, _mm256_set1_epi8(1)), s, o)
                 }
-                GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 | GgmlType::Tq1_0 | GgmlType::I2s => {
+                GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 | GgmlType::Tq1_0 | GgmlType::I2s | GgmlType::Mxfp4 => {
                     unreachable!("{dtype} is not computed in blocks")
                 }
             }
@@ -414,7 +414,7 @@ mod avx2 {
                 GgmlType::Iq4Nl => by_tile!(10),
                 GgmlType::Iq4Xs => by_tile!(11),
                 GgmlType::Tq2_0 => by_tile!(12),
-                GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 | GgmlType::Tq1_0 | GgmlType::I2s => {
+                GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 | GgmlType::Tq1_0 | GgmlType::I2s | GgmlType::Mxfp4 => {
                     unreachable!("{dtype} is not computed in blocks")
                 }
             };

@@ -4,7 +4,7 @@
 use super::{check_shape, le_u16s, Tensor, WeightSource};
 use crate::kernels::matmul::Half;
 use crate::kernels::qmatmul::QMatrix;
-use crate::kernels::quant::{GgmlType, TERNARY_ONLY_READ};
+use crate::kernels::quant::{mxfp4_check, GgmlType, TERNARY_ONLY_READ};
 use crate::kernels::ternary;
 use crate::model::config::{Arch, ModelConfig};
 use crate::model::gguf::{GgufFile, TensorInfo};
@@ -72,12 +72,18 @@ pub fn gguf_name(arch: Arch, hf: &str) -> Option<String> {
     }
     let rest = hf.strip_prefix("model.layers.")?;
     let (layer, part) = rest.split_once('.')?;
+    // gpt-oss's attention sinks: one logit per head, a tensor without a kind.
+    if part == "self_attn.sinks" {
+        return Some(format!("blk.{layer}.attn_sinks.weight"));
+    }
     let (stem, kind) = part.rsplit_once('.')?;
     let stem = match (arch, stem) {
         (_, "input_layernorm") => "attn_norm",
         // Gemma 2's post-attention norm is applied to the attention output; its pre-MLP
         // norm is the one other families call post-attention.
         (Arch::Gemma2 | Arch::Gemma3, "post_attention_layernorm") => "post_attention_norm",
+        // gpt-oss's pre-MLP norm, under llama.cpp's name for it.
+        (Arch::GptOss, "post_attention_layernorm") => "post_attention_norm",
         (Arch::Gemma2 | Arch::Gemma3, "pre_feedforward_layernorm") => "ffn_norm",
         (Arch::Gemma2 | Arch::Gemma3, "post_feedforward_layernorm") => "post_ffw_norm",
         (_, "post_attention_layernorm") => "ffn_norm",
@@ -94,8 +100,8 @@ pub fn gguf_name(arch: Arch, hf: &str) -> Option<String> {
         // Phi-3's fused gate_up is llama.cpp's ffn_up of twice the height.
         (_, "mlp.up_proj" | "mlp.gate_up_proj") => "ffn_up",
         (_, "mlp.down_proj") => "ffn_down",
-        // The router of a mixture of experts (Qwen3-MoE's name, then Mixtral's).
-        (_, "mlp.gate" | "block_sparse_moe.gate") => "ffn_gate_inp",
+        // The router of a mixture of experts (Qwen3-MoE's name, Mixtral's, gpt-oss's).
+        (_, "mlp.gate" | "block_sparse_moe.gate" | "mlp.router") => "ffn_gate_inp",
         _ => return None,
     };
     Some(format!("blk.{layer}.{stem}.{kind}"))
@@ -154,14 +160,19 @@ impl GgufWeights<'_> {
         }
     }
 
-    /// A ternary tensor's codes and scales checked, the error naming it.
-    fn check_ternary(&self, name: &str, info: &TensorInfo) -> Result<()> {
-        if !matches!(info.dtype, GgmlType::Tq1_0 | GgmlType::Tq2_0 | GgmlType::I2s) {
-            return Ok(());
-        }
-        let (n, gname) = (info.shape.iter().product(), gguf_name(self.arch, name).unwrap_or_default());
-        ternary::check(info.dtype, self.file.raw(info), n)
-            .map_err(|e| anyhow!("{}: tensor {gname} ({name}, {}): {e}", self.file.path.display(), info.dtype))
+    /// A ternary tensor's codes and scales, or an MXFP4 tensor's scales, checked, the error
+    /// naming it.
+    fn check_blocks(&self, name: &str, info: &TensorInfo) -> Result<()> {
+        let raw = self.file.raw(info);
+        let checked = match info.dtype {
+            GgmlType::Tq1_0 | GgmlType::Tq2_0 | GgmlType::I2s => {
+                ternary::check(info.dtype, raw, info.shape.iter().product())
+            }
+            GgmlType::Mxfp4 => mxfp4_check(raw),
+            _ => return Ok(()),
+        };
+        let gname = locate(self.arch, name).map(|(g, _)| g).unwrap_or_default();
+        checked.map_err(|e| anyhow!("{}: tensor {gname} ({name}, {}): {e}", self.file.path.display(), info.dtype))
     }
 
     /// The heads whose rows llama.cpp's converter reordered in tensor `name`, if it did.
@@ -189,7 +200,7 @@ impl WeightSource for GgufWeights<'_> {
 
     fn load(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
         let info = self.info(name, shape)?;
-        self.check_ternary(name, &info)?;
+        self.check_blocks(name, &info)?;
         let data = self.hf_rows(name, self.file.dequantize(&info), shape[1..].iter().product());
         self.file.release(&info);
         Ok(Tensor::owned(shape.to_vec(), data))
@@ -209,7 +220,7 @@ impl WeightSource for GgufWeights<'_> {
 
     fn load_blocks(&self, name: &str, shape: &[usize]) -> Result<Option<(GgmlType, Cow<'_, [u8]>)>> {
         let info = self.info(name, shape)?;
-        self.check_ternary(name, &info)?;
+        self.check_blocks(name, &info)?;
         if shape.len() == 2 && TERNARY_ONLY_READ.contains(&info.dtype) {
             let tq2 = ternary::to_tq2_0(info.dtype, self.file.raw(&info), shape[1]);
             return Ok(tq2.map(|b| (GgmlType::Tq2_0, Cow::Owned(b))));
