@@ -96,6 +96,21 @@ fn experts_quantized_at_load_mix_formats() {
     assert_batch_invariant(q, "tiny-qwen3moe");
 }
 
+/// tiny-gpt-oss quantized at load: its fused Hugging Face experts are cut per expert and
+/// take Q8_0, so the block-format pass carries gpt-oss's expert biases and clamped SwiGLU;
+/// close to the exact path, and batch invariant.
+#[test]
+fn gpt_oss_experts_in_blocks_keep_their_biases() {
+    let Some(models) = shared_models() else { return };
+    let q = LoadedModel::open(&models.join("tiny-gpt-oss"), WeightDtype::Quantize(GgmlType::Q8_0)).unwrap();
+    let by = q.model.products_by_format();
+    assert_eq!(by.iter().map(|(_, n)| n).sum::<usize>(), q.model.config.matmul_params(), "{by:?}");
+    let (kl, agree) = compare(&model("tiny-gpt-oss"), &q, "tiny-gpt-oss");
+    eprintln!("tiny-gpt-oss at load Q8_0: mean KLD {kl:.5}, top-1 agreement {:.1}%", agree * 100.0);
+    assert!(agree >= 0.6 && kl < 0.45, "KLD {kl}, agreement {agree}");
+    assert_batch_invariant(q, "tiny-gpt-oss");
+}
+
 /// The fixture's GGUF with the u32 value of metadata `key` replaced.
 fn patched(original: &[u8], key: &str, value: u32) -> Vec<u8> {
     let mut needle = (key.len() as u64).to_le_bytes().to_vec();
@@ -122,6 +137,13 @@ fn hostile_expert_metadata_is_refused_at_load() {
             Err(e) => format!("{e:#}"),
         }
     };
+    // An MXFP4 scale byte of 0xFF (E8M0's NaN) in one expert's block.
+    let gpt = models.join("tiny-gpt-oss/tiny-gpt-oss.gguf");
+    let info = GgufFile::open(&gpt).unwrap().tensors["blk.2.ffn_up_exps.weight"].clone();
+    let mut bad = std::fs::read(&gpt).unwrap();
+    bad[info.offset + 5 * 17] = 0xFF;
+    let err = open(bad);
+    assert!(err.contains("blk.2.ffn_up_exps.weight") && err.contains("0xFF"), "{err}");
     for (key, value, says) in [
         ("qwen3moe.expert_used_count", 9, "9 experts per token is not within 1..=8"),
         ("qwen3moe.expert_used_count", 0, "0 experts per token"),

@@ -437,9 +437,9 @@ mod tests {
         assert_eq!(out.len(), 2);
     }
 
-    /// Random experts in `dtype` (Q8_0 blocks, or f32 from the same dequantized values),
-    /// with their dequantized `[gate_up, down]` values for a naive check.
-    fn experts(n: usize, top_k: usize, d: usize, f: usize, blocks: bool) -> (Experts, Vec<[Vec<f32>; 2]>) {
+    /// Random experts with biases in Q8_0 blocks, or in f32 from the same dequantized
+    /// values, with their `[gate_up, down, gate_up bias, down bias]` for a naive check.
+    fn experts(n: usize, top_k: usize, d: usize, f: usize, blocks: bool) -> (Experts, Vec<[Vec<f32>; 4]>) {
         let mut all = Vec::new();
         let mut values = Vec::new();
         for e in 0..n {
@@ -454,8 +454,10 @@ mod tests {
                 (w, exact)
             };
             let ((gate_up, gu), (down, dn)) = (make(2 * f, d, 10 + e as u64), make(d, f, 100 + e as u64));
-            all.push(Expert { gate_up, down, gate_up_bias: None, down_bias: None });
-            values.push([gu, dn]);
+            // Biases on every expert (gpt-oss's), the same in both forms.
+            let (gb, db) = (random_vec(2 * f, 200 + e as u64), random_vec(d, 300 + e as u64));
+            all.push(Expert { gate_up, down, gate_up_bias: Some(gb.clone()), down_bias: Some(db.clone()) });
+            values.push([gu, dn, gb, db]);
         }
         // Logits spread wider than the activations' rounding, so that no choice is a tie.
         let router: Vec<f32> = random_vec(n * d, 7).iter().map(|x| 4.0 * x).collect();
@@ -496,18 +498,18 @@ mod tests {
                 route(&logits, k, true, &mut chosen);
                 let mut want = vec![0f64; d];
                 for (e, w) in chosen {
-                    let [gu, dn] = &values[e];
+                    let [gu, dn, gb, db] = &values[e];
                     let dot = |m: &[f32], i: usize, v: &[f64]| {
                         (0..v.len()).map(|c| m[i * v.len() + c] as f64 * v[c]).sum::<f64>()
                     };
                     let xr: Vec<f64> = row.iter().map(|&v| v as f64).collect();
                     let act: Vec<f64> = (0..f)
                         .map(|i| {
-                            let (g, u) = (dot(gu, i, &xr), dot(gu, f + i, &xr));
+                            let (g, u) = (dot(gu, i, &xr) + gb[i] as f64, dot(gu, f + i, &xr) + gb[f + i] as f64);
                             g / (1.0 + (-g).exp()) * u
                         })
                         .collect();
-                    (0..d).for_each(|o| want[o] += w as f64 * dot(dn, o, &act));
+                    (0..d).for_each(|o| want[o] += w as f64 * (dot(dn, o, &act) + db[o] as f64));
                 }
                 let scale = want.iter().fold(0f64, |m, v| m.max(v.abs()));
                 for o in 0..d {
