@@ -5,48 +5,14 @@
 
 mod common;
 
-use common::{collect, greedy, log_softmax, model, reference, shared_models, teacher_forced};
+use common::{assert_batch_invariant, kl_and_agreement, model, shared_models};
 use std::path::Path;
-use weft::engine::{EngineConfig, EngineHandle};
 use weft::kernels::quant::GgmlType;
 use weft::loaded::LoadedModel;
 use weft::model::file_type::parse_file_type_name;
 use weft::model::gguf::GgufFile;
 use weft::model::requantize::requantize;
 use weft::model::WeightDtype;
-use weft::sampling::argmax;
-
-/// (mean KL(exact ‖ other), top-1 agreement) over every teacher-forced step of `refs`.
-fn compare(exact: &LoadedModel, other: &LoadedModel, refs: &str) -> (f64, f64) {
-    let (mut kl, mut agree, mut steps) = (0.0, 0, 0);
-    for case in reference(refs) {
-        let a = teacher_forced(exact, &case.prompt_ids, &case.generated_ids);
-        let b = teacher_forced(other, &case.prompt_ids, &case.generated_ids);
-        for (p, q) in a.iter().zip(&b) {
-            let (lp, lq) = (log_softmax(p), log_softmax(q));
-            kl += lp.iter().zip(&lq).map(|(x, y)| x.exp() * (x - y)).sum::<f64>();
-            agree += (argmax(p) == argmax(q)) as usize;
-            steps += 1;
-        }
-    }
-    (kl / steps as f64, agree as f64 / steps as f64)
-}
-
-/// The reference prompts give the same greedy ids alone and all in one ragged batch, where
-/// rows routed to the same expert share its matrix multiply.
-fn assert_batch_invariant(m: LoadedModel, refs: &str) {
-    let m = std::sync::Arc::new(m);
-    let cases = reference(refs);
-    let busy = EngineHandle::start(m.clone(), EngineConfig::default()).unwrap();
-    let streams: Vec<_> =
-        cases.iter().enumerate().map(|(i, c)| busy.submit(greedy(&c.prompt_ids, 12 + 2 * i)).unwrap()).collect();
-    let together: Vec<_> = streams.into_iter().map(collect).collect();
-    let alone = EngineHandle::start(m, EngineConfig { max_num_seqs: 1, ..EngineConfig::default() }).unwrap();
-    for (i, c) in cases.iter().enumerate() {
-        let one = collect(alone.submit(greedy(&c.prompt_ids, 12 + 2 * i)).unwrap());
-        assert_eq!(together[i][0].tokens, one[0].tokens, "{refs} {}", c.id);
-    }
-}
 
 /// tiny-mixtral's experts written as Q8_0 and Q4_0 by `weft quantize` (stacked, the router
 /// left f32) and computed in their format: close to the exact path, every product counted
@@ -74,10 +40,10 @@ fn block_format_experts_stay_close_to_the_exact_path() {
         assert_eq!(by.iter().map(|(_, n)| n).sum::<usize>(), q.model.config.matmul_params(), "{by:?}");
         // The same weights widened: what the int8 activations alone change.
         let exact = LoadedModel::open(&path, WeightDtype::F32).unwrap();
-        let (kl, agree) = compare(&exact, &q, "tiny-mixtral");
+        let (kl, agree) = kl_and_agreement(&exact, &q, "tiny-mixtral");
         eprintln!("tiny-mixtral {t}: mean KLD {kl:.5}, top-1 agreement {:.1}%", agree * 100.0);
         assert!(agree >= min_agree && kl < max_kl, "{t}: KLD {kl}, agreement {agree}");
-        assert_batch_invariant(q, "tiny-mixtral");
+        assert_batch_invariant(std::sync::Arc::new(q), "tiny-mixtral");
     }
 }
 
@@ -90,10 +56,10 @@ fn experts_quantized_at_load_mix_formats() {
     let q = LoadedModel::open(&dir, WeightDtype::Quantize(GgmlType::Q8_0)).unwrap();
     let by = q.model.products_by_format();
     assert!(by.iter().any(|(t, _)| *t == Some(GgmlType::Q8_0)) && by.iter().any(|(t, _)| t.is_none()), "{by:?}");
-    let (kl, agree) = compare(&model("tiny-qwen3moe"), &q, "tiny-qwen3moe");
+    let (kl, agree) = kl_and_agreement(&model("tiny-qwen3moe"), &q, "tiny-qwen3moe");
     eprintln!("tiny-qwen3moe at load Q8_0: mean KLD {kl:.5}, top-1 agreement {:.1}%", agree * 100.0);
     assert!(agree >= 0.7 && kl < 0.45, "KLD {kl}, agreement {agree}");
-    assert_batch_invariant(q, "tiny-qwen3moe");
+    assert_batch_invariant(std::sync::Arc::new(q), "tiny-qwen3moe");
 }
 
 /// tiny-gpt-oss quantized at load: its fused Hugging Face experts are cut per expert and
@@ -105,10 +71,10 @@ fn gpt_oss_experts_in_blocks_keep_their_biases() {
     let q = LoadedModel::open(&models.join("tiny-gpt-oss"), WeightDtype::Quantize(GgmlType::Q8_0)).unwrap();
     let by = q.model.products_by_format();
     assert_eq!(by.iter().map(|(_, n)| n).sum::<usize>(), q.model.config.matmul_params(), "{by:?}");
-    let (kl, agree) = compare(&model("tiny-gpt-oss"), &q, "tiny-gpt-oss");
+    let (kl, agree) = kl_and_agreement(&model("tiny-gpt-oss"), &q, "tiny-gpt-oss");
     eprintln!("tiny-gpt-oss at load Q8_0: mean KLD {kl:.5}, top-1 agreement {:.1}%", agree * 100.0);
     assert!(agree >= 0.6 && kl < 0.45, "KLD {kl}, agreement {agree}");
-    assert_batch_invariant(q, "tiny-gpt-oss");
+    assert_batch_invariant(std::sync::Arc::new(q), "tiny-gpt-oss");
 }
 
 /// The fixture's GGUF with the u32 value of metadata `key` replaced.

@@ -4,12 +4,10 @@
 
 mod common;
 
-use common::{collect, greedy, log_softmax, model_as, reference, shared_models, teacher_forced};
-use weft::engine::{EngineConfig, EngineHandle};
+use common::{assert_batch_invariant, kl_and_agreement, model_as, reference, shared_models};
 use weft::kernels::quant::GgmlType;
 use weft::kv::KvCacheDtype;
 use weft::model::WeightDtype;
-use weft::sampling::argmax;
 
 /// (mean KL(f32 ‖ quantized), top-1 agreement) over every step of every case.
 fn compare(path: &str, refs: &str) -> (f64, f64) {
@@ -18,19 +16,7 @@ fn compare(path: &str, refs: &str) -> (f64, f64) {
 
 /// As [`compare`], the second model loaded as `dtype`.
 fn compare_as(path: &str, refs: &str, dtype: WeightDtype) -> (f64, f64) {
-    let (exact, quant) = (model_as(path, WeightDtype::F32), model_as(path, dtype));
-    let (mut kl, mut agree, mut steps) = (0.0, 0, 0);
-    for case in reference(refs) {
-        let a = teacher_forced(&exact, &case.prompt_ids, &case.generated_ids);
-        let b = teacher_forced(&quant, &case.prompt_ids, &case.generated_ids);
-        for (p, q) in a.iter().zip(&b) {
-            let (lp, lq) = (log_softmax(p), log_softmax(q));
-            kl += lp.iter().zip(&lq).map(|(x, y)| x.exp() * (x - y)).sum::<f64>();
-            agree += (argmax(p) == argmax(q)) as usize;
-            steps += 1;
-        }
-    }
-    (kl / steps as f64, agree as f64 / steps as f64)
+    kl_and_agreement(&model_as(path, WeightDtype::F32), &model_as(path, dtype), refs)
 }
 
 #[test]
@@ -86,17 +72,7 @@ fn quantized_batching_changes_nothing() {
         return;
     }
     let path = "smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf";
-    let m = model_as(path, WeightDtype::Auto);
-    let cases = reference("smollm2-135m-instruct");
-    let busy = EngineHandle::start(m.clone(), EngineConfig::default()).unwrap();
-    let streams: Vec<_> =
-        cases.iter().enumerate().map(|(i, c)| busy.submit(greedy(&c.prompt_ids, 16 + 2 * i)).unwrap()).collect();
-    let together: Vec<_> = streams.into_iter().map(collect).collect();
-    let alone = EngineHandle::start(m, EngineConfig { max_num_seqs: 1, ..EngineConfig::default() }).unwrap();
-    for (i, c) in cases.iter().enumerate() {
-        let one = collect(alone.submit(greedy(&c.prompt_ids, 16 + 2 * i)).unwrap());
-        assert_eq!(together[i][0].tokens, one[0].tokens, "{}", c.id);
-    }
+    assert_batch_invariant(model_as(path, WeightDtype::Auto), "smollm2-135m-instruct");
 }
 
 /// `weft bench`'s ceiling counts every matrix product once, under the format it is stored in.

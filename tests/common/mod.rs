@@ -198,6 +198,23 @@ pub fn log_softmax(x: &[f32]) -> Vec<f64> {
     x.iter().map(|&v| v as f64 - lse).collect()
 }
 
+/// (mean KL(exact ‖ other), top-1 agreement) over every teacher-forced step of the cases
+/// of `refs`: how far `other` (quantized weights or activations) strays from `exact`.
+pub fn kl_and_agreement(exact: &LoadedModel, other: &LoadedModel, refs: &str) -> (f64, f64) {
+    let (mut kl, mut agree, mut steps) = (0.0, 0, 0);
+    for case in reference(refs) {
+        let a = teacher_forced(exact, &case.prompt_ids, &case.generated_ids);
+        let b = teacher_forced(other, &case.prompt_ids, &case.generated_ids);
+        for (p, q) in a.iter().zip(&b) {
+            let (lp, lq) = (log_softmax(p), log_softmax(q));
+            kl += lp.iter().zip(&lq).map(|(x, y)| x.exp() * (x - y)).sum::<f64>();
+            agree += (argmax(p) == argmax(q)) as usize;
+            steps += 1;
+        }
+    }
+    (kl / steps as f64, agree as f64 / steps as f64)
+}
+
 /// The text `generated` adds after `prompt`, streamed through the detokenizer as the
 /// engine streams it.
 pub fn streamed_text(tok: &Tokenizer, prompt: &[u32], generated: &[u32]) -> String {
@@ -334,6 +351,21 @@ pub fn greedy(prompt: &[u32], max_tokens: usize) -> Request {
     let mut r = Request::new(prompt.to_vec(), max_tokens);
     r.stop.ignore_eos = true;
     r
+}
+
+/// The reference prompts of `refs` give the same greedy ids alone and all in one ragged
+/// batch of `m`'s engine (each case `16 + 2 i` tokens, so they end at different steps).
+pub fn assert_batch_invariant(m: Arc<LoadedModel>, refs: &str) {
+    let cases = reference(refs);
+    let busy = EngineHandle::start(m.clone(), EngineConfig::default()).unwrap();
+    let streams: Vec<_> =
+        cases.iter().enumerate().map(|(i, c)| busy.submit(greedy(&c.prompt_ids, 16 + 2 * i)).unwrap()).collect();
+    let together: Vec<_> = streams.into_iter().map(collect).collect();
+    let alone = EngineHandle::start(m, EngineConfig { max_num_seqs: 1, ..EngineConfig::default() }).unwrap();
+    for (i, c) in cases.iter().enumerate() {
+        let one = collect(alone.submit(greedy(&c.prompt_ids, 16 + 2 * i)).unwrap());
+        assert_eq!(together[i][0].tokens, one[0].tokens, "{refs} {}", c.id);
+    }
 }
 
 /// Waits until the engine has nothing running and checks every KV block is free.
