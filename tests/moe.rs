@@ -121,3 +121,41 @@ fn hostile_expert_metadata_is_refused_at_load() {
         assert!(err.contains(says), "{key} = {value}: {err}");
     }
 }
+
+/// gpt-oss's harmony template (its own `tokenizer_config.json`) renders the fixture's chat
+/// case, with the reference's fixed clock for "Current date", to the reference's prompt ids.
+#[test]
+fn gpt_oss_chat_renders_in_harmony_as_transformers() {
+    let Some(models) = shared_models() else { return };
+    use weft::tokenizer::{ChatContext, ChatTemplate};
+    let dir = models.join("tiny-gpt-oss");
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("tokenizer_config.json")).unwrap()).unwrap();
+    let doc = common::reference_json("tiny-gpt-oss");
+    let clock = doc["tokenization"]["strftime_now_clock"].as_str().unwrap();
+    let now = chrono::NaiveDateTime::parse_from_str(clock, "%Y-%m-%dT%H:%M:%S").unwrap();
+    let token = |k: &str| config[k].as_str().unwrap().to_string();
+    let template = ChatTemplate::with_clock(
+        config["chat_template"].as_str().unwrap(),
+        token("bos_token"),
+        token("eos_token"),
+        Some(now),
+    )
+    .unwrap();
+    let m = model("tiny-gpt-oss");
+    let chats: Vec<_> = doc["cases"].as_array().unwrap().iter().filter(|c| c.get("messages").is_some()).collect();
+    assert!(!chats.is_empty());
+    for c in chats {
+        let ctx = ChatContext {
+            messages: c["messages"].as_array().unwrap(),
+            tools: None,
+            add_generation_prompt: c["add_generation_prompt"].as_bool().unwrap(),
+            kwargs: None,
+        };
+        let text = template.render(&ctx).unwrap();
+        assert!(text.contains("Current date: 2024-07-26"), "{text}");
+        let want: Vec<u32> =
+            c["prompt_token_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        assert_eq!(m.tokenizer.encode_with(&text, false).unwrap(), want, "{}", c["id"]);
+    }
+}
