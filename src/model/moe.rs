@@ -73,6 +73,8 @@ pub struct Scratch {
     routes: Vec<(usize, f32)>,
     /// Per route, where its row sits among the rows gathered by expert.
     slots: Vec<usize>,
+    /// Per gathered row, the step's row it is a copy of.
+    rows_of: Vec<usize>,
     x: Vec<f32>,
     gate_up: Vec<f32>,
     act: Vec<f32>,
@@ -186,10 +188,13 @@ impl Experts {
         if let Some(b) = &self.router_bias {
             add_bias(logits, b);
         }
-        s.routes.clear();
-        for row in logits.chunks_exact(n_exp) {
-            route(row, k, self.norm_topk_prob, &mut s.routes);
-        }
+        s.routes.resize(t * k, (0, 0.0));
+        let norm = self.norm_topk_prob;
+        let (logits, routes): (&[f32], _) = (logits, &mut s.routes[..t * k]);
+        logits
+            .par_chunks(n_exp)
+            .zip(routes.par_chunks_mut(k))
+            .for_each_init(Default::default, |scratch, (row, out)| route(row, norm, scratch, out));
         // Rows gathered by expert: each expert's in row order, experts in order.
         let mut starts = vec![0; n_exp + 1];
         s.routes.iter().for_each(|&(e, _)| starts[e + 1] += 1);
@@ -200,12 +205,13 @@ impl Experts {
             fill[e] += 1;
             fill[e] - 1
         }));
-        let xs = resize(&mut s.x, t * k * d);
-        for (r, slots) in s.slots.chunks_exact(k).enumerate() {
-            for &slot in slots {
-                xs[slot * d..(slot + 1) * d].copy_from_slice(&x[r * d..(r + 1) * d]);
-            }
+        // Each gathered row from the row its slot holds, in parallel.
+        s.rows_of.resize(t * k, 0);
+        for (i, &slot) in s.slots.iter().enumerate() {
+            s.rows_of[slot] = i / k;
         }
+        let xs = resize(&mut s.x, t * k * d);
+        xs.par_chunks_mut(d).zip(&s.rows_of[..t * k]).for_each(|(dst, &r)| dst.copy_from_slice(&x[r * d..(r + 1) * d]));
         let counts: Vec<usize> = (0..n_exp).map(|e| starts[e + 1] - starts[e]).collect();
         let st = &mut s.stats;
         st.layer_runs += 1;
@@ -392,23 +398,32 @@ fn run_products<'a>(
     qmatmul_each(&mut products);
 }
 
-/// Appends the row's top-`k` experts with their weights, in expert order: softmax over all
-/// router logits in f32 (as transformers computes it), the `k` most probable kept (the
-/// lower index on a tie, NaNs last), renormalised to sum 1 when `norm` says.
-fn route(logits: &[f32], k: usize, norm: bool, out: &mut Vec<(usize, f32)>) {
+/// Writes the row's top `out.len()` experts with their weights, in expert order: softmax
+/// over all router logits in f32 (as transformers computes it), the most probable kept
+/// (the lower index on a tie, NaNs last), renormalised to sum 1 when `norm` says. `exps`
+/// and `order` are scratch.
+fn route(logits: &[f32], norm: bool, (exps, order): &mut (Vec<f32>, Vec<usize>), out: &mut [(usize, f32)]) {
+    let k = out.len();
     let max = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-    let exps: Vec<f32> = logits.iter().map(|&l| (l - max).exp()).collect();
+    exps.clear();
+    exps.extend(logits.iter().map(|&l| (l - max).exp()));
     let sum: f32 = exps.iter().sum();
-    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.clear();
+    order.extend(0..logits.len());
     let key = |i: usize| if exps[i].is_nan() { f32::NEG_INFINITY } else { exps[i] };
-    order.sort_by(|&a, &b| key(b).total_cmp(&key(a)).then(a.cmp(&b)));
-    let mut top: Vec<(usize, f32)> = order[..k].iter().map(|&i| (i, exps[i] / sum)).collect();
-    if norm {
-        let total: f32 = top.iter().map(|&(_, p)| p).sum();
-        top.iter_mut().for_each(|(_, p)| *p /= total);
+    // A total order (ties by index), so the chosen set is the same however it is found.
+    let cmp = |a: &usize, b: &usize| key(*b).total_cmp(&key(*a)).then(a.cmp(b));
+    if k < order.len() {
+        order.select_nth_unstable_by(k - 1, cmp);
     }
-    top.sort_by_key(|&(i, _)| i);
-    out.extend(top);
+    for (o, &i) in out.iter_mut().zip(&order[..k]) {
+        *o = (i, exps[i] / sum);
+    }
+    if norm {
+        let total: f32 = out.iter().map(|&(_, p)| p).sum::<f32>();
+        out.iter_mut().for_each(|(_, p)| *p /= total);
+    }
+    out.sort_unstable_by_key(|&(i, _)| i);
 }
 
 #[cfg(test)]
@@ -421,20 +436,25 @@ mod tests {
 
     #[test]
     fn routes_to_the_top_k_in_expert_order() {
-        let mut out = Vec::new();
-        route(&[0.0, 3.0, 1.0, 3.0, -2.0], 2, true, &mut out);
+        let scratch = &mut Default::default();
+        let mut out = vec![(0, 0.0); 2];
+        route(&[0.0, 3.0, 1.0, 3.0, -2.0], true, scratch, &mut out);
         assert_eq!(out.iter().map(|r| r.0).collect::<Vec<_>>(), [1, 3]);
         assert!(out.iter().all(|r| (r.1 - 0.5).abs() < 1e-6));
-        out.clear();
+        // Every expert chosen: all of them, in order.
+        let mut all = vec![(0, 0.0); 3];
+        route(&[0.5, -1.0, 2.0], true, scratch, &mut all);
+        assert_eq!(all.iter().map(|r| r.0).collect::<Vec<_>>(), [0, 1, 2]);
         // Without renormalising, the weights are the softmax over all experts.
-        route(&[1.0, 2.0, 0.0], 1, false, &mut out);
+        let mut out = vec![(0, 0.0); 1];
+        route(&[1.0, 2.0, 0.0], false, scratch, &mut out);
         let want = 2f32.exp() / (1f32.exp() + 2f32.exp() + 1.0);
         assert_eq!(out[0].0, 1);
         assert!((out[0].1 - want).abs() < 1e-6);
-        out.clear();
         // A NaN logit is never preferred; the row still gets k experts.
-        route(&[f32::NAN, 0.5, 0.25], 2, true, &mut out);
-        assert_eq!(out.len(), 2);
+        let mut out = vec![(0, 0.0); 2];
+        route(&[f32::NAN, 0.5, 0.25], true, scratch, &mut out);
+        assert_eq!(out.iter().map(|r| r.0).collect::<Vec<_>>(), [1, 2]);
     }
 
     /// Random experts with biases in Q8_0 blocks, or in f32 from the same dequantized
@@ -494,8 +514,8 @@ mod tests {
             for r in 0..t {
                 let row = &input[r * d..(r + 1) * d];
                 float.router.matmul(row, &mut QActs::default(), &mut logits, 1);
-                let mut chosen = Vec::new();
-                route(&logits, k, true, &mut chosen);
+                let mut chosen = vec![(0, 0.0); k];
+                route(&logits, true, &mut Default::default(), &mut chosen);
                 let mut want = vec![0f64; d];
                 for (e, w) in chosen {
                     let [gu, dn, gb, db] = &values[e];
