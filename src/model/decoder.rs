@@ -58,6 +58,11 @@ enum Mlp {
 }
 
 impl Layer {
+    /// Bytes of the layer's two norms.
+    fn norm_bytes(&self) -> usize {
+        4 * (self.attn_norm.data().len() + self.ffn_norm.data().len())
+    }
+
     /// The layer's weight matrices.
     fn matrices(&self) -> Vec<&Weight> {
         let mut all = vec![&self.wqkv, &self.wo];
@@ -419,18 +424,16 @@ impl Decoder {
     /// Bytes of weights read by one step (the decode bandwidth bound).
     /// Of a mixture of experts, one token's share: the experts it is routed to.
     pub fn weight_bytes(&self) -> usize {
-        let norms = |l: &Layer| 4 * (l.attn_norm.data().len() + l.ffn_norm.data().len());
         // Biases and q/k norms are small enough to leave out of this estimate.
-        let layer: usize = self.layers.iter().map(|l| norms(l) + l.bytes_per_token()).sum();
+        let layer: usize = self.layers.iter().map(|l| l.norm_bytes() + l.bytes_per_token()).sum();
         layer + 4 * self.norm.data().len() + self.lm_head.bytes()
     }
 
     /// Bytes the weights take in memory: every matrix (of a mixture, every expert), the
     /// untied embeddings and the norms.
     pub fn resident_bytes(&self) -> usize {
-        let norms = |l: &Layer| 4 * (l.attn_norm.data().len() + l.ffn_norm.data().len());
         let layers: usize =
-            self.layers.iter().map(|l| norms(l) + l.matrices().iter().map(|w| w.bytes()).sum::<usize>()).sum();
+            self.layers.iter().map(|l| l.norm_bytes() + l.matrices().iter().map(|w| w.bytes()).sum::<usize>()).sum();
         let embed = match &self.embed {
             Some(Embeddings::Rows(t)) => 4 * t.data().len(),
             Some(Embeddings::Half(_, bits)) => 2 * bits.len(),
@@ -501,8 +504,11 @@ impl Decoder {
         let qkv = resize(&mut ws.qkv, t * (qd + 2 * kvd));
         let attn = resize(&mut ws.attn, t * qd);
         let tmp = resize(&mut ws.tmp, t * d);
-        let gate_up = resize(&mut ws.gate_up, t * 2 * f);
-        let act = resize(&mut ws.act, t * f);
+        // Only dense MLPs use these: a model whose every layer is a mixture (whose GGUF
+        // may still name a dense width) allocates none.
+        let dense_f = if self.layers.iter().any(|l| matches!(l.mlp, Mlp::Dense { .. })) { f } else { 0 };
+        let gate_up = resize(&mut ws.gate_up, t * 2 * dense_f);
+        let act = resize(&mut ws.act, t * dense_f);
         let scoring = Scoring { scale: c.attn_scale, softcap: c.attn_softcap, sinks: None };
 
         let width = qd + 2 * kvd;
@@ -556,9 +562,7 @@ impl Decoder {
             }
             layer.wo.matmul(attn, &mut ws.xq, tmp, t);
             if let Some(b) = &layer.o_bias {
-                rows_par_mut(tmp, d).for_each(|rows| {
-                    rows.chunks_exact_mut(d).for_each(|row| row.iter_mut().zip(b.data()).for_each(|(x, b)| *x += b))
-                });
+                rows_par_mut(tmp, d).for_each(|rows| moe::add_bias(rows, b.data()));
             }
             let post = layer.post_attn_norm.as_ref().map(Tensor::data);
             add_and_norm(h, tmp, post, Some(layer.ffn_norm.data()), eps, xn, d);

@@ -297,7 +297,7 @@ impl Experts {
 }
 
 /// Adds `bias` to each row of `rows`.
-fn add_bias(rows: &mut [f32], bias: &[f32]) {
+pub(super) fn add_bias(rows: &mut [f32], bias: &[f32]) {
     rows.chunks_exact_mut(bias.len()).for_each(|r| r.iter_mut().zip(bias).for_each(|(x, b)| *x += b));
 }
 
