@@ -81,9 +81,8 @@ pub fn gguf_name(arch: Arch, hf: &str) -> Option<String> {
         (_, "input_layernorm") => "attn_norm",
         // Gemma 2's post-attention norm is applied to the attention output; its pre-MLP
         // norm is the one other families call post-attention.
-        (Arch::Gemma2 | Arch::Gemma3, "post_attention_layernorm") => "post_attention_norm",
-        // gpt-oss's pre-MLP norm, under llama.cpp's name for it.
-        (Arch::GptOss, "post_attention_layernorm") => "post_attention_norm",
+        // (gpt-oss's pre-MLP norm has llama.cpp's name for Gemma's post-attention one.)
+        (Arch::Gemma2 | Arch::Gemma3 | Arch::GptOss, "post_attention_layernorm") => "post_attention_norm",
         (Arch::Gemma2 | Arch::Gemma3, "pre_feedforward_layernorm") => "ffn_norm",
         (Arch::Gemma2 | Arch::Gemma3, "post_feedforward_layernorm") => "post_ffw_norm",
         (_, "post_attention_layernorm") => "ffn_norm",
@@ -135,21 +134,33 @@ fn move_rows<T: Copy + Default>(data: &[T], heads: usize, cols: usize, to_gguf: 
 }
 
 impl GgufWeights<'_> {
-    /// Where `name`'s values are: a whole tensor, or one expert's slice of one.
-    fn info(&self, name: &str, shape: &[usize]) -> Result<TensorInfo> {
+    /// Where `name`'s values are, and the GGUF name of the tensor holding them: a whole
+    /// tensor, or one expert's slice of one (its shape less the expert count).
+    fn find(&self, name: &str) -> Result<(String, TensorInfo)> {
         let (gname, expert) = locate(self.arch, name).with_context(|| format!("no GGUF name for tensor {name}"))?;
         let path = self.file.path.display();
         let info =
             self.file.tensors.get(&gname).with_context(|| format!("{path}: tensor {gname} ({name}) not found"))?;
-        let Some(e) = expert else {
-            check_shape(&self.file.path, &gname, shape, &info.shape)?;
-            return Ok(info.clone());
-        };
+        let Some(e) = expert else { return Ok((gname, info.clone())) };
         let experts = info.shape.first().copied().unwrap_or(0);
-        check_shape(&self.file.path, &gname, shape, &info.shape[1.min(info.shape.len())..])?;
         ensure!(e < experts, "{path}: tensor {gname} holds {experts} experts, not expert {e}");
         let each = info.len_bytes / experts;
-        Ok(TensorInfo { shape: shape.to_vec(), dtype: info.dtype, offset: info.offset + e * each, len_bytes: each })
+        let slice = TensorInfo {
+            shape: info.shape[1..].to_vec(),
+            dtype: info.dtype,
+            offset: info.offset + e * each,
+            len_bytes: each,
+        };
+        Ok((gname, slice))
+    }
+
+    /// [`Self::find`], checked to have `shape` and, for ternary and MXFP4 tensors, valid
+    /// blocks ([`Self::check_blocks`]).
+    fn info(&self, name: &str, shape: &[usize]) -> Result<TensorInfo> {
+        let (gname, info) = self.find(name)?;
+        check_shape(&self.file.path, &gname, shape, &info.shape)?;
+        self.check_blocks(name, &gname, &info)?;
+        Ok(info)
     }
 
     /// llama.cpp's q/k row order undone (weights and biases); `cols` elements per row.
@@ -162,7 +173,7 @@ impl GgufWeights<'_> {
 
     /// A ternary tensor's codes and scales, or an MXFP4 tensor's scales, checked, the error
     /// naming it.
-    fn check_blocks(&self, name: &str, info: &TensorInfo) -> Result<()> {
+    fn check_blocks(&self, name: &str, gname: &str, info: &TensorInfo) -> Result<()> {
         let raw = self.file.raw(info);
         let checked = match info.dtype {
             GgmlType::Tq1_0 | GgmlType::Tq2_0 | GgmlType::I2s => {
@@ -171,7 +182,6 @@ impl GgufWeights<'_> {
             GgmlType::Mxfp4 => mxfp4_check(raw),
             _ => return Ok(()),
         };
-        let gname = locate(self.arch, name).map(|(g, _)| g).unwrap_or_default();
         checked.map_err(|e| anyhow!("{}: tensor {gname} ({name}, {}): {e}", self.file.path.display(), info.dtype))
     }
 
@@ -200,7 +210,6 @@ impl WeightSource for GgufWeights<'_> {
 
     fn load(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
         let info = self.info(name, shape)?;
-        self.check_blocks(name, &info)?;
         let data = self.hf_rows(name, self.file.dequantize(&info), shape[1..].iter().product());
         self.file.release(&info);
         Ok(Tensor::owned(shape.to_vec(), data))
@@ -220,7 +229,6 @@ impl WeightSource for GgufWeights<'_> {
 
     fn load_blocks(&self, name: &str, shape: &[usize]) -> Result<Option<(GgmlType, Cow<'_, [u8]>)>> {
         let info = self.info(name, shape)?;
-        self.check_blocks(name, &info)?;
         if shape.len() == 2 && TERNARY_ONLY_READ.contains(&info.dtype) {
             let tq2 = ternary::to_tq2_0(info.dtype, self.file.raw(&info), shape[1]);
             return Ok(tq2.map(|b| (GgmlType::Tq2_0, Cow::Owned(b))));
@@ -239,16 +247,7 @@ impl WeightSource for GgufWeights<'_> {
     }
 
     fn release(&self, name: &str) {
-        let shape = self.file.tensors.get(&locate(self.arch, name).map(|(g, _)| g).unwrap_or_default());
-        // An expert's slice: its shape is the stacked tensor's less the expert count.
-        let shape = shape.map(|t| {
-            if name.contains(".experts.") {
-                t.shape.get(1..).unwrap_or_default().to_vec()
-            } else {
-                t.shape.clone()
-            }
-        });
-        if let Some(info) = shape.and_then(|s| self.info(name, &s).ok()) {
+        if let Ok((_, info)) = self.find(name) {
             self.file.release(&info);
         }
     }
