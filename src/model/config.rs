@@ -157,9 +157,8 @@ impl MoeConfig {
             num_experts,
             top_k,
             expert_ffn: c.moe_intermediate_size.unwrap_or(c.intermediate_size),
-            // Mixtral always renormalises; Qwen3-MoE says so in its config (transformers'
-            // default is false).
-            // gpt-oss takes the softmax of the top-k logits, the same weights.
+            // Mixtral always renormalises, and gpt-oss's softmax over the top-k logits gives
+            // the same weights; Qwen3-MoE says so in its config (transformers' default: false).
             norm_topk_prob: c.norm_topk_prob.unwrap_or(matches!(arch, Arch::Llama | Arch::GptOss)),
             dense_layers,
         }))
@@ -268,12 +267,12 @@ impl RopeScaling {
                     Some(o) => o as f32,
                     None => contexts.0 as f32,
                 };
-                // transformers' mscale: 0.1 · ln(factor) + 1, or the ratio of two of them.
-                let mscale = |m: f64| if factor <= 1.0 { 1.0 } else { 0.1 * m * (factor as f64).ln() + 1.0 };
                 let attention_factor = match (opt("attention_factor"), opt("mscale"), opt("mscale_all_dim")) {
                     (Some(a), _, _) => a as f32,
-                    (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => (mscale(m) / mscale(all)) as f32,
-                    _ => mscale(1.0) as f32,
+                    (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => {
+                        (yarn_mscale(factor, m) / yarn_mscale(factor, all)) as f32
+                    }
+                    _ => yarn_mscale(factor, 1.0) as f32,
                 };
                 RopeScaling::Yarn {
                     factor,
@@ -372,6 +371,26 @@ impl RopeScaling {
                 }
             }
         }
+    }
+}
+
+/// transformers' YaRN attention scale for a context stretched `factor` times:
+/// `0.1 · m · ln(factor) + 1` (1 when not stretched).
+fn yarn_mscale(factor: f32, m: f64) -> f64 {
+    if factor <= 1.0 {
+        1.0
+    } else {
+        0.1 * m * (factor as f64).ln() + 1.0
+    }
+}
+
+/// Of every `n` layers the last global and the rest sliding: the family's `n`, as llama.cpp
+/// fixes it (GGUF files do not carry it).
+fn sliding_pattern(arch: Arch) -> Option<usize> {
+    match arch {
+        Arch::Gemma2 | Arch::GptOss => Some(2),
+        Arch::Gemma3 => Some(6),
+        _ => None,
     }
 }
 
@@ -529,9 +548,8 @@ impl ModelConfig {
             _ => c.sliding_window.filter(|&w| w < c.max_position_embeddings),
         };
         let sliding_pattern = match arch {
-            Arch::Gemma2 | Arch::GptOss => Some(2),
-            Arch::Gemma3 => Some(c.sliding_window_pattern.unwrap_or(6)),
-            _ => None,
+            Arch::Gemma3 => c.sliding_window_pattern.or(sliding_pattern(arch)),
+            _ => sliding_pattern(arch),
         };
         if let (Some(p), Some(types)) = (sliding_pattern, &c.layer_types) {
             // Every `p`-th layer global and the rest sliding: the only layout supported.
@@ -627,7 +645,6 @@ impl ModelConfig {
                 Some("linear") => RopeScaling::Linear(float("rope.scaling.factor").unwrap_or(1.0)),
                 Some("yarn") => {
                     let factor = float("rope.scaling.factor").unwrap_or(1.0);
-                    let mscale = if factor <= 1.0 { 1.0 } else { (0.1 * (factor as f64).ln() + 1.0) as f32 };
                     RopeScaling::Yarn {
                         factor,
                         original_max_position_embeddings: int("rope.scaling.original_context_length")? as f32,
@@ -637,7 +654,7 @@ impl ModelConfig {
                         // always rounds, which changes gpt-oss's outputs); transformers'
                         // default otherwise.
                         truncate: arch != Arch::GptOss,
-                        attention_factor: float("rope.scaling.attn_factor").unwrap_or(mscale),
+                        attention_factor: float("rope.scaling.attn_factor").unwrap_or(yarn_mscale(factor, 1.0) as f32),
                     }
                 }
                 Some(other) => {
@@ -674,12 +691,7 @@ impl ModelConfig {
             attn_scale: attn_scale(gguf_query_pre_attn_scalar(arch, hidden, heads, head_dim, int("block_count")?)),
             attn_softcap: float("attn_logit_softcapping").filter(|_| gemma(arch)),
             final_softcap: float("final_logit_softcapping").filter(|_| gemma(arch)),
-            // llama.cpp's: the pattern is not in the file.
-            sliding_pattern: match arch {
-                Arch::Gemma2 | Arch::GptOss => Some(2),
-                Arch::Gemma3 => Some(6),
-                _ => None,
-            },
+            sliding_pattern: sliding_pattern(arch),
             rope_local_theta: float("rope.freq_base_swa").filter(|_| arch == Arch::Gemma3),
             moe,
         };
