@@ -7,7 +7,8 @@ mod common;
 
 use common::naive::Naive;
 use common::{
-    assert_all_blocks_free, collect, greedy, kv_for, model_as, shared_models, Lcg, FAMILIES, MARGIN, SMOL, STORIES,
+    assert_all_blocks_free, collect, greedy, kv_for, model_as, shared_models, Lcg, FAMILIES, GPT_OSS, MARGIN, SMOL,
+    STORIES,
 };
 use weft::engine::{EngineConfig, EngineHandle, Request};
 use weft::loaded::LoadedModel;
@@ -100,7 +101,7 @@ fn long_prompts_in_a_busy_batch_on_every_format_and_family() {
     }
     let quantized =
         ["Q8_0", "Q4_0", "Q4_1", "Q4_K_M", "Q5_K_M", "Q6_K"].map(|t| format!("tiny-llama3-q/tiny-llama3-q.{t}.gguf"));
-    let families = FAMILIES.iter().map(|f| format!("{f}/{f}.gguf"));
+    let families = FAMILIES.iter().chain([&GPT_OSS]).map(|f| format!("{f}/{f}.gguf"));
     for rel in quantized.into_iter().chain(families).chain([SMOL.to_string()]) {
         let m = model_as(&rel, WeightDtype::Auto);
         let c = &m.model.config;
@@ -155,7 +156,7 @@ fn f32_chunked_prefill_is_bit_identical_on_every_family() {
     if shared_models().is_none() {
         return;
     }
-    for dir in FAMILIES.iter().chain([&STORIES]) {
+    for dir in FAMILIES.iter().chain([&STORIES, &GPT_OSS]) {
         let m = model_as(dir, WeightDtype::F32);
         let c = &m.model.config;
         let len = 1500.min(c.max_position_embeddings - 8);

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{assert_all_blocks_free, collect, greedy, model_as, shared_models, Lcg, FAMILIES, SMOL, STORIES};
+use common::{assert_all_blocks_free, collect, greedy, model_as, shared_models, Lcg, FAMILIES, GPT_OSS, SMOL, STORIES};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -261,7 +261,8 @@ fn every_family() {
     if shared_models().is_none() {
         return;
     }
-    let files = FAMILIES.iter().map(|f| format!("{f}/{f}.gguf")).chain([SMOL.to_string(), STORIES.to_string()]);
+    let files = FAMILIES.iter().chain([&GPT_OSS]).map(|f| format!("{f}/{f}.gguf"));
+    let files = files.chain([SMOL.to_string(), STORIES.to_string()]);
     for (i, rel) in files.enumerate() {
         // SmolLM2 is 135M parameters: one schedule, on the AVX2 attention's blocks.
         let (schedules, blocks) = if rel == SMOL { (1, &[16][..]) } else { (4, &BLOCKS[..]) };
