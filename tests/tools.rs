@@ -167,18 +167,46 @@ async fn calls_and_results_go_back_through_the_template() {
     }
 }
 
-/// A model whose template has no tool-call format refuses tools (unless `none`).
+/// A model whose template has no tool-call format gets weft's: the tools in the system
+/// message and a grammar. `required` and named calls always validate, streamed too; `auto`
+/// is plain text or whole calls, never a broken call; results go back in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_template_without_calls_refuses_tools() {
+async fn a_template_without_calls_gets_weft_s_format() {
     if common::shared_models().is_none() {
         return;
     }
-    let smol = Server::start("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf", &[]).await;
-    let chat = |choice: &str| {
-        json!({"messages": [{"role": "user", "content": "Hi"}], "tools": tools(),
-        "tool_choice": choice, "max_tokens": 2})
-    };
-    let (st, v) = smol.post("/v1/chat/completions", chat("auto")).await;
-    assert_eq!((st, v["error"]["param"].as_str()), (400, Some("tools")), "{v}");
-    assert_eq!(smol.post("/v1/chat/completions", chat("none")).await.0, 200);
+    let smol = Server::start(common::SMOL, &[]).await;
+    for seed in 0..6 {
+        let choice =
+            if seed % 2 == 0 { json!("required") } else { json!({"type": "function", "function": {"name": "count"}}) };
+        let (st, v) = smol.post("/v1/chat/completions", body(json!({"tool_choice": choice, "seed": seed}))).await;
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{v}");
+        v["choices"][0]["message"]["tool_calls"].as_array().unwrap().iter().for_each(check_call);
+        let (st, v) = smol.post("/v1/chat/completions", body(json!({"tool_choice": "auto", "seed": seed}))).await;
+        assert_eq!(st, 200, "{v}");
+        let m = &v["choices"][0]["message"];
+        match m["tool_calls"].as_array() {
+            Some(calls) => calls.iter().for_each(check_call),
+            None => assert!(!m["content"].as_str().unwrap().contains("<tool_call>"), "{v}"),
+        }
+    }
+    let one = json!({"tool_choice": "required", "stream": true, "parallel_tool_calls": false});
+    let events = smol.stream("/v1/chat/completions", body(one)).await;
+    let deltas: Vec<Value> = events.iter().filter_map(|e| serde_json::from_str(e).ok()).collect();
+    let args: String = deltas
+        .iter()
+        .filter_map(|d| d["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"].as_str())
+        .collect();
+    assert!(serde_json::from_str::<Value>(&args).is_ok(), "{args}");
+    assert_eq!(deltas.iter().rev().find_map(|d| d["choices"][0]["finish_reason"].as_str()), Some("tool_calls"));
+    let call = json!({"id": "c1", "type": "function", "function": {"name": "count", "arguments": "{\"n\": 3}"}});
+    let messages = json!([{"role": "user", "content": "Count to 3"}, {"role": "assistant", "content": null, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "1 2 3"}]);
+    let (st, v) =
+        smol.post("/v1/chat/completions", json!({"messages": messages, "tools": tools(), "max_tokens": 4})).await;
+    assert_eq!(st, 200, "{v}");
+    let (st, v) = smol.post("/v1/chat/completions", body(json!({"tool_choice": "none", "max_tokens": 4}))).await;
+    assert!(st == 200 && v["choices"][0]["message"].get("tool_calls").is_none(), "{v}");
+    smol.assert_idle().await;
 }

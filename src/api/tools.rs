@@ -18,7 +18,16 @@ pub enum ToolFormat {
     Llama3Json,
     /// Mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`.
     Mistral,
+    /// weft's own, for templates with no tool format: Hermes' call blocks, taught by a
+    /// system message weft writes ([`GENERIC_INSTRUCTION`]) and enforced by a grammar.
+    Generic,
 }
+
+/// The system message's part that teaches a model with no tool format of its own to call
+/// tools; the tools follow it, one JSON object per line.
+pub const GENERIC_INSTRUCTION: &str = "You can call the functions listed below. To call one, reply with \
+nothing but\n<tool_call>\n{\"name\": \"<function name>\", \"arguments\": {<its arguments>}}\n</tool_call>\n\
+(one such block per call). Otherwise, answer in plain text.\n\nFunctions:";
 
 impl ToolFormat {
     /// The format a chat template writes assistant tool calls in, if it is one of these.
@@ -37,7 +46,7 @@ impl ToolFormat {
     /// The text that opens a call (for Llama 3, the `{` that opens the answer).
     pub fn marker(self) -> &'static str {
         match self {
-            ToolFormat::Hermes => "<tool_call>",
+            ToolFormat::Hermes | ToolFormat::Generic => "<tool_call>",
             ToolFormat::Mistral => "[TOOL_CALLS]",
             ToolFormat::Llama3Json => "<|python_tag|>",
         }
@@ -156,18 +165,60 @@ impl Tools {
             }
             _ => {}
         }
-        let format = template.and_then(ToolFormat::detect);
-        if format.is_none() && choice != ToolChoice::None {
-            return Err(bad("this model's chat template writes no tool-call format weft can read \
-                (Hermes <tool_call>, Llama 3 JSON, Mistral [TOOL_CALLS])"
-                .into()));
-        }
+        // A template with no tool format gets weft's.
+        let format =
+            template.and_then(ToolFormat::detect).or_else(|| (!tools.is_empty()).then_some(ToolFormat::Generic));
         Ok(Tools { tools, choice, parallel: parallel.unwrap_or(true), format })
     }
 
-    /// The tools as the template sees them (none when there are none).
+    /// The tools as the template sees them (none when there are none, or when weft writes
+    /// them into the messages itself).
     pub fn template_tools(&self) -> Option<Vec<Value>> {
-        (!self.tools.is_empty()).then(|| self.tools.iter().map(Tool::to_value).collect())
+        let own = self.format == Some(ToolFormat::Generic);
+        (!self.tools.is_empty() && !own).then(|| self.tools.iter().map(Tool::to_value).collect())
+    }
+
+    /// The messages as the template is given them. With weft's own format (and tools in
+    /// use), the tools and [`GENERIC_INSTRUCTION`] go into the system message, earlier
+    /// calls into their assistant message's text, and tool results into user messages, so
+    /// that a template that knows nothing of tools renders the whole conversation.
+    pub fn template_messages(&self, mut messages: Vec<Value>) -> Vec<Value> {
+        if self.format != Some(ToolFormat::Generic) {
+            return messages;
+        }
+        for m in &mut messages {
+            if let Some(calls) = m.as_object_mut().and_then(|o| o.remove("tool_calls")) {
+                let blocks: Vec<String> = calls
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|c| {
+                        let call = json!({"name": c["function"]["name"], "arguments": c["function"]["arguments"]});
+                        format!("<tool_call>\n{}\n</tool_call>", python_json(&call))
+                    })
+                    .collect();
+                let text = m["content"].as_str().unwrap_or_default();
+                let text = if text.is_empty() { blocks.join("\n") } else { format!("{text}\n{}", blocks.join("\n")) };
+                m["content"] = text.into();
+            }
+            if m["role"] == "tool" {
+                let result = m["content"].as_str().unwrap_or_default();
+                *m = json!({"role": "user", "content": format!("<tool_response>\n{result}\n</tool_response>")});
+            }
+        }
+        if self.choice == ToolChoice::None {
+            return messages;
+        }
+        let listed: Vec<String> = self.tools.iter().map(|t| python_json(&t.to_value()["function"])).collect();
+        let instruction = format!("{GENERIC_INSTRUCTION}\n{}", listed.join("\n"));
+        match messages.first_mut() {
+            Some(m) if m["role"] == "system" || m["role"] == "developer" => {
+                let text = m["content"].as_str().unwrap_or_default();
+                m["content"] = if text.is_empty() { instruction } else { format!("{text}\n\n{instruction}") }.into();
+            }
+            _ => messages.insert(0, json!({"role": "system", "content": instruction})),
+        }
+        messages
     }
 
     /// Whether generated text is read for calls.
@@ -177,10 +228,13 @@ impl Tools {
 
     /// For `required` and a named function: the grammar of the format's calls, each a JSON
     /// object whose name is one of the allowed tools and whose arguments follow its schema.
+    /// With weft's own format, `auto` too: plain text with no call in it, or calls only.
     pub fn grammar(&self) -> Option<Grammar> {
         let format = self.format?;
         let allowed: Vec<&Tool> = match &self.choice {
-            ToolChoice::None | ToolChoice::Auto => return None,
+            ToolChoice::None => return None,
+            ToolChoice::Auto if format != ToolFormat::Generic => return None,
+            ToolChoice::Auto => self.tools.iter().collect(),
             ToolChoice::Required => self.tools.iter().collect(),
             ToolChoice::Named(n) => self.tools.iter().filter(|t| &t.function.name == n).collect(),
         };
@@ -200,9 +254,15 @@ impl Tools {
         // One call, or (parallel) several where the format allows them.
         let many = self.parallel && !matches!(self.choice, ToolChoice::Named(_));
         let lark = match format {
-            ToolFormat::Hermes => {
+            ToolFormat::Hermes | ToolFormat::Generic => {
                 let rep = if many { " (\"\\n\" call)*" } else { "" };
-                format!("start: call{rep}\ncall: \"<tool_call>\\n\" %json {call} \"\\n</tool_call>\"")
+                let calls = format!("calls: call{rep}\ncall: \"<tool_call>\\n\" %json {call} \"\\n</tool_call>\"");
+                if self.choice == ToolChoice::Auto {
+                    // Text that holds no call marker anywhere, so a call is always a whole one.
+                    format!("start: TEXT | calls\nTEXT: /(?s:.+)&~((?s:.*)<tool_call>(?s:.*))/\n{calls}")
+                } else {
+                    format!("start: calls\n{calls}")
+                }
             }
             ToolFormat::Llama3Json => format!("start: %json {call}"),
             ToolFormat::Mistral => {
@@ -216,6 +276,35 @@ impl Tools {
         };
         Some(Grammar::Lark(lark))
     }
+}
+
+/// JSON laid out as Python's `json.dumps` writes it (", " and ": "), the layout the call
+/// grammar allows and chat templates show calls in.
+fn python_json(v: &Value) -> String {
+    struct Spaced;
+    impl serde_json::ser::Formatter for Spaced {
+        fn begin_array_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
+            if first {
+                Ok(())
+            } else {
+                w.write_all(b", ")
+            }
+        }
+        fn begin_object_key<W: ?Sized + std::io::Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
+            if first {
+                Ok(())
+            } else {
+                w.write_all(b", ")
+            }
+        }
+        fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+            w.write_all(b": ")
+        }
+    }
+    let mut out = Vec::new();
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, Spaced);
+    serde::Serialize::serialize(v, &mut ser).expect("a JSON value serializes");
+    String::from_utf8(out).expect("serde_json writes UTF-8")
 }
 
 /// Reads calls out of a whole answer: the text before the first call, and the calls; `None`
@@ -257,7 +346,7 @@ pub fn parse(format: ToolFormat, text: &str) -> Option<(String, Vec<ToolCall>)> 
         Some(ToolCall { name, arguments })
     };
     match format {
-        ToolFormat::Hermes => {
+        ToolFormat::Hermes | ToolFormat::Generic => {
             let start = text.find("<tool_call>")?;
             let mut calls = Vec::new();
             let parts: Vec<&str> = text[start..].split("<tool_call>").skip(1).collect();
@@ -645,14 +734,47 @@ mod tests {
         assert_eq!((text.as_str(), calls[0].arguments.as_str()), ("", "{\"a"));
     }
 
+    /// weft's own format: the tools and the instruction join the system message; earlier
+    /// calls and their results become text a template without tools can render.
+    #[test]
+    fn a_template_without_tools_gets_them_as_text() {
+        let tool: Tool = serde_json::from_value(json!({"type": "function", "function": {"name": "f",
+            "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}}))
+        .unwrap();
+        let tools = Tools::new(vec![tool], Some(ToolChoice::Required), None, Some("plain")).unwrap();
+        let messages = tools.template_messages(vec![
+            json!({"role": "system", "content": "Be brief."}),
+            json!({"role": "user", "content": "Go"}),
+            json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function",
+                "function": {"name": "f", "arguments": {"x": 1}}}]}),
+            json!({"role": "tool", "tool_call_id": "c", "content": "2"}),
+        ]);
+        let system = messages[0]["content"].as_str().unwrap();
+        assert!(system.starts_with("Be brief.\n\nYou can call") && system.ends_with("\"name\": \"f\", \"parameters\": {\"type\": \"object\", \"properties\": {\"x\": {\"type\": \"integer\"}}}}"), "{system}");
+        assert_eq!(
+            messages[2],
+            json!({"role": "assistant", "content": "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call>"})
+        );
+        assert_eq!(messages[3], json!({"role": "user", "content": "<tool_response>\n2\n</tool_response>"}));
+        let (_, calls) = parse(ToolFormat::Generic, messages[2]["content"].as_str().unwrap()).unwrap();
+        assert_eq!(calls[0].arguments, "{\"x\": 1}");
+    }
+
     #[test]
     fn choices_are_checked() {
         let tool: Tool = serde_json::from_value(json!({"type": "function", "function": {"name": "f"}})).unwrap();
         let t = Some("{{ '<tool_call>' }}");
         assert!(Tools::new(vec![tool.clone()], Some(ToolChoice::Named("g".into())), None, t).is_err());
         assert!(Tools::new(vec![], Some(ToolChoice::Required), None, t).is_err());
-        assert!(Tools::new(vec![tool.clone()], None, None, Some("plain")).is_err());
-        assert!(Tools::new(vec![tool.clone()], Some(ToolChoice::None), None, Some("plain")).is_ok());
+        // A template with no tool format gets weft's, `auto` included.
+        let own = Tools::new(vec![tool.clone()], None, None, Some("plain")).unwrap();
+        assert_eq!(own.format, Some(ToolFormat::Generic));
+        assert!(matches!(own.grammar(), Some(Grammar::Lark(g)) if g.contains("TEXT | calls")));
+        assert!(own.template_tools().is_none());
+        assert!(Tools::new(vec![tool.clone()], Some(ToolChoice::None), None, Some("plain"))
+            .unwrap()
+            .grammar()
+            .is_none());
         let tools = Tools::new(vec![tool], Some(ToolChoice::Required), None, t).unwrap();
         assert!(matches!(tools.grammar(), Some(Grammar::Lark(g)) if g.contains("<tool_call>")));
         let c: ToolChoice = serde_json::from_value(json!({"type": "function", "function": {"name": "f"}})).unwrap();

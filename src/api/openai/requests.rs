@@ -102,7 +102,7 @@ impl ChatRequest {
         }
         let tok = &engine.model().tokenizer;
         let template = tok.chat().map_err(|e| ApiError::invalid(e, Some("messages")))?;
-        let messages: Vec<_> = self.messages.iter().map(ChatMessage::to_value).collect();
+        let messages = tools.template_messages(self.messages.iter().map(ChatMessage::to_value).collect());
         let tools = tools.template_tools();
         let ctx = ChatContext {
             messages: &messages,
