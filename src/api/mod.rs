@@ -2,9 +2,12 @@
 //! conversion to engine requests, and the response bodies. `weft batch` writes exactly
 //! these bodies; the HTTP server sends them.
 
+pub mod answer;
 pub mod chat;
 pub mod fields;
+pub mod messages;
 pub mod openai;
+pub mod responses;
 pub mod tools;
 
 use serde::de::DeserializeOwned;
@@ -170,6 +173,14 @@ impl Drop for Preparing {
 /// How many requests [`off_runtime`] is preparing now (a gauge in `/metrics`).
 pub fn preparing() -> usize {
     PREPARING.load(Ordering::SeqCst)
+}
+
+/// An object's id: `prefix`, `_` and 24 random alphanumerics (the Responses and Messages
+/// APIs' shape).
+pub fn random_id(prefix: &str) -> String {
+    use rand::Rng;
+    let tail: String = rand::rng().sample_iter(rand::distr::Alphanumeric).take(24).map(char::from).collect();
+    format!("{prefix}_{tail}")
 }
 
 /// Seconds since the Unix epoch, for `created` fields.
