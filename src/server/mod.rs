@@ -4,8 +4,11 @@
 //! stays on its own thread behind its [`EngineHandle`].
 
 mod accept;
+mod body;
+mod messages;
 mod metrics;
 mod openapi;
+mod responses;
 mod routes;
 mod stream;
 
@@ -61,6 +64,8 @@ pub struct AppState {
     request_timeout: Option<Duration>,
     /// Turns true when the shutdown grace is over.
     grace_over: watch::Receiver<bool>,
+    /// Responses kept for `previous_response_id`.
+    responses: crate::api::responses::store::Store,
 }
 
 impl AppState {
@@ -99,6 +104,7 @@ pub fn run(args: ServerConfig, start: EngineStarter) -> Result<()> {
             max_body_bytes: args.max_body_bytes,
             request_timeout: args.request_timeout,
             grace_over,
+            responses: Default::default(),
         });
         eprintln!("weft: listening on http://{local}");
         // Load and warm up in the background so /health can say 503 meanwhile.

@@ -1,11 +1,12 @@
 //! Routes, request parsing, errors as OpenAI-style JSON, auth, and the non-streaming paths.
 
+use super::body::{json_body, new_id, respond, JsonBody};
 use super::stream::{self, within};
-use super::AppState;
+use super::{messages, responses, AppState};
 use crate::api::openai::{self, gather, ChatRequest, CompletionRequest};
 use crate::api::{unix_time, ApiError};
 use crate::engine::{EngineHandle, Request, Usage};
-use axum::extract::{FromRequest, Request as HttpRequest, State};
+use axum::extract::{Request as HttpRequest, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -13,10 +14,9 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio_stream::StreamExt;
 
 type St = State<Arc<AppState>>;
 type Body = JsonBody;
@@ -25,6 +25,10 @@ pub fn router(state: Arc<AppState>) -> Router {
     let api = Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/{id}", get(responses::retrieve).delete(responses::delete))
+        .route("/v1/messages", post(messages::create))
+        .route("/v1/messages/count_tokens", post(messages::count_tokens))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
         .route("/version", get(|| async { Json(json!({"version": env!("CARGO_PKG_VERSION")})) }))
@@ -78,70 +82,6 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// Request ids: a per-process prefix from the clock, then a counter.
-pub fn new_id(prefix: &str) -> String {
-    static N: AtomicU64 = AtomicU64::new(0);
-    static START: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    let start = START.get_or_init(|| unix_time() & 0xffff_ffff);
-    format!("{prefix}-{start:08x}{:08x}", N.fetch_add(1, Ordering::Relaxed))
-}
-
-/// A request body read whole, up to `--max-body-bytes`, as JSON: 413 over the limit, 400
-/// for anything that is not JSON. Past the limit the rest is still read and dropped (up to
-/// [`DRAIN_BYTES`] more, within [`DRAIN_TIME`]) before the 413 goes out: a socket closed
-/// with unread data is reset, and a client still sending would lose the answer.
-pub struct JsonBody(Result<Value, ApiError>);
-
-/// Bytes past the limit read and dropped so that the 413 reaches the client.
-const DRAIN_BYTES: usize = 64 << 20;
-/// How long that may take.
-const DRAIN_TIME: Duration = Duration::from_secs(2);
-
-impl FromRequest<Arc<AppState>> for JsonBody {
-    type Rejection = std::convert::Infallible;
-
-    async fn from_request(req: HttpRequest, st: &Arc<AppState>) -> Result<Self, Self::Rejection> {
-        Ok(JsonBody(read_json(req.into_body(), st.max_body_bytes).await))
-    }
-}
-
-async fn read_json(body: axum::body::Body, limit: usize) -> Result<Value, ApiError> {
-    let mut stream = body.into_data_stream();
-    let (mut bytes, mut seen) = (Vec::new(), 0usize);
-    let unreadable = |e: axum::Error| ApiError::invalid(format!("reading the request body: {e}"), None);
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(unreadable)?;
-        seen = seen.saturating_add(chunk.len());
-        if seen > limit {
-            break;
-        }
-        bytes.extend_from_slice(&chunk);
-    }
-    if seen > limit {
-        let drain = async {
-            while seen <= limit.saturating_add(DRAIN_BYTES) {
-                match stream.next().await {
-                    Some(Ok(chunk)) => seen += chunk.len(),
-                    _ => break,
-                }
-            }
-        };
-        let _ = tokio::time::timeout(DRAIN_TIME, drain).await;
-        let message = format!("the request body is larger than --max-body-bytes ({limit} bytes)");
-        return Err(ApiError { status: 413, ..ApiError::invalid(message, None) });
-    }
-    serde_json::from_slice(&bytes).map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}"), None))
-}
-
-/// The body's JSON, or why there is none.
-fn json_body(body: Body) -> Result<Value, ApiError> {
-    body.0
-}
-
-fn respond(r: Result<Response, ApiError>) -> Response {
-    r.unwrap_or_else(IntoResponse::into_response)
-}
-
 /// Compares digests of the two keys in constant time, so the time taken says nothing
 /// about how much of a guess was right (nor about the key's length).
 fn key_matches(given: &str, key_digest: &[u8; 32]) -> bool {
@@ -152,12 +92,11 @@ fn key_matches(given: &str, key_digest: &[u8; 32]) -> bool {
 
 async fn auth(State(st): St, req: HttpRequest, next: Next) -> Response {
     if let Some(key) = &st.api_key {
-        let ok = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .is_some_and(|v| key_matches(v, key));
+        // `Authorization: Bearer KEY`, or Anthropic's `x-api-key: KEY`.
+        let headers = req.headers();
+        let bearer = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()?.strip_prefix("Bearer "));
+        let x_api_key = headers.get("x-api-key").and_then(|v| v.to_str().ok());
+        let ok = bearer.or(x_api_key).is_some_and(|v| key_matches(v, key));
         if !ok {
             let e = ApiError {
                 status: 401,

@@ -3,6 +3,7 @@
 //! stream forwards events into the response. When the client goes away the response, the
 //! channel and then the engine streams are dropped, which aborts the sequences.
 
+use crate::api::answer::Translate;
 use crate::api::openai::{
     chat_logprobs, completion_logprobs, finish_reason, prompt_scores, usage, ChatRequest, CompletionRequest,
 };
@@ -19,6 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::StreamExt;
 
 /// Runs `fut` within the request timeout; when it expires the future (and with it the
 /// engine request) is dropped.
@@ -31,7 +33,14 @@ pub async fn within<T>(limit: Option<Duration>, fut: impl Future<Output = Result
     }
 }
 
-type Tx = mpsc::Sender<Result<Sse, Infallible>>;
+/// What a stream sends, before it is written as server-sent events.
+pub enum Out {
+    Chunk(Value),
+    Error(ApiError),
+    Done,
+}
+
+type Tx = mpsc::Sender<Out>;
 
 /// What every stream needs from the server: its time limit, and the signal that the
 /// shutdown grace is over (open streams then get an error event before they close).
@@ -43,12 +52,24 @@ pub struct Ctx {
 /// Comment lines sent while nothing else is (long prefills), so proxies keep the connection.
 const KEEP_ALIVE: Duration = Duration::from_secs(2);
 
-fn sse_response(rx: mpsc::Receiver<Result<Sse, Infallible>>) -> Response {
-    axum::response::Sse::new(ReceiverStream::new(rx)).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)).into_response()
+/// OpenAI's framing: each chunk as a `data:` line, then `data: [DONE]`; an error as its body.
+fn sse_response(rx: mpsc::Receiver<Out>) -> Response {
+    let events = ReceiverStream::new(rx).map(|out| {
+        Ok::<_, Infallible>(match out {
+            Out::Chunk(v) => Sse::default().data(v.to_string()),
+            Out::Error(e) => Sse::default().data(e.body().to_string()),
+            Out::Done => Sse::default().data("[DONE]"),
+        })
+    });
+    typed_sse(events)
+}
+
+fn typed_sse(events: impl tokio_stream::Stream<Item = Result<Sse, Infallible>> + Send + 'static) -> Response {
+    axum::response::Sse::new(events).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)).into_response()
 }
 
 async fn send(tx: &Tx, v: Value) -> bool {
-    tx.send(Ok(Sse::default().data(v.to_string()))).await.is_ok()
+    tx.send(Out::Chunk(v)).await.is_ok()
 }
 
 /// Forwards one engine stream of `n` samples through `on_event` (the chunks an event makes)
@@ -130,7 +151,7 @@ fn drive(
                 if let Some(chunk) = usage_chunk {
                     send(&tx, chunk(&total)).await;
                 }
-                let _ = tx.send(Ok(Sse::default().data("[DONE]"))).await;
+                let _ = tx.send(Out::Done).await;
             }
             Err(e) => {
                 // Stop every forwarder and wait until each has ended, so no chunk can
@@ -140,7 +161,7 @@ fn drive(
                 for f in running {
                     let _ = f.await;
                 }
-                send(&tx, e.body()).await;
+                let _ = tx.send(Out::Error(e)).await;
             }
         }
     });
@@ -264,6 +285,18 @@ impl Echo {
 
 /// `/v1/chat/completions` with `stream: true`: a role chunk per choice, then content deltas.
 pub async fn chat(engine: &EngineHandle, req: ChatRequest, id: String, ctx: Ctx) -> Result<Response, ApiError> {
+    let (rx, _) = chat_chunks(engine, req, id, ctx).await?;
+    Ok(sse_response(rx))
+}
+
+/// A streamed chat completion's chunks, and the prompt's length in tokens. The request is
+/// checked and submitted before this returns.
+async fn chat_chunks(
+    engine: &EngineHandle,
+    req: ChatRequest,
+    id: String,
+    ctx: Ctx,
+) -> Result<(mpsc::Receiver<Out>, usize), ApiError> {
     let (r, format) = req.prepare(engine).await?;
     let streams = submit_all(engine, std::slice::from_ref(&r))?;
     let (tx, rx) = mpsc::channel(64);
@@ -301,7 +334,7 @@ pub async fn chat(engine: &EngineHandle, req: ChatRequest, id: String, ctx: Ctx)
     });
     let usage_chunk = req.gen.include_usage().then(|| usage_chunk(id, "chat.completion.chunk", created, model));
     drive(tx, vec![forwarder], usage_chunk, ctx);
-    Ok(sse_response(rx))
+    Ok((rx, r.prompt.len()))
 }
 
 /// Turns a chat stream's events into chunks. With tools, each sample's text passes through
@@ -403,4 +436,39 @@ pub fn generate(engine: &EngineHandle, req: Request, ctx: Ctx) -> Result<Respons
 /// Submits all requests, or none: a refusal drops (aborts) the ones already in.
 fn submit_all(engine: &EngineHandle, reqs: &[Request]) -> Result<Vec<RequestStream>, ApiError> {
     reqs.iter().map(|r| engine.submit(r.clone()).map_err(ApiError::from)).collect()
+}
+
+/// A streamed chat completion told in another API's events (the Responses API's,
+/// Anthropic's): `make` gets the prompt's length and gives what names the events. When the
+/// client leaves, this task ends, the chunk channel closes and the engine request is aborted.
+pub async fn translated(
+    engine: &EngineHandle,
+    req: ChatRequest,
+    ctx: Ctx,
+    make: impl FnOnce(usize) -> Box<dyn Translate>,
+) -> Result<Response, ApiError> {
+    let (mut chunks, prompt_len) = chat_chunks(engine, req, String::new(), ctx).await?;
+    let mut t = make(prompt_len);
+    let (tx, rx) = mpsc::channel::<Result<Sse, Infallible>>(64);
+    tokio::spawn(async move {
+        let mut events = t.start();
+        loop {
+            for (name, v) in events.drain(..) {
+                if tx.send(Ok(Sse::default().event(name).data(v.to_string()))).await.is_err() {
+                    return;
+                }
+            }
+            let out = tokio::select! {
+                _ = tx.closed() => return,
+                out = chunks.recv() => out,
+            };
+            events = match out {
+                Some(Out::Chunk(v)) => t.chunk(&v),
+                Some(Out::Error(e)) => t.error(&e),
+                Some(Out::Done) => t.done(),
+                None => return,
+            };
+        }
+    });
+    Ok(typed_sse(ReceiverStream::new(rx)))
 }
