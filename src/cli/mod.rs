@@ -237,9 +237,28 @@ pub fn parse_bytes(s: &str) -> Result<usize, String> {
     Ok((v * mult as f64) as usize)
 }
 
+/// A number of seconds (`30`, `0.5`) as a duration: finite, not negative, and small enough
+/// to add to a clock (at most a year), so no timer can overflow.
+pub fn parse_seconds(s: &str) -> Result<std::time::Duration, String> {
+    const YEAR: f64 = 365.0 * 24.0 * 3600.0;
+    let v: f64 = s.trim().parse().map_err(|_| format!("not a number of seconds: {s:?}"))?;
+    if !(0.0..=YEAR).contains(&v) {
+        return Err(format!("seconds must be between 0 and {YEAR} (a year), got {s:?}"));
+    }
+    Ok(std::time::Duration::from_secs_f64(v))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::parse_bytes;
+    use super::{parse_bytes, parse_seconds};
+
+    #[test]
+    fn parses_seconds() {
+        assert_eq!(parse_seconds("1.5"), Ok(std::time::Duration::from_millis(1500)));
+        for bad in ["inf", "NaN", "-1", "1e300", "soon"] {
+            assert!(parse_seconds(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn parses_sizes() {

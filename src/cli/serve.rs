@@ -26,15 +26,15 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 64)]
     pub max_batch_prompts: usize,
     /// Abort requests running longer than this many seconds (0: never).
-    #[arg(long, default_value_t = 0.0)]
-    pub request_timeout: f64,
+    #[arg(long, default_value = "0", value_parser = super::parse_seconds)]
+    pub request_timeout: Duration,
     /// On SIGTERM/Ctrl-C, how long in-flight requests may take to finish, seconds.
-    #[arg(long, default_value_t = 30.0)]
-    pub shutdown_grace: f64,
+    #[arg(long, default_value = "30", value_parser = super::parse_seconds)]
+    pub shutdown_grace: Duration,
     /// Close a connection whose request headers (or, between requests, whose next
     /// request) do not arrive within this many seconds.
-    #[arg(long, default_value_t = 10.0)]
-    pub header_read_timeout: f64,
+    #[arg(long, default_value = "10", value_parser = super::parse_seconds)]
+    pub header_read_timeout: Duration,
     /// Open connections at most; beyond it new ones wait in the listen backlog.
     #[arg(long, default_value_t = 1024)]
     pub max_connections: usize,
@@ -48,9 +48,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
         api_key: args.api_key,
         max_body_bytes: args.max_body_bytes,
         max_batch_prompts: args.max_batch_prompts,
-        request_timeout: (args.request_timeout > 0.0).then(|| Duration::from_secs_f64(args.request_timeout)),
-        shutdown_grace: Duration::from_secs_f64(args.shutdown_grace.max(0.0)),
-        header_read_timeout: Duration::from_secs_f64(args.header_read_timeout.max(0.1)),
+        request_timeout: (!args.request_timeout.is_zero()).then_some(args.request_timeout),
+        shutdown_grace: args.shutdown_grace,
+        header_read_timeout: args.header_read_timeout,
         max_connections: args.max_connections,
     };
     let engine = args.engine;
