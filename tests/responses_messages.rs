@@ -145,6 +145,19 @@ async fn messages_speak_anthropic() {
     let (_, n) = post("/v1/messages/count_tokens", json!({"messages": hi["messages"]}), Some("sekrit")).await;
     assert_eq!(serde_json::from_str::<Value>(&n).unwrap()["input_tokens"], m["usage"]["input_tokens"]);
 
+    // A stop sequence that ends the answer is named, as Anthropic names it.
+    let text = m["content"][0]["text"].as_str().unwrap();
+    let tail: String = text.chars().rev().take(2).collect::<Vec<_>>().into_iter().rev().collect();
+    let mut stopped = hi.clone();
+    stopped["stop_sequences"] = json!(["never-generated", tail]);
+    let (_, st) = post("/v1/messages", stopped, Some("sekrit")).await;
+    let st: Value = serde_json::from_str(&st).unwrap();
+    assert_eq!(
+        (st["stop_reason"].as_str(), st["stop_sequence"].as_str()),
+        (Some("stop_sequence"), Some(tail.as_str())),
+        "{st}"
+    );
+
     // Streamed: Anthropic's events, adding up to the same text.
     let mut streamed = hi.clone();
     streamed["stream"] = true.into();

@@ -21,8 +21,8 @@ pub enum Piece {
         index: usize,
         delta: String,
     },
-    /// `stop`, `length` or `tool_calls`.
-    Finish(String),
+    /// `stop`, `length` or `tool_calls`, and the stop string that ended the answer.
+    Finish(String, Option<String>),
     /// The final token counts (OpenAI's `usage` object).
     Usage(Value),
 }
@@ -51,7 +51,7 @@ pub fn pieces(chunk: &Value) -> Vec<Piece> {
         }
     }
     if let Some(f) = choice["finish_reason"].as_str() {
-        out.push(Piece::Finish(f.to_owned()));
+        out.push(Piece::Finish(f.to_owned(), choice["stop_reason"].as_str().map(str::to_owned)));
     }
     out
 }
@@ -72,6 +72,8 @@ pub struct Answer {
     pub calls: Vec<Call>,
     /// Chat's `finish_reason`: `stop`, `length` or `tool_calls`.
     pub finish: String,
+    /// The stop string that ended the answer, if one did.
+    pub stop: Option<String>,
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub cached_tokens: usize,
@@ -90,7 +92,7 @@ impl Answer {
                     c.arguments.push_str(delta);
                 }
             }
-            Piece::Finish(f) => self.finish = f.clone(),
+            Piece::Finish(f, stop) => (self.finish, self.stop) = (f.clone(), stop.clone()),
             Piece::Usage(u) => {
                 let count = |v: &Value| v.as_u64().unwrap_or(0) as usize;
                 self.prompt_tokens = count(&u["prompt_tokens"]);
@@ -115,6 +117,7 @@ impl Answer {
             a.apply(&Piece::CallArgs { index, delta });
         }
         a.finish = choice["finish_reason"].as_str().unwrap_or("stop").to_owned();
+        a.stop = choice["stop_reason"].as_str().map(str::to_owned);
         a.apply(&Piece::Usage(body["usage"].clone()));
         a
     }

@@ -265,6 +265,7 @@ impl EngineLoop {
                     reason: FinishReason::Abort,
                     text: String::new(),
                     usage,
+                    stop: None,
                 });
                 self.shared.observer.finished(FinishReason::Abort, req.submitted.elapsed());
             }
@@ -619,7 +620,8 @@ impl EngineLoop {
             return;
         };
         let usage = Usage { prompt_tokens: req.request.prompt.len(), completion_tokens: s.generated, cached_tokens };
-        let _ = req.events.send(Event::Finished { index: s.index, reason, text, usage });
+        let stop = s.stop.matched().map(str::to_owned);
+        let _ = req.events.send(Event::Finished { index: s.index, reason, text, usage, stop });
         self.shared.observer.finished(reason, req.submitted.elapsed());
         req.seqs.retain(|&x| x != seq);
         // The last sample of the request: dropping its sender closes the stream. Siblings

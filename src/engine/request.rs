@@ -101,8 +101,9 @@ pub enum Event {
     /// token; they come before the request's first token.
     PromptLogprobs { logprobs: Vec<PromptLogprob> },
     /// A sample ended; `text` is output held back until now (for example before a stop
-    /// string that did not complete). After the last sample's event the stream closes.
-    Finished { index: usize, reason: FinishReason, text: String, usage: Usage },
+    /// string that did not complete); `stop` the stop string that ended it, if one did.
+    /// After the last sample's event the stream closes.
+    Finished { index: usize, reason: FinishReason, text: String, usage: Usage, stop: Option<String> },
     /// The request failed as a whole; the stream closes.
     Error { message: String },
 }

@@ -17,6 +17,8 @@ pub struct StopStrings {
     emitted: usize,
     /// The matched stop string is part of the output (vLLM's `include_stop_str_in_output`).
     include: bool,
+    /// Which stop string matched, once one has.
+    matched: Option<usize>,
 }
 
 /// What one delta of text yields.
@@ -53,6 +55,7 @@ impl StopStrings {
         }
         self.text.push_str(delta);
         if let Some(m) = matcher.find(&self.text[from..]) {
+            self.matched = Some(m.pattern().as_usize());
             let end = if self.include { from + m.end() } else { from + m.start() }.max(self.emitted);
             let emit = self.text[self.emitted..end].to_owned();
             self.emitted = self.text.len();
@@ -71,6 +74,11 @@ impl StopStrings {
         let emit = self.text[self.emitted..held_from].to_owned();
         self.emitted = held_from;
         StopScan { emit, stopped: false }
+    }
+
+    /// The stop string that ended the output, if one did.
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.map(|i| self.stops[i].as_str())
     }
 
     /// Everything held back, when the sequence ends for another reason.

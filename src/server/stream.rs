@@ -239,8 +239,8 @@ pub async fn completions(
                             json!({"index": i * n + index, "text": text, "logprobs": lp, "finish_reason": null}),
                         ));
                     }
-                    Event::Finished { index, reason, text, .. } => out.push(chunk(
-                        json!({"index": i * n + index, "text": text, "logprobs": null, "finish_reason": finish_reason(Some(reason))}),
+                    Event::Finished { index, reason, text, stop, .. } => out.push(chunk(
+                        json!({"index": i * n + index, "text": text, "logprobs": null, "finish_reason": finish_reason(Some(reason)), "stop_reason": stop}),
                     )),
                     Event::Error { .. } | Event::PromptLogprobs { .. } => {}
                 }
@@ -377,7 +377,7 @@ impl ChatEvents {
                     json!({"index": index, "delta": self.delta_json(&delta), "logprobs": lp, "finish_reason": null}),
                 )]
             }
-            Event::Finished { index, reason, text, .. } => {
+            Event::Finished { index, reason, text, stop, .. } => {
                 let mut finish = finish_reason(Some(reason));
                 let mut out = Vec::new();
                 let mut last = json!({});
@@ -395,7 +395,9 @@ impl ChatEvents {
                     _ if !text.is_empty() => last = json!({"content": text}),
                     _ => {}
                 }
-                out.push(chunk(json!({"index": index, "delta": last, "logprobs": null, "finish_reason": finish})));
+                out.push(chunk(
+                    json!({"index": index, "delta": last, "logprobs": null, "finish_reason": finish, "stop_reason": stop}),
+                ));
                 out
             }
             Event::Error { .. } | Event::PromptLogprobs { .. } => vec![],

@@ -11,6 +11,7 @@ fn stop_reason(a: &Answer) -> &'static str {
     match a.finish.as_str() {
         "length" => "max_tokens",
         "tool_calls" => "tool_use",
+        _ if a.stop.is_some() => "stop_sequence",
         _ => "end_turn",
     }
 }
@@ -35,7 +36,7 @@ pub fn message(id: &str, model: &str, a: &Answer) -> Value {
         content.push(json!({"type": "tool_use", "id": c.id, "name": c.name, "input": input(&c.arguments)}));
     }
     json!({"id": id, "type": "message", "role": "assistant", "model": model, "content": content,
-        "stop_reason": stop_reason(a), "stop_sequence": null, "usage": usage(a)})
+        "stop_reason": stop_reason(a), "stop_sequence": a.stop, "usage": usage(a)})
 }
 
 /// The block open in a stream.
@@ -108,7 +109,7 @@ impl MessageStream {
                 let d = json!({"index": self.index, "delta": {"type": "input_json_delta", "partial_json": delta}});
                 Self::event(out, "content_block_delta", d);
             }
-            Piece::Finish(_) | Piece::Usage(_) => {}
+            Piece::Finish(..) | Piece::Usage(_) => {}
         }
     }
 }
@@ -133,7 +134,7 @@ impl Translate for MessageStream {
     fn done(&mut self) -> Events {
         let mut out = Vec::new();
         self.close(&mut out);
-        let delta = json!({"delta": {"stop_reason": stop_reason(&self.answer), "stop_sequence": null},
+        let delta = json!({"delta": {"stop_reason": stop_reason(&self.answer), "stop_sequence": self.answer.stop},
             "usage": usage(&self.answer)});
         Self::event(&mut out, "message_delta", delta);
         Self::event(&mut out, "message_stop", json!({}));

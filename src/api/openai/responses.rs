@@ -10,6 +10,8 @@ pub struct Choice {
     pub tokens: Vec<u32>,
     pub logprobs: Vec<(TokenLogprob, Vec<TokenLogprob>)>,
     pub finish: Option<FinishReason>,
+    /// The stop string that ended it, if one did (vLLM's `stop_reason`).
+    pub stop: Option<String>,
 }
 
 /// Everything a request's stream brought.
@@ -35,9 +37,10 @@ pub async fn gather(mut stream: RequestStream, n: usize) -> Result<Gathered, Api
                 c.tokens.push(id);
                 c.logprobs.extend(logprobs);
             }
-            Event::Finished { index, reason, text, usage } => {
+            Event::Finished { index, reason, text, usage, stop } => {
                 choices[index].text += &text;
                 choices[index].finish = Some(reason);
+                choices[index].stop = stop;
                 total.add_sample(&usage);
             }
             Event::Error { message } => return Err(ApiError::internal(message)),
@@ -178,7 +181,7 @@ pub async fn completions(engine: &EngineHandle, req: &CompletionRequest, id: &st
                 Some(_) => completion_logprobs(tok, generated_scores(c), 0),
             };
             let mut choice = json!({"index": i * n + j, "text": echo.clone() + &c.text, "logprobs": logprobs,
-                "finish_reason": finish_reason(c.finish)});
+                "finish_reason": finish_reason(c.finish), "stop_reason": c.stop});
             if req.gen.prompt_logprobs.is_some() {
                 choice["prompt_logprobs"] = vllm_prompt_logprobs(tok, &g.prompt_logprobs);
             }
@@ -218,7 +221,7 @@ pub async fn chat_completions(engine: &EngineHandle, req: &ChatRequest, id: &str
                     finish = json!("tool_calls");
                 }
             }
-            json!({"index": j, "message": message, "logprobs": logprobs, "finish_reason": finish})
+            json!({"index": j, "message": message, "logprobs": logprobs, "finish_reason": finish, "stop_reason": c.stop})
         })
         .collect();
     let mut body = json!({"id": id, "object": "chat.completion", "created": unix_time(), "model": engine.model().name,

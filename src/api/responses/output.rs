@@ -249,7 +249,7 @@ impl ResponseStream {
                 let v = json!({"item_id": id, "output_index": self.index, "delta": delta});
                 self.event(out, "response.function_call_arguments.delta", v);
             }
-            Piece::Finish(_) | Piece::Usage(_) => {}
+            Piece::Finish(..) | Piece::Usage(_) => {}
         }
     }
 }
