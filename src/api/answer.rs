@@ -135,8 +135,16 @@ pub type Events = Vec<(&'static str, Value)>;
 pub trait Translate: Send {
     /// Before any chunk.
     fn start(&mut self) -> Events;
+    /// One piece of the answer.
+    fn piece(&mut self, p: Piece, out: &mut Events);
     /// One `chat.completion.chunk` (or the final usage chunk).
-    fn chunk(&mut self, chunk: &Value) -> Events;
+    fn chunk(&mut self, chunk: &Value) -> Events {
+        let mut out = Vec::new();
+        for p in pieces(chunk) {
+            self.piece(p, &mut out);
+        }
+        out
+    }
     /// After the last chunk.
     fn done(&mut self) -> Events;
     /// The stream failed after it began.

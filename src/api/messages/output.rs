@@ -2,7 +2,7 @@
 //! Anthropic's event stream (`message_start`, `content_block_start` / `_delta` / `_stop`,
 //! `message_delta`, `message_stop`). Both come from the same [`Answer`].
 
-use crate::api::answer::{pieces, Answer, Events, Piece, Translate};
+use crate::api::answer::{Answer, Events, Piece, Translate};
 use crate::api::{random_id, ApiError};
 use serde_json::{json, Value};
 
@@ -123,12 +123,8 @@ impl Translate for MessageStream {
         out
     }
 
-    fn chunk(&mut self, chunk: &Value) -> Events {
-        let mut out = Vec::new();
-        for p in pieces(chunk) {
-            self.on_piece(p, &mut out);
-        }
-        out
+    fn piece(&mut self, p: Piece, out: &mut Events) {
+        self.on_piece(p, out);
     }
 
     fn done(&mut self) -> Events {

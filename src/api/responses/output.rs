@@ -4,7 +4,7 @@
 //! the same [`Answer`], so a streamed response ends in the object a plain request returns.
 
 use super::ResponsesRequest;
-use crate::api::answer::{pieces, Answer, Events, Piece, Translate};
+use crate::api::answer::{Answer, Events, Piece, Translate};
 use crate::api::chat::ChatMessage;
 use crate::api::{random_id, unix_time, ApiError};
 use serde_json::{json, Value};
@@ -263,12 +263,8 @@ impl Translate for ResponseStream {
         out
     }
 
-    fn chunk(&mut self, chunk: &Value) -> Events {
-        let mut out = Vec::new();
-        for p in pieces(chunk) {
-            self.on_piece(p, &mut out);
-        }
-        out
+    fn piece(&mut self, p: Piece, out: &mut Events) {
+        self.on_piece(p, out);
     }
 
     fn done(&mut self) -> Events {
