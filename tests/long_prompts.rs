@@ -36,6 +36,7 @@ fn forward_chunked(m: &LoadedModel, prompt: &[u32], generated: &[u32], chunk: us
             seq_len: prompt.len(),
             block_table: table.blocks(),
             logits: usize::from(last),
+            hidden: 0,
         }];
         let logits = m.model.forward(&StepInput { tokens: &prompt[start..end], seqs: &seq }, &mut kv, &mut ws);
         assert_eq!(logits.len(), usize::from(last) * c.vocab_size, "chunk at {start}: logits only for the last row");
@@ -141,7 +142,14 @@ fn steps_without_logits_compute_none() {
             let mut ws = Workspace::default();
             assert!(m.model.forward(&StepInput { tokens: &[], seqs: &[] }, &mut kv, &mut ws).is_empty());
             let prompt = random_ids(40, c.vocab_size, 5);
-            let seq = [SeqStep { context_len: 0, num_tokens: 40, seq_len: 64, block_table: table.blocks(), logits: 0 }];
+            let seq = [SeqStep {
+                context_len: 0,
+                num_tokens: 40,
+                seq_len: 64,
+                block_table: table.blocks(),
+                logits: 0,
+                hidden: 0,
+            }];
             assert!(m.model.forward(&StepInput { tokens: &prompt, seqs: &seq }, &mut kv, &mut ws).is_empty(), "{t}");
         }
     }

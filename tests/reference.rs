@@ -234,8 +234,14 @@ fn sixteen_bit_weights_stay_16_bit_and_exact() {
                 let logits = |m: &weft::loaded::LoadedModel| {
                     let n = case.prompt_ids.len();
                     let (mut kv, table) = common::kv_for(m, n);
-                    let seq =
-                        [SeqStep { context_len: 0, num_tokens: n, seq_len: n, block_table: table.blocks(), logits: 1 }];
+                    let seq = [SeqStep {
+                        context_len: 0,
+                        num_tokens: n,
+                        seq_len: n,
+                        block_table: table.blocks(),
+                        logits: 1,
+                        hidden: 0,
+                    }];
                     let mut ws = Workspace::default();
                     m.model.forward(&StepInput { tokens: &case.prompt_ids, seqs: &seq }, &mut kv, &mut ws).to_vec()
                 };

@@ -165,6 +165,9 @@ pub struct SeqStep<'a> {
     /// How many of this part's last rows want logits: 1 for the token to sample, 1 + k when
     /// k draft tokens are verified, 0 for a prefill chunk that does not end the prompt.
     pub logits: usize,
+    /// How many of its last rows' final hidden states (after the final norm) to keep in
+    /// [`Workspace::hidden`]: what an embedding is pooled from.
+    pub hidden: usize,
 }
 
 impl<'a> SeqStep<'a> {
@@ -172,7 +175,7 @@ impl<'a> SeqStep<'a> {
     /// sampled after the last: a plain generation loop (benchmarks, perplexity, reference
     /// checks).
     pub fn sampled(context_len: usize, num_tokens: usize, block_table: &'a [u32]) -> Self {
-        SeqStep { context_len, num_tokens, seq_len: context_len + num_tokens, block_table, logits: 1 }
+        SeqStep { context_len, num_tokens, seq_len: context_len + num_tokens, block_table, logits: 1, hidden: 0 }
     }
 }
 
@@ -194,6 +197,8 @@ pub struct Workspace {
     act: Vec<f32>,
     last: Vec<f32>,
     logits: Vec<f32>,
+    /// The kept final hidden states, `SeqStep::hidden` rows per sequence in step order.
+    hidden: Vec<f32>,
     /// Activations quantized for block-format weights.
     xq: QActs,
     moe: moe::Scratch,
@@ -201,6 +206,11 @@ pub struct Workspace {
 
 impl Workspace {
     /// The mixture layers' statistics since the last call (zero for a dense model).
+    /// The last step's kept final hidden states ([`SeqStep::hidden`]), row after row.
+    pub fn hidden(&self) -> &[f32] {
+        &self.hidden
+    }
+
     pub fn take_moe_stats(&mut self) -> moe::Stats {
         std::mem::take(&mut self.moe.stats)
     }
@@ -591,6 +601,20 @@ impl Decoder {
             let post = layer.post_ffn_norm.as_ref().map(Tensor::data);
             add_and_norm(h, tmp, post, self.layers.get(li + 1).map(|l| l.attn_norm.data()), eps, xn, d);
         }
+
+        // Final norm alone for the rows whose hidden state is kept.
+        let mut kept = Vec::new();
+        let mut start = 0;
+        for s in input.seqs {
+            start += s.num_tokens;
+            kept.extend(start - s.hidden.min(s.num_tokens)..start);
+        }
+        let hidden = resize(&mut ws.hidden, kept.len() * d);
+        rows_par_mut(hidden, d).zip(kept.par_chunks(ROWS_PER_TASK)).for_each(|(chunk, rows)| {
+            for (dst, &r) in chunk.chunks_exact_mut(d).zip(rows) {
+                rmsnorm(&h[r * d..(r + 1) * d], self.norm.data(), c.rms_norm_eps, dst);
+            }
+        });
 
         // Final norm and LM head only for the rows that want logits.
         let mut sampled = Vec::new();

@@ -148,6 +148,7 @@ impl DraftModel {
                     seq_len: start + n,
                     block_table: fed.table.blocks(),
                     logits: usize::from(reaches_end),
+                    hidden: 0,
                 });
             }
             let vocab = self.model.model.config.vocab_size;
