@@ -18,7 +18,7 @@ fn scores(mut stream: RequestStream) -> (Vec<PromptLogprob>, Vec<TokenLogprob>) 
             Event::PromptLogprobs { logprobs } => prompt.extend(logprobs),
             Event::Token { logprobs, .. } => gen.push(logprobs.unwrap().0),
             Event::Error { message } => panic!("{message}"),
-            Event::Finished { .. } => {}
+            Event::Finished { .. } | Event::Embedding { .. } => {}
         }
     }
     (prompt, gen)

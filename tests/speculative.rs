@@ -22,7 +22,7 @@ fn by_sample(mut s: weft::engine::RequestStream) -> Vec<Event> {
     }
     all.sort_by_key(|e| match e {
         Event::Token { index, .. } | Event::Finished { index, .. } => *index,
-        Event::Error { .. } | Event::PromptLogprobs { .. } => usize::MAX,
+        Event::Error { .. } | Event::PromptLogprobs { .. } | Event::Embedding { .. } => usize::MAX,
     });
     all
 }

@@ -54,7 +54,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
                 finish = Some(reason);
             }
             Event::Error { message } => bail!(message),
-            Event::PromptLogprobs { .. } => {}
+            Event::PromptLogprobs { .. } | Event::Embedding { .. } => {}
         }
     }
     stdout.flush()?;

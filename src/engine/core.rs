@@ -7,7 +7,7 @@ use super::step_cost::{attended, StepCost};
 use super::{Event, FinishReason, Request, StopStrings, Usage};
 use crate::grammar::{Constraint, TokenMask};
 use crate::kv::KvCache;
-use crate::model::{SeqStep, StepInput, Workspace};
+use crate::model::{Pooling, SeqStep, StepInput, Workspace};
 use crate::sampling::{PromptLogprob, Sampled, Sampler};
 use crate::scheduler::{Scheduled, Scheduler, SchedulerConfig, SeqId, Sequence};
 use crate::tokenizer::Detokenizer;
@@ -48,6 +48,44 @@ struct SeqState {
     /// Prompt logprobs: the next prompt position to score (recomputed rows after a
     /// preemption are not scored twice).
     scored: usize,
+    /// An embedding request's pooling, as its rows come.
+    pool: Option<Pool>,
+}
+
+/// An embedding being pooled from the final hidden states of the prompt's rows.
+struct Pool {
+    kind: Pooling,
+    /// Mean: the sum of rows `0..covered` (rows recomputed after a preemption are not
+    /// added twice); last: the latest row.
+    acc: Vec<f64>,
+    covered: usize,
+}
+
+impl Pool {
+    /// Adds `rows` (of width `d`), which hold positions `first..`.
+    fn add(&mut self, rows: &[f32], first: usize, d: usize) {
+        if self.acc.is_empty() {
+            self.acc = vec![0.0; d];
+        }
+        for (i, row) in rows.chunks_exact(d).enumerate() {
+            match self.kind {
+                Pooling::Last => self.acc.iter_mut().zip(row).for_each(|(a, &x)| *a = x as f64),
+                Pooling::Mean if first + i == self.covered => {
+                    self.acc.iter_mut().zip(row).for_each(|(a, &x)| *a += x as f64);
+                    self.covered += 1;
+                }
+                Pooling::Mean => {}
+            }
+        }
+    }
+
+    /// The pooled vector, L2-normalised.
+    fn vector(&self) -> Vec<f32> {
+        let n = if self.kind == Pooling::Mean { self.covered.max(1) as f64 } else { 1.0 };
+        let v: Vec<f64> = self.acc.iter().map(|a| a / n).collect();
+        let norm = v.iter().map(|x| x * x).sum::<f64>().sqrt().max(1e-12);
+        v.iter().map(|x| (x / norm) as f32).collect()
+    }
 }
 
 pub(super) struct EngineLoop {
@@ -231,12 +269,18 @@ impl EngineLoop {
             constraint: r.constraint.clone(),
             mask: None,
             scored: 1,
+            pool: r.embed.then(|| Pool {
+                kind: self.shared.model.model.config.pooling.unwrap_or(Pooling::Last),
+                acc: Vec::new(),
+                covered: 0,
+            }),
         };
         // Arrival is the request id: samples of one request are ordered together.
         let mut seq = Sequence::new(id, r.prompt.clone(), r.priority, request, state);
         seq.cache_salt = r.cache_salt.as_deref().map(Into::into);
         // The prompt is scored once, by the first sample (the others fork after it).
         seq.prompt_logits = index == 0 && r.prompt_logprobs.is_some();
+        seq.whole_prompt = seq.state.pool.as_ref().is_some_and(|p| p.kind == Pooling::Mean);
         seq
     }
 
@@ -298,6 +342,9 @@ impl EngineLoop {
             .filter_map(|s| Some((s.id, self.sched.get_mut(s.id)?.state.constraint.take()?)))
             .collect();
         let (tokens, steps) = batch_input(&self.sched, &plan);
+        // Per sequence, the first position and count of its kept hidden rows.
+        let kept: Vec<(usize, usize)> =
+            steps.iter().map(|st| (st.context_len + st.num_tokens - st.hidden, st.hidden)).collect();
         let t1 = Instant::now();
         let model = self.shared.model.clone();
         // The workspace leaves `self` for the step, so its logits can be read while the
@@ -314,9 +361,31 @@ impl EngineLoop {
         self.store_masks(masked);
         self.sched.step_done(&plan);
         self.dispatch_logits(&plan, logits, model.model.config.vocab_size);
+        self.pool_hidden(&kept, &plan, ws.hidden(), model.model.config.hidden_size);
         self.ws = ws;
         let t3 = Instant::now();
         self.record_step(&plan, tokens.len(), [t0, t1, t2, t3]);
+    }
+
+    /// Hands embedding sequences their rows of the step's kept hidden states, and answers
+    /// those whose prompt is in.
+    fn pool_hidden(&mut self, kept: &[(usize, usize)], plan: &[Scheduled], hidden: &[f32], d: usize) {
+        let mut row = 0;
+        for (&(first, count), s) in kept.iter().zip(plan) {
+            let rows = &hidden[row * d..(row + count) * d];
+            row += count;
+            let Some(q) = self.sched.get_mut(s.id) else { continue };
+            let Some(pool) = q.state.pool.as_mut() else { continue };
+            pool.add(rows, first, d);
+            if s.sample {
+                // The prompt is in: an embedding is answered, not continued.
+                let vector = pool.vector();
+                if let Some(req) = self.requests.get(&q.state.request) {
+                    let _ = req.events.send(Event::Embedding { vector });
+                }
+                self.finish(s.id, FinishReason::Stop, String::new());
+            }
+        }
     }
 
     /// Hands each scheduled sequence its rows of the step's logits: prompt rows to be
@@ -333,6 +402,10 @@ impl EngineLoop {
                 self.score_prompt(s, prompt_rows, vocab);
             }
             if !s.sample {
+                continue;
+            }
+            if self.sched.get(s.id).is_some_and(|q| q.state.pool.is_some()) {
+                // An embedding: answered from the hidden states ([`Self::pool_hidden`]).
                 continue;
             }
             if s.draft == 0 {
@@ -651,6 +724,11 @@ fn batch_input<'a>(sched: &'a Scheduler<SeqState>, plan: &[Scheduled]) -> (Vec<u
             seq_len: seq.tokens.len() + s.draft,
             block_table: seq.block_table.blocks(),
             logits: s.logit_rows(),
+            hidden: match seq.state.pool.as_ref().map(|p| p.kind) {
+                Some(Pooling::Mean) => own,
+                Some(Pooling::Last) => usize::from(s.sample),
+                None => 0,
+            },
         });
     }
     (tokens, steps)

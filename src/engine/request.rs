@@ -23,6 +23,9 @@ pub struct Request {
     /// Score the prompt: each prompt token's log-probability (after the first) with this
     /// many alternatives, from the prefill's own rows.
     pub prompt_logprobs: Option<usize>,
+    /// Generate nothing: answer the prompt's embedding, pooled as the model says (the last
+    /// token's when it says nothing) from the final hidden states, L2-normalised.
+    pub embed: bool,
 }
 
 impl Request {
@@ -37,6 +40,7 @@ impl Request {
             cache_salt: None,
             constraint: None,
             prompt_logprobs: None,
+            embed: false,
         }
     }
 }
@@ -104,6 +108,8 @@ pub enum Event {
     /// string that did not complete); `stop` the stop string that ended it, if one did.
     /// After the last sample's event the stream closes.
     Finished { index: usize, reason: FinishReason, text: String, usage: Usage, stop: Option<String> },
+    /// An embedding request's vector; its `Finished` follows.
+    Embedding { vector: Vec<f32> },
     /// The request failed as a whole; the stream closes.
     Error { message: String },
 }

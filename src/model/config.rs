@@ -122,6 +122,33 @@ pub struct ModelConfig {
     pub final_softcap: Option<f32>,
     /// The MLPs are mixtures of experts (Mixtral, Qwen3-MoE).
     pub moe: Option<MoeConfig>,
+    /// How an embedding model pools its hidden states (sentence-transformers'
+    /// `1_Pooling/config.json`, GGUF's `pooling_type`); `None`: not an embedding model.
+    pub pooling: Option<Pooling>,
+    /// Trained so that a prefix of its embedding is one too (`is_matryoshka`).
+    pub matryoshka: bool,
+}
+
+/// Which hidden states an embedding is made of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pooling {
+    /// The mean over the input's tokens.
+    Mean,
+    /// The last token's (decoder embedding models such as Qwen3-Embedding).
+    Last,
+}
+
+/// sentence-transformers' pooling settings beside an HF config: which mode is on.
+fn hf_pooling(config: &Path) -> Result<Option<Pooling>> {
+    let path = config.with_file_name("1_Pooling").join("config.json");
+    let Ok(text) = std::fs::read_to_string(&path) else { return Ok(None) };
+    let v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let on = |k: &str| v[k] == true;
+    Ok(match () {
+        _ if on("pooling_mode_lasttoken") => Some(Pooling::Last),
+        _ if on("pooling_mode_mean_tokens") => Some(Pooling::Mean),
+        _ => bail!("{}: only mean and last-token pooling are supported", path.display()),
+    })
 }
 
 /// A mixture-of-experts MLP: how many experts, how tokens are routed to them, and which
@@ -459,6 +486,9 @@ fn longrope_attention_factor(scale: f64, original: usize) -> f32 {
 #[derive(Deserialize)]
 struct HfConfig {
     model_type: Option<String>,
+    #[serde(default)]
+    is_matryoshka: bool,
+    matryoshka_dimensions: Option<Vec<usize>>,
     hidden_size: usize,
     intermediate_size: usize,
     num_hidden_layers: usize,
@@ -514,7 +544,10 @@ impl ModelConfig {
     pub fn from_hf_json(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let c: HfConfig = serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
-        Self::from_hf(c).with_context(|| path.display().to_string())
+        let matryoshka = c.is_matryoshka || c.matryoshka_dimensions.is_some();
+        let mut cfg = Self::from_hf(c).with_context(|| path.display().to_string())?;
+        (cfg.pooling, cfg.matryoshka) = (hf_pooling(path)?, matryoshka);
+        Ok(cfg)
     }
 
     fn from_hf(c: HfConfig) -> Result<Self> {
@@ -586,6 +619,8 @@ impl ModelConfig {
             // transformers' default for Gemma 3.
             rope_local_theta: (arch == Arch::Gemma3).then(|| c.rope_local_base_freq.unwrap_or(10000.0)),
             moe,
+            pooling: None,
+            matryoshka: false,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -694,6 +729,14 @@ impl ModelConfig {
             sliding_pattern: sliding_pattern(arch),
             rope_local_theta: float("rope.freq_base_swa").filter(|_| arch == Arch::Gemma3),
             moe,
+            // llama.cpp's enum: 0 none, 1 mean, 2 cls, 3 last, 4 rank.
+            pooling: match int("pooling_type") {
+                Err(_) | Ok(0) => None,
+                Ok(1) => Some(Pooling::Mean),
+                Ok(3) => Some(Pooling::Last),
+                Ok(other) => bail!("{name}.pooling_type {other} is not supported (only mean and last-token)"),
+            },
+            matryoshka: false,
         };
         ensure!(arch != Arch::Qwen2 || cfg.qkv_bias, "Qwen2 needs q/k/v biases, blk.0.attn_q.bias is missing");
         cfg.validate()?;

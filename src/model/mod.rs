@@ -13,6 +13,6 @@ pub mod requantize;
 mod tensor;
 pub mod weight;
 
-pub use config::{Activation, Arch, ModelConfig, RopeScaling};
+pub use config::{Activation, Arch, ModelConfig, Pooling, RopeScaling};
 pub use decoder::{Decoder, SeqStep, StepInput, Workspace};
 pub use weight::WeightDtype;

@@ -251,8 +251,8 @@ impl<S> Scheduler<S> {
         while !preempted && budget > 0 && self.running.len() < self.cfg.max_num_seqs && !self.waiting.is_empty() {
             let id = self.waiting[0];
             let seq = self.seqs.get_mut(&id).expect("waiting sequences exist");
-            // A prompt to be scored computes every row: none comes from the cache.
-            let reuse = self.cfg.prefix_caching && !seq.prompt_logits;
+            // A prompt to be scored or mean-pooled computes every row: none comes from the cache.
+            let reuse = self.cfg.prefix_caching && !seq.prompt_logits && !seq.whole_prompt;
             let reused = if reuse { reuse_prefix(&mut self.alloc, seq, bs) } else { 0 };
             let n = seq.remaining().min(budget);
             let target = seq.num_computed + n;

@@ -31,6 +31,8 @@ pub struct Sequence<S = ()> {
     pub cached_tokens: usize,
     /// Wants logits for every row it computes (prompt logprobs), so never reuses cached blocks.
     pub prompt_logits: bool,
+    /// Computes every prompt row itself (a mean-pooled embedding), so never reuses cached blocks.
+    pub whole_prompt: bool,
     pub state: S,
 }
 
@@ -49,6 +51,7 @@ impl<S> Sequence<S> {
             block_hashes: Vec::new(),
             cached_tokens: 0,
             prompt_logits: false,
+            whole_prompt: false,
             state,
         }
     }

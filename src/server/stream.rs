@@ -102,7 +102,7 @@ async fn forward(
                 finished += 1;
             }
             Event::Token { .. } => generated += 1,
-            Event::PromptLogprobs { .. } => {}
+            Event::PromptLogprobs { .. } | Event::Embedding { .. } => {}
         }
         for mut v in on_event(ev) {
             if let Some(prompt_tokens) = continuous {
@@ -242,7 +242,7 @@ pub async fn completions(
                     Event::Finished { index, reason, text, stop, .. } => out.push(chunk(
                         json!({"index": i * n + index, "text": text, "logprobs": null, "finish_reason": finish_reason(Some(reason)), "stop_reason": stop}),
                     )),
-                    Event::Error { .. } | Event::PromptLogprobs { .. } => {}
+                    Event::Error { .. } | Event::PromptLogprobs { .. } | Event::Embedding { .. } => {}
                 }
                 out
             }))
@@ -400,7 +400,7 @@ impl ChatEvents {
                 ));
                 out
             }
-            Event::Error { .. } | Event::PromptLogprobs { .. } => vec![],
+            Event::Error { .. } | Event::PromptLogprobs { .. } | Event::Embedding { .. } => vec![],
         }
     }
 
@@ -429,7 +429,7 @@ pub fn generate(engine: &EngineHandle, req: Request, ctx: Ctx) -> Result<Respons
         Event::Finished { reason, text, usage: u, .. } => {
             vec![json!({"text": text, "finish_reason": reason.as_str(), "usage": usage(&u)})]
         }
-        Event::Error { .. } | Event::PromptLogprobs { .. } => vec![],
+        Event::Error { .. } | Event::PromptLogprobs { .. } | Event::Embedding { .. } => vec![],
     }));
     drive(tx, vec![forwarder], None, ctx);
     Ok(sse_response(rx))

@@ -333,7 +333,7 @@ pub fn collect(mut stream: RequestStream) -> Vec<Output> {
         let (index, text) = match &ev {
             Event::Token { index, text, .. } | Event::Finished { index, text, .. } => (*index, text.clone()),
             Event::Error { message } => panic!("engine error: {message}"),
-            Event::PromptLogprobs { .. } => continue,
+            Event::PromptLogprobs { .. } | Event::Embedding { .. } => continue,
         };
         if outs.len() <= index {
             outs.resize(index + 1, Output::default());
@@ -346,7 +346,7 @@ pub fn collect(mut stream: RequestStream) -> Vec<Output> {
                 o.finish = Some(reason);
                 o.usage = usage;
             }
-            Event::Error { .. } | Event::PromptLogprobs { .. } => unreachable!(),
+            Event::Error { .. } | Event::PromptLogprobs { .. } | Event::Embedding { .. } => unreachable!(),
         }
     }
     outs

@@ -276,6 +276,7 @@ impl GenerationFields {
             cache_salt: self.cache_salt.clone(),
             constraint: self.constraint(engine)?,
             prompt_logprobs: self.prompt_logprobs,
+            embed: false,
         })
     }
 

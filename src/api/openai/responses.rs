@@ -21,15 +21,18 @@ pub struct Gathered {
     pub usage: Usage,
     /// Scores of the prompt's tokens after the first, when asked for.
     pub prompt_logprobs: Vec<PromptLogprob>,
+    /// An embedding request's vector.
+    pub embedding: Vec<f32>,
 }
 
 /// Reads a request's stream to the end: its samples, token counts and prompt scores.
 pub async fn gather(mut stream: RequestStream, n: usize) -> Result<Gathered, ApiError> {
     let mut choices = vec![Choice::default(); n];
     let mut total = Usage::default();
-    let mut prompt_logprobs = Vec::new();
+    let (mut prompt_logprobs, mut embedding) = (Vec::new(), Vec::new());
     while let Some(ev) = stream.recv().await {
         match ev {
+            Event::Embedding { vector } => embedding = vector,
             Event::PromptLogprobs { logprobs } => prompt_logprobs.extend(logprobs),
             Event::Token { index, id, text, logprobs } => {
                 let c = &mut choices[index];
@@ -50,7 +53,7 @@ pub async fn gather(mut stream: RequestStream, n: usize) -> Result<Gathered, Api
     if choices.iter().any(|c| c.finish.is_none()) {
         return Err(ApiError::internal("the engine stopped before this request finished"));
     }
-    Ok(Gathered { choices, usage: total, prompt_logprobs })
+    Ok(Gathered { choices, usage: total, prompt_logprobs, embedding })
 }
 
 pub fn finish_reason(f: Option<FinishReason>) -> Value {
