@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """weft driven from outside by the clients people use: the official `openai` SDK (chat,
-completions, the Responses API streamed and not, tools, previous_response_id), the
+completions, embeddings, the Responses API streamed and not, tools, previous_response_id), the
 `anthropic` SDK (messages streamed and not, a tool-use round trip, count_tokens) and
 LangChain (bind_tools, with_structured_output by function calling, the Responses API), on
 SmolLM2 (no tool format in its template: weft's own) and tiny-qwen2 (Hermes tools).
@@ -96,6 +96,14 @@ def scenarios(base):
     def completions():
         r = oa.completions.create(model=served, prompt="Once upon a time", max_tokens=8)
         assert r.choices[0].text
+
+    def embeddings():
+        r = oa.embeddings.create(model=served, input=["Hello", "The cat sat on the mat"])
+        assert len(r.data) == 2 and r.usage.prompt_tokens > 0
+        assert abs(sum(x * x for x in r.data[0].embedding) - 1.0) < 1e-4
+        # The SDK asks for base64 by default when numpy is absent: both decode the same.
+        f = oa.embeddings.create(model=served, input="Hello", encoding_format="float").data[0].embedding
+        assert max(abs(a - b) for a, b in zip(f, r.data[0].embedding)) < 1e-6
 
     def responses():
         r = oa.responses.create(model=served, input="Say hi.", instructions="Be brief.", max_output_tokens=8)
@@ -221,6 +229,7 @@ def scenarios(base):
 
     return [
         ("openai", "chat", chat), ("openai", "chat stream", chat_stream), ("openai", "completions", completions),
+        ("openai", "embeddings", embeddings),
         ("openai", "responses", responses), ("openai", "responses stream", responses_stream),
         ("openai", "responses tools + round trip", responses_tools),
         ("openai", "responses stream named tool", responses_stream_tools),

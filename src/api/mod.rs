@@ -4,6 +4,7 @@
 
 pub mod answer;
 pub mod chat;
+pub mod embeddings;
 pub mod fields;
 pub mod messages;
 pub mod openai;

@@ -27,6 +27,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/responses", post(responses::create))
         .route("/v1/responses/{id}", get(responses::retrieve).delete(responses::delete))
+        .route("/v1/embeddings", post(embeddings))
         .route("/v1/messages", post(messages::create))
         .route("/v1/messages/count_tokens", post(messages::count_tokens))
         .route("/v1/models", get(models))
@@ -134,6 +135,17 @@ async fn chat_completions(State(st): St, body: Body) -> Response {
                 return stream::chat(engine, req, id, st.stream_ctx()).await;
             }
             Ok(Json(within(st.request_timeout, openai::chat_completions(engine, &req, &id)).await?).into_response())
+        }
+        .await,
+    )
+}
+
+async fn embeddings(State(st): St, body: Body) -> Response {
+    respond(
+        async {
+            let engine = st.engine()?;
+            let req = crate::api::embeddings::EmbeddingRequest::parse(json_body(body)?)?;
+            Ok(Json(within(st.request_timeout, req.run(engine)).await?).into_response())
         }
         .await,
     )

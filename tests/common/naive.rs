@@ -1,4 +1,4 @@
-//! A naive Llama forward pass in f64, straight from a Hugging Face directory's safetensors:
+//! A naive Llama (or Qwen3) forward pass in f64, straight from a Hugging Face directory's safetensors:
 //! one token at a time, every formula as transformers writes it (RMSNorm, rotate-half RoPE
 //! with Llama 3 frequency scaling, grouped-query attention with an optional sliding window,
 //! SwiGLU). Slow and obviously right: the reference for prompts longer than the fixtures'
@@ -17,6 +17,8 @@ struct Layer {
     gate: Vec<f64>,
     up: Vec<f64>,
     down: Vec<f64>,
+    /// Qwen3's per-head RMSNorms of q and k, before RoPE.
+    qk_norm: Option<(Vec<f64>, Vec<f64>)>,
 }
 
 pub struct Naive {
@@ -91,6 +93,10 @@ impl Naive {
                     gate: w("mlp.gate_proj"),
                     up: w("mlp.up_proj"),
                     down: w("mlp.down_proj"),
+                    qk_norm: st
+                        .names()
+                        .contains(&format!("model.layers.{i}.self_attn.q_norm.weight").as_str())
+                        .then(|| (w("self_attn.q_norm"), w("self_attn.k_norm"))),
                 }
             })
             .collect();
@@ -116,12 +122,24 @@ impl Naive {
 
     /// The logits after `token`, the next position of the sequence fed so far.
     pub fn push(&mut self, token: u32) -> Vec<f64> {
+        let x = self.push_hidden(token);
+        let logits = matvec(&self.lm_head, &x);
+        assert_eq!(logits.len(), self.vocab);
+        logits
+    }
+
+    /// The final hidden state (after the final norm) at `token`, the next position.
+    pub fn push_hidden(&mut self, token: u32) -> Vec<f64> {
         let (d, hd, kvd) = (self.hidden, self.head_dim, self.kv_heads * self.head_dim);
         let pos = self.cache[0].0.len() / kvd;
         let mut x = self.embed[token as usize * d..][..d].to_vec();
         for (layer, (kc, vc)) in self.layers.iter().zip(&mut self.cache) {
             let h = rmsnorm(&x, &layer.attn_norm, self.eps);
             let (mut q, mut k, v) = (matvec(&layer.q, &h), matvec(&layer.k, &h), matvec(&layer.v, &h));
+            if let Some((qn, kn)) = &layer.qk_norm {
+                q.chunks_exact_mut(hd).for_each(|head| head.copy_from_slice(&rmsnorm(head, qn, self.eps)));
+                k.chunks_exact_mut(hd).for_each(|head| head.copy_from_slice(&rmsnorm(head, kn, self.eps)));
+            }
             q.chunks_exact_mut(hd).chain(k.chunks_exact_mut(hd)).for_each(|head| rope(head, pos, &self.inv_freq));
             kc.extend(&k);
             vc.extend(&v);
@@ -147,10 +165,7 @@ impl Naive {
             assert_eq!(act.len(), self.ffn);
             add(&mut x, &matvec(&layer.down, &act));
         }
-        let x = rmsnorm(&x, &self.norm, self.eps);
-        let logits = matvec(&self.lm_head, &x);
-        assert_eq!(logits.len(), self.vocab);
-        logits
+        rmsnorm(&x, &self.norm, self.eps)
     }
 }
 
