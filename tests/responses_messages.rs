@@ -207,3 +207,34 @@ async fn messages_speak_anthropic() {
         );
     }
 }
+
+/// A thinking model (Qwen3's template) thinks on Messages only when asked, as Anthropic's
+/// models do: without `thinking`, the template is told `enable_thinking: false` and writes
+/// the empty think block itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_ask_a_thinking_model_to_think_only_when_told() {
+    if common::shared_models().is_none() {
+        return;
+    }
+    let s = Server::start("tiny-qwen3", &[]).await;
+    let count = |thinking: Value| {
+        let mut body = json!({"messages": [{"role": "user", "content": "Hi"}]});
+        if !thinking.is_null() {
+            body["thinking"] = thinking;
+        }
+        let s = &s;
+        async move { s.post("/v1/messages/count_tokens", body).await.1["input_tokens"].as_u64().unwrap() }
+    };
+    let (plain, enabled) = (count(Value::Null).await, count(json!({"type": "enabled", "budget_tokens": 1024})).await);
+    let disabled = count(json!({"type": "disabled"})).await;
+    assert_eq!(plain, disabled);
+    assert!(plain > enabled, "the empty think block is written when thinking is off: {plain} vs {enabled}");
+    let (st, m) = s
+        .post(
+            "/v1/messages",
+            json!({"max_tokens": 4, "thinking": {"type": "enabled", "budget_tokens": 64},
+            "messages": [{"role": "user", "content": "Hi"}]}),
+        )
+        .await;
+    assert_eq!(st, 200, "{m}");
+}

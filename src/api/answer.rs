@@ -10,6 +10,8 @@ use serde_json::Value;
 #[derive(Debug, Clone, PartialEq)]
 pub enum Piece {
     Text(String),
+    /// A thinking model's reasoning (what it wrote inside `<think>…</think>`).
+    Reasoning(String),
     /// A call opens: its index among the answer's calls, its id and name.
     CallStart {
         index: usize,
@@ -56,6 +58,139 @@ pub fn pieces(chunk: &Value) -> Vec<Piece> {
     out
 }
 
+/// Whether a model thinks before it answers, writing `<think>…</think>` first (Qwen3,
+/// DeepSeek-R1's distills): its chat template knows the closing tag.
+pub fn thinks(template: Option<&str>) -> bool {
+    template.is_some_and(|t| t.contains("</think>"))
+}
+
+const OPEN: &str = "<think>";
+const CLOSE: &str = "</think>";
+
+/// Where a thinking model's text is.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+enum Think {
+    /// Nothing but whitespace yet: a `<think>` may still open.
+    #[default]
+    Start,
+    /// The reasoning; `trim`: the whitespace after `<think>` is still being dropped.
+    Inside { trim: bool },
+    /// The answer; `trim`: the whitespace after `</think>` is still being dropped.
+    After { trim: bool },
+}
+
+/// Splits a thinking model's text into its reasoning and its answer as the text streams:
+/// text that could still be the start of a tag is held back until it is known.
+#[derive(Debug, Default)]
+pub struct Thinking {
+    state: Think,
+    held: String,
+}
+
+impl Thinking {
+    /// The pieces that `text` completes.
+    pub fn push(&mut self, text: &str, out: &mut Vec<Piece>) {
+        self.held.push_str(text);
+        loop {
+            match self.state {
+                Think::Start => {
+                    let t = self.held.trim_start();
+                    if let Some(rest) = t.strip_prefix(OPEN) {
+                        self.held = rest.to_owned();
+                        self.state = Think::Inside { trim: true };
+                    } else if OPEN.starts_with(t) {
+                        return;
+                    } else {
+                        self.state = Think::After { trim: false };
+                    }
+                }
+                Think::Inside { trim } => {
+                    if trim {
+                        self.held = self.held.trim_start().to_owned();
+                        if self.held.is_empty() {
+                            return;
+                        }
+                        self.state = Think::Inside { trim: false };
+                    }
+                    if let Some(at) = self.held.find(CLOSE) {
+                        let reasoning: String = self.held.drain(..at + CLOSE.len()).collect();
+                        emit(out, Piece::Reasoning(reasoning[..at].to_owned()));
+                        self.state = Think::After { trim: true };
+                        continue;
+                    }
+                    // Hold back a tail that could grow into the closing tag.
+                    let len = self.held.len();
+                    let keep = (1..CLOSE.len().min(len + 1))
+                        .rev()
+                        .find(|&k| self.held.is_char_boundary(len - k) && CLOSE.starts_with(&self.held[len - k..]))
+                        .unwrap_or(0);
+                    emit(out, Piece::Reasoning(self.held.drain(..len - keep).collect()));
+                    return;
+                }
+                Think::After { trim } => {
+                    let text = if trim { self.held.trim_start() } else { &self.held };
+                    if !text.is_empty() {
+                        self.state = Think::After { trim: false };
+                    }
+                    emit(out, Piece::Text(text.to_owned()));
+                    self.held.clear();
+                    return;
+                }
+            }
+        }
+    }
+
+    /// What is still held back, at the end.
+    pub fn finish(&mut self, out: &mut Vec<Piece>) {
+        let held = std::mem::take(&mut self.held);
+        match self.state {
+            Think::Start | Think::After { trim: false } => emit(out, Piece::Text(held)),
+            Think::Inside { .. } => emit(out, Piece::Reasoning(held)),
+            Think::After { trim: true } => emit(out, Piece::Text(held.trim_start().to_owned())),
+        }
+    }
+}
+
+/// Adds a text or reasoning piece unless it is empty.
+fn emit(out: &mut Vec<Piece>, p: Piece) {
+    if !matches!(&p, Piece::Text(t) | Piece::Reasoning(t) if t.is_empty()) {
+        out.push(p);
+    }
+}
+
+/// Reads a streamed answer's chunks into pieces, reasoning split from text when the model
+/// thinks.
+#[derive(Debug, Default)]
+pub struct Reader {
+    thinking: Option<Thinking>,
+}
+
+impl Reader {
+    pub fn new(thinks: bool) -> Self {
+        Reader { thinking: thinks.then(Thinking::default) }
+    }
+
+    pub fn read(&mut self, chunk: &Value) -> Vec<Piece> {
+        let mut out = Vec::new();
+        for p in pieces(chunk) {
+            match (p, &mut self.thinking) {
+                (Piece::Text(t), Some(th)) => th.push(&t, &mut out),
+                (p, _) => out.push(p),
+            }
+        }
+        out
+    }
+
+    /// The text held back, at the end.
+    pub fn finish(&mut self) -> Vec<Piece> {
+        let mut out = Vec::new();
+        if let Some(th) = &mut self.thinking {
+            th.finish(&mut out);
+        }
+        out
+    }
+}
+
 /// A call the model made.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Call {
@@ -69,6 +204,8 @@ pub struct Call {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Answer {
     pub text: String,
+    /// A thinking model's reasoning.
+    pub reasoning: String,
     pub calls: Vec<Call>,
     /// Chat's `finish_reason`: `stop`, `length` or `tool_calls`.
     pub finish: String,
@@ -84,6 +221,7 @@ impl Answer {
     pub fn apply(&mut self, piece: &Piece) {
         match piece {
             Piece::Text(t) => self.text.push_str(t),
+            Piece::Reasoning(t) => self.reasoning.push_str(t),
             Piece::CallStart { id, name, .. } => {
                 self.calls.push(Call { id: id.clone(), name: name.clone(), arguments: String::new() })
             }
@@ -102,13 +240,23 @@ impl Answer {
         }
     }
 
-    /// The answer of a non-streaming `chat.completion` body.
-    pub fn from_chat(body: &Value) -> Self {
+    /// The answer of a non-streaming `chat.completion` body; a thinking model's reasoning
+    /// is split from its text as [`Reader`] splits it streamed.
+    pub fn from_chat(body: &Value, thinks: bool) -> Self {
         let mut a = Answer::default();
         let choice = &body["choices"][0];
         let message = &choice["message"];
         if let Some(t) = message["content"].as_str() {
-            a.text = t.to_owned();
+            let mut split = Vec::new();
+            match thinks {
+                true => {
+                    let mut th = Thinking::default();
+                    th.push(t, &mut split);
+                    th.finish(&mut split);
+                }
+                false => split.push(Piece::Text(t.to_owned())),
+            }
+            split.iter().for_each(|p| a.apply(p));
         }
         for (index, c) in message["tool_calls"].as_array().into_iter().flatten().enumerate() {
             let name = c["function"]["name"].as_str().unwrap_or_default().to_owned();
@@ -135,18 +283,29 @@ pub type Events = Vec<(&'static str, Value)>;
 pub trait Translate: Send {
     /// Before any chunk.
     fn start(&mut self) -> Events;
+    /// What reads the chunks into pieces.
+    fn reader(&mut self) -> &mut Reader;
     /// One piece of the answer.
     fn piece(&mut self, p: Piece, out: &mut Events);
+    /// After the last piece.
+    fn end(&mut self, out: &mut Events);
     /// One `chat.completion.chunk` (or the final usage chunk).
     fn chunk(&mut self, chunk: &Value) -> Events {
         let mut out = Vec::new();
-        for p in pieces(chunk) {
+        for p in self.reader().read(chunk) {
             self.piece(p, &mut out);
         }
         out
     }
     /// After the last chunk.
-    fn done(&mut self) -> Events;
+    fn done(&mut self) -> Events {
+        let mut out = Vec::new();
+        for p in self.reader().finish() {
+            self.piece(p, &mut out);
+        }
+        self.end(&mut out);
+        out
+    }
     /// The stream failed after it began.
     fn error(&mut self, e: &ApiError) -> Events;
 }
@@ -176,8 +335,33 @@ mod tests {
         ];
         let mut streamed = Answer::default();
         chunks.iter().flat_map(pieces).for_each(|p| streamed.apply(&p));
-        assert_eq!(streamed, Answer::from_chat(&whole));
+        assert_eq!(streamed, Answer::from_chat(&whole, false));
         assert_eq!((streamed.calls[0].arguments.as_str(), streamed.cached_tokens), ("{\"x\": 1}", 2));
         assert!(pieces(&chunks[0]).is_empty());
+    }
+
+    /// A thinking model's text, cut anywhere, splits as it does whole; a text without a
+    /// `<think>` is all answer, and a cut-off one all reasoning.
+    #[test]
+    fn reasoning_splits_wherever_the_text_is_cut() {
+        let split = |pieces: &[&str]| {
+            let (mut th, mut out) = (Thinking::default(), Vec::new());
+            pieces.iter().for_each(|p| th.push(p, &mut out));
+            th.finish(&mut out);
+            let mut a = Answer::default();
+            out.iter().for_each(|p| a.apply(p));
+            (a.reasoning, a.text)
+        };
+        let text = "<think>\nLet me add: 2 + 2 < 5.\n</think>\n\nIt is 4.";
+        let whole = split(&[text]);
+        assert_eq!(whole, ("Let me add: 2 + 2 < 5.\n".to_owned(), "It is 4.".to_owned()));
+        let chars: Vec<char> = text.chars().collect();
+        for size in 1..8 {
+            let pieces: Vec<String> = chars.chunks(size).map(|c| c.iter().collect()).collect();
+            assert_eq!(split(&pieces.iter().map(String::as_str).collect::<Vec<_>>()), whole, "pieces of {size}");
+        }
+        assert_eq!(split(&["<thi", "s is text"]), (String::new(), "<this is text".to_owned()));
+        assert_eq!(split(&["<think>cut off</th"]), ("cut off</th".to_owned(), String::new()));
+        assert_eq!(split(&["  plain"]), (String::new(), "  plain".to_owned()));
     }
 }

@@ -5,7 +5,7 @@
 use super::body::{json_body, JsonBody};
 use super::stream::{self, within};
 use super::AppState;
-use crate::api::answer::Answer;
+use crate::api::answer::{thinks, Answer};
 use crate::api::messages::output::{message, MessageStream};
 use crate::api::messages::{error_body, MessagesRequest};
 use crate::api::openai;
@@ -39,12 +39,13 @@ pub async fn create(State(st): St, body: JsonBody) -> Response {
             let model = req.model.clone().unwrap_or_else(|| engine.model().name.clone());
             let mut chat = req.chat(false)?;
             chat.gen.model = None;
+            let thinks = thinks(engine.model().tokenizer.chat_template.as_deref());
             if req.streaming() {
-                let make = move |prompt_tokens| Box::new(MessageStream::new(&model, prompt_tokens)) as _;
+                let make = move |prompt_tokens| Box::new(MessageStream::new(&model, prompt_tokens, thinks)) as _;
                 return stream::translated(engine, chat, st.stream_ctx(), make).await;
             }
             let body = within(st.request_timeout, openai::chat_completions(engine, &chat, "")).await?;
-            Ok(Json(message(&random_id("msg"), &model, &Answer::from_chat(&body))).into_response())
+            Ok(Json(message(&random_id("msg"), &model, &Answer::from_chat(&body, thinks))).into_response())
         }
         .await,
     )

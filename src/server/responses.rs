@@ -4,7 +4,7 @@
 use super::body::{json_body, new_id, respond, JsonBody};
 use super::stream::{self, within};
 use super::AppState;
-use crate::api::answer::Answer;
+use crate::api::answer::{thinks, Answer};
 use crate::api::openai::{self, check_served};
 use crate::api::responses::output::{conversation, ItemIds, Meta, ResponseStream};
 use crate::api::responses::ResponsesRequest;
@@ -52,17 +52,18 @@ pub async fn create(State(st): St, body: JsonBody) -> Response {
             let mut kept = history;
             kept.extend(input);
             let store = req.stores().then(|| st.clone());
+            let thinks = thinks(engine.model().tokenizer.chat_template.as_deref());
             if req.streaming() {
                 let on_done = Box::new(move |a: &Answer, r: Value| {
                     if let Some(st) = store {
                         st.responses.put(conversation(kept, a), r);
                     }
                 });
-                let make = move |_| Box::new(ResponseStream::new(meta, on_done)) as _;
+                let make = move |_| Box::new(ResponseStream::new(meta, thinks, on_done)) as _;
                 return stream::translated(engine, chat, st.stream_ctx(), make).await;
             }
             let body = within(st.request_timeout, openai::chat_completions(engine, &chat, &new_id("chatcmpl"))).await?;
-            let answer = Answer::from_chat(&body);
+            let answer = Answer::from_chat(&body, thinks);
             let r = meta.finished(&answer, &ItemIds::new());
             if let Some(st) = store {
                 st.responses.put(conversation(kept, &answer), r.clone());

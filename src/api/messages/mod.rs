@@ -12,8 +12,7 @@ use super::{parse_split, ApiError};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-/// A `/v1/messages` request. `metadata`, `thinking` (no model served here thinks in
-/// Anthropic's blocks), `service_tier` and the like are ignored.
+/// A `/v1/messages` request. `metadata`, `service_tier` and the like are ignored.
 #[derive(Debug, Clone, Deserialize)]
 pub struct MessagesRequest {
     pub model: Option<String>,
@@ -28,6 +27,9 @@ pub struct MessagesRequest {
     pub stream: Option<bool>,
     pub tools: Option<Vec<Value>>,
     pub tool_choice: Option<Value>,
+    /// `{"type": "enabled" | "disabled", "budget_tokens"}`: whether a thinking model
+    /// (Qwen3's template's `enable_thinking`) thinks; off unless asked, as Anthropic's.
+    pub thinking: Option<Value>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -81,7 +83,12 @@ impl MessagesRequest {
             top_logprobs: None,
             max_completion_tokens: self.max_tokens,
             add_generation_prompt: None,
-            chat_template_kwargs: None,
+            chat_template_kwargs: Some(
+                json!({"enable_thinking": self.thinking.as_ref().is_some_and(|t| t["type"] == "enabled")})
+                    .as_object()
+                    .cloned()
+                    .unwrap_or_default(),
+            ),
             tools: (!tools.is_empty()).then_some(tools),
             tool_choice,
             parallel_tool_calls: parallel,

@@ -2,7 +2,7 @@
 //! Anthropic's event stream (`message_start`, `content_block_start` / `_delta` / `_stop`,
 //! `message_delta`, `message_stop`). Both come from the same [`Answer`].
 
-use crate::api::answer::{Answer, Events, Piece, Translate};
+use crate::api::answer::{Answer, Events, Piece, Reader, Translate};
 use crate::api::{random_id, ApiError};
 use serde_json::{json, Value};
 
@@ -29,6 +29,10 @@ fn input(arguments: &str) -> Value {
 /// The `message` object of a finished answer.
 pub fn message(id: &str, model: &str, a: &Answer) -> Value {
     let mut content = Vec::new();
+    if !a.reasoning.is_empty() {
+        // Anthropic signs its own thinking; a local model's has nothing to sign.
+        content.push(json!({"type": "thinking", "thinking": a.reasoning, "signature": ""}));
+    }
     if !a.text.is_empty() {
         content.push(json!({"type": "text", "text": a.text}));
     }
@@ -43,6 +47,7 @@ pub fn message(id: &str, model: &str, a: &Answer) -> Value {
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Open {
     Nothing,
+    Thinking,
     Text,
     Call,
 }
@@ -56,10 +61,12 @@ pub struct MessageStream {
     open: Open,
     /// Index of the open block (or of the next one).
     index: usize,
+    reader: Reader,
 }
 
 impl MessageStream {
-    pub fn new(model: &str, prompt_tokens: usize) -> Self {
+    /// `thinks`: the model writes its reasoning first ([`crate::api::answer::thinks`]).
+    pub fn new(model: &str, prompt_tokens: usize, thinks: bool) -> Self {
         MessageStream {
             id: random_id("msg"),
             model: model.to_owned(),
@@ -67,6 +74,7 @@ impl MessageStream {
             answer: Answer::default(),
             open: Open::Nothing,
             index: 0,
+            reader: Reader::new(thinks),
         }
     }
 
@@ -89,6 +97,16 @@ impl MessageStream {
     fn on_piece(&mut self, p: Piece, out: &mut Events) {
         self.answer.apply(&p);
         match p {
+            Piece::Reasoning(thinking) => {
+                if self.open != Open::Thinking {
+                    self.close(out);
+                    self.open = Open::Thinking;
+                    let block = json!({"type": "thinking", "thinking": "", "signature": ""});
+                    Self::event(out, "content_block_start", json!({"index": self.index, "content_block": block}));
+                }
+                let delta = json!({"index": self.index, "delta": {"type": "thinking_delta", "thinking": thinking}});
+                Self::event(out, "content_block_delta", delta);
+            }
             Piece::Text(text) => {
                 if self.open != Open::Text {
                     self.close(out);
@@ -127,14 +145,16 @@ impl Translate for MessageStream {
         self.on_piece(p, out);
     }
 
-    fn done(&mut self) -> Events {
-        let mut out = Vec::new();
-        self.close(&mut out);
+    fn reader(&mut self) -> &mut Reader {
+        &mut self.reader
+    }
+
+    fn end(&mut self, out: &mut Events) {
+        self.close(out);
         let delta = json!({"delta": {"stop_reason": stop_reason(&self.answer), "stop_sequence": self.answer.stop},
             "usage": usage(&self.answer)});
-        Self::event(&mut out, "message_delta", delta);
-        Self::event(&mut out, "message_stop", json!({}));
-        out
+        Self::event(out, "message_delta", delta);
+        Self::event(out, "message_stop", json!({}));
     }
 
     fn error(&mut self, e: &ApiError) -> Events {
@@ -159,7 +179,7 @@ mod tests {
                 "finish_reason": "tool_calls"}]}),
             json!({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 6}}),
         ];
-        let mut s = MessageStream::new("m", 5);
+        let mut s = MessageStream::new("m", 5, false);
         let mut events = s.start();
         chunks.iter().for_each(|c| events.extend(s.chunk(c)));
         events.extend(s.done());

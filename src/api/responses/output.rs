@@ -4,7 +4,7 @@
 //! the same [`Answer`], so a streamed response ends in the object a plain request returns.
 
 use super::ResponsesRequest;
-use crate::api::answer::{Answer, Events, Piece, Translate};
+use crate::api::answer::{Answer, Events, Piece, Reader, Translate};
 use crate::api::chat::ChatMessage;
 use crate::api::{random_id, unix_time, ApiError};
 use serde_json::{json, Value};
@@ -68,16 +68,18 @@ fn usage(a: &Answer) -> Value {
         "total_tokens": a.prompt_tokens + a.completion_tokens})
 }
 
-/// The ids of a response's items: its message, and per call, the function-call item.
+/// The ids of a response's items: its reasoning, its message, and per call, the
+/// function-call item.
 #[derive(Debug, Clone, Default)]
 pub struct ItemIds {
+    reasoning: String,
     message: String,
     calls: Vec<String>,
 }
 
 impl ItemIds {
     pub fn new() -> Self {
-        ItemIds { message: random_id("msg"), calls: Vec::new() }
+        ItemIds { reasoning: random_id("rs"), message: random_id("msg"), calls: Vec::new() }
     }
 
     fn call(&mut self, index: usize) -> &str {
@@ -93,6 +95,15 @@ fn message_item(id: &str, text: &str, status: &str) -> Value {
     json!({"type": "message", "id": id, "status": status, "role": "assistant", "content": content})
 }
 
+fn reasoning_item(id: &str, text: &str, status: &str) -> Value {
+    let content = if status == "in_progress" { json!([]) } else { json!([reasoning_part(text)]) };
+    json!({"type": "reasoning", "id": id, "summary": [], "content": content, "status": status})
+}
+
+fn reasoning_part(text: &str) -> Value {
+    json!({"type": "reasoning_text", "text": text})
+}
+
 fn text_part(text: &str) -> Value {
     json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []})
 }
@@ -101,10 +112,14 @@ fn call_item(id: &str, call_id: &str, name: &str, arguments: &str, status: &str)
     json!({"type": "function_call", "id": id, "call_id": call_id, "name": name, "arguments": arguments, "status": status})
 }
 
-/// The output items: the message (when there is text), then the calls.
+/// The output items: the reasoning (of a model that thinks), the message (when there is
+/// text), then the calls.
 pub fn items(a: &Answer, ids: &ItemIds) -> Vec<Value> {
     let status = if a.cut_off() { "incomplete" } else { "completed" };
     let mut out = Vec::new();
+    if !a.reasoning.is_empty() {
+        out.push(reasoning_item(&ids.reasoning, &a.reasoning, status));
+    }
     if !a.text.is_empty() || a.calls.is_empty() {
         out.push(message_item(&ids.message, &a.text, status));
     }
@@ -136,6 +151,7 @@ pub fn conversation(mut messages: Vec<ChatMessage>, answer: &Answer) -> Vec<Chat
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Open {
     Nothing,
+    Reasoning,
     Message,
     Call(usize),
 }
@@ -154,10 +170,12 @@ pub struct ResponseStream {
     index: usize,
     seq: u64,
     on_done: Option<OnDone>,
+    reader: Reader,
 }
 
 impl ResponseStream {
-    pub fn new(meta: Meta, on_done: OnDone) -> Self {
+    /// `thinks`: the model writes its reasoning first ([`crate::api::answer::thinks`]).
+    pub fn new(meta: Meta, thinks: bool, on_done: OnDone) -> Self {
         ResponseStream {
             meta,
             ids: ItemIds::new(),
@@ -166,6 +184,7 @@ impl ResponseStream {
             index: 0,
             seq: 0,
             on_done: Some(on_done),
+            reader: Reader::new(thinks),
         }
     }
 
@@ -183,6 +202,13 @@ impl ResponseStream {
         let index = self.index;
         match self.open {
             Open::Nothing => return,
+            Open::Reasoning => {
+                let (id, text) = (self.ids.reasoning.clone(), self.answer.reasoning.clone());
+                let done = json!({"item_id": id, "output_index": index, "content_index": 0, "text": text});
+                self.event(out, "response.reasoning_text.done", done);
+                let item = reasoning_item(&id, &text, self.item_status());
+                self.event(out, "response.output_item.done", json!({"output_index": index, "item": item}));
+            }
             Open::Message => {
                 let (id, text) = (self.ids.message.clone(), self.answer.text.clone());
                 let at = json!({"item_id": id, "output_index": index, "content_index": 0});
@@ -223,6 +249,17 @@ impl ResponseStream {
     fn on_piece(&mut self, p: Piece, out: &mut Events) {
         self.answer.apply(&p);
         match p {
+            Piece::Reasoning(delta) => {
+                if self.open != Open::Reasoning {
+                    self.close(out);
+                    self.open = Open::Reasoning;
+                    let item = reasoning_item(&self.ids.reasoning, "", "in_progress");
+                    self.event(out, "response.output_item.added", json!({"output_index": self.index, "item": item}));
+                }
+                let v = json!({"item_id": self.ids.reasoning, "output_index": self.index, "content_index": 0,
+                    "delta": delta});
+                self.event(out, "response.reasoning_text.delta", v);
+            }
             Piece::Text(delta) => {
                 if self.open != Open::Message {
                     self.close(out);
@@ -267,20 +304,22 @@ impl Translate for ResponseStream {
         self.on_piece(p, out);
     }
 
-    fn done(&mut self) -> Events {
-        let mut out = Vec::new();
+    fn reader(&mut self) -> &mut Reader {
+        &mut self.reader
+    }
+
+    fn end(&mut self, out: &mut Events) {
         if self.answer.text.is_empty() && self.answer.calls.is_empty() {
             // An empty answer is still one (empty) message, as the whole response shows it.
-            self.on_piece(Piece::Text(String::new()), &mut out);
+            self.on_piece(Piece::Text(String::new()), out);
         }
-        self.close(&mut out);
+        self.close(out);
         let r = self.meta.finished(&self.answer, &self.ids);
         let name = if self.answer.cut_off() { "response.incomplete" } else { "response.completed" };
-        self.event(&mut out, name, json!({"response": r}));
+        self.event(out, name, json!({"response": r}));
         if let Some(f) = self.on_done.take() {
             f(&self.answer, r);
         }
-        out
     }
 
     fn error(&mut self, e: &ApiError) -> Events {
@@ -323,7 +362,7 @@ mod tests {
         let kept = Arc::new(Mutex::new(None));
         let k = kept.clone();
         let meta = Meta::new(&request(), "m");
-        let mut s = ResponseStream::new(meta.clone(), Box::new(move |_, r| *k.lock().unwrap() = Some(r)));
+        let mut s = ResponseStream::new(meta.clone(), false, Box::new(move |_, r| *k.lock().unwrap() = Some(r)));
         let mut events = s.start();
         chunks.iter().for_each(|c| events.extend(s.chunk(c)));
         events.extend(s.done());
@@ -359,12 +398,12 @@ mod tests {
         let whole = json!({"choices": [{"message": {"content": "Let me", "tool_calls": [{"id": "call_1",
             "function": {"name": "f", "arguments": "{\"x\": 1}"}}]}, "finish_reason": "tool_calls"}],
             "usage": {"prompt_tokens": 3, "completion_tokens": 4}});
-        assert_eq!(&meta.finished(&Answer::from_chat(&whole), &s.ids), last);
+        assert_eq!(&meta.finished(&Answer::from_chat(&whole, false), &s.ids), last);
     }
 
     #[test]
     fn a_cut_off_answer_is_incomplete() {
-        let mut s = ResponseStream::new(Meta::new(&request(), "m"), Box::new(|_, _| {}));
+        let mut s = ResponseStream::new(Meta::new(&request(), "m"), false, Box::new(|_, _| {}));
         s.start();
         s.chunk(&json!({"choices": [{"delta": {"content": "abc"}, "finish_reason": "length"}]}));
         let events = s.done();
@@ -372,5 +411,35 @@ mod tests {
         assert_eq!(*name, "response.incomplete");
         assert_eq!(v["response"]["incomplete_details"]["reason"], "max_output_tokens");
         assert_eq!(v["response"]["output"][0]["status"], "incomplete");
+    }
+
+    /// A thinking model's reasoning streams as a reasoning item before the message, and
+    /// the whole response shows the same items.
+    #[test]
+    fn reasoning_comes_first_as_its_own_item() {
+        let meta = Meta::new(&request(), "m");
+        let mut s = ResponseStream::new(meta.clone(), true, Box::new(|_, _| {}));
+        let mut events = s.start();
+        for piece in ["<think>\nHm", "m.</th", "ink>\n\nFour."] {
+            events.extend(s.chunk(&json!({"choices": [{"delta": {"content": piece}, "finish_reason": null}]})));
+        }
+        events.extend(s.chunk(&json!({"choices": [{"delta": {}, "finish_reason": "stop"}]})));
+        events.extend(s.done());
+        let names: Vec<&str> = events.iter().map(|(n, _)| *n).collect();
+        assert_eq!(
+            &names[2..6],
+            [
+                "response.output_item.added",
+                "response.reasoning_text.delta",
+                "response.reasoning_text.delta",
+                "response.reasoning_text.done"
+            ]
+        );
+        let last = &events.last().unwrap().1["response"];
+        assert_eq!(last["output"][0]["content"][0]["text"], "Hmm.");
+        assert_eq!(last["output"][1]["content"][0]["text"], "Four.");
+        let whole =
+            json!({"choices": [{"message": {"content": "<think>\nHmm.</think>\n\nFour."}, "finish_reason": "stop"}]});
+        assert_eq!(&meta.finished(&Answer::from_chat(&whole, true), &s.ids)["output"], &last["output"]);
     }
 }
