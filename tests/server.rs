@@ -324,8 +324,22 @@ async fn prefix_cache_over_http() {
     let prompt_tokens = second["usage"]["prompt_tokens"].as_u64().unwrap();
     let cached = second["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
     assert_eq!(cached, (prompt_tokens - 1) / 16 * 16, "{second}");
+    assert!(cached > 0, "the prompt spans a whole block: {second}");
     assert_eq!(s.metric("weft:prefix_cache_hits_total").await, cached as f64);
     assert_eq!(s.metric("weft:prefix_cache_queries_total").await, 2.0 * prompt_tokens as f64);
+    // With usage on every chunk, each chunk reports the cached tokens the final usage does.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true, "continuous_usage_stats": true});
+    let chunks = s.stream("/v1/completions", streamed).await;
+    let cached_per_chunk: Vec<u64> = chunks
+        .iter()
+        .filter(|c| *c != "[DONE]")
+        .filter_map(|c| {
+            serde_json::from_str::<Value>(c).unwrap()["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64()
+        })
+        .collect();
+    assert!(cached_per_chunk.len() > 1 && cached_per_chunk.iter().all(|&c| c == cached), "{chunks:?}");
     let mut salted = body.clone();
     salted["cache_salt"] = json!("tenant-b");
     let (_, other) = s.post("/v1/completions", salted).await;

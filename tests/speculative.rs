@@ -15,9 +15,12 @@ use weft::sampling::SamplingParams;
 /// without `cached_tokens` (which prompts repeat an earlier one's depends on timing).
 fn by_sample(mut s: weft::engine::RequestStream) -> Vec<Event> {
     let mut all: Vec<Event> = std::iter::from_fn(|| s.blocking_recv()).collect();
+    // What the prefix cache held differs between engines; the tokens must not.
     for e in &mut all {
-        if let Event::Finished { usage, .. } = e {
-            usage.cached_tokens = 0;
+        match e {
+            Event::Finished { usage, .. } => usage.cached_tokens = 0,
+            Event::Token { cached_tokens, .. } => *cached_tokens = 0,
+            _ => {}
         }
     }
     all.sort_by_key(|e| match e {

@@ -621,7 +621,7 @@ impl EngineLoop {
             self.sched.append_token(seq, sampled.id);
         }
         let tok = &self.shared.model.tokenizer;
-        let Some(s) = self.sched.get_mut(seq).map(|q| &mut q.state) else {
+        let Some((s, cached_tokens)) = self.sched.get_mut(seq).map(|q| (&mut q.state, q.cached_tokens)) else {
             return false;
         };
         let Some(req) = self.requests.get_mut(&s.request) else {
@@ -652,6 +652,7 @@ impl EngineLoop {
                 id: sampled.id,
                 text: String::new(),
                 logprobs: sampled.logprobs,
+                cached_tokens,
             });
             Some((FinishReason::Stop, s.stop.flush()))
         } else {
@@ -659,8 +660,9 @@ impl EngineLoop {
             let grammar = s.constraint.as_mut().map(|c| c.commit(sampled.id).map(|()| c.is_done()));
             let delta = s.detok.push(tok, sampled.id).unwrap_or_default();
             let scan = s.stop.push(&delta);
-            let _ =
-                req.events.send(Event::Token { index, id: sampled.id, text: scan.emit, logprobs: sampled.logprobs });
+            let token =
+                Event::Token { index, id: sampled.id, text: scan.emit, logprobs: sampled.logprobs, cached_tokens };
+            let _ = req.events.send(token);
             if scan.stopped {
                 Some((FinishReason::Stop, String::new()))
             } else if let Some(Err(e)) = grammar {

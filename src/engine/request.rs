@@ -100,6 +100,8 @@ pub enum Event {
         /// Text this token completes (may be empty: a partial character or held-back stop text).
         text: String,
         logprobs: Option<(TokenLogprob, Vec<TokenLogprob>)>,
+        /// Prompt tokens of this sample found in the prefix cache (as its final usage says).
+        cached_tokens: usize,
     },
     /// Scores of prompt tokens (`prompt_logprobs`), in order, starting with the second
     /// token; they come before the request's first token.

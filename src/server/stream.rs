@@ -83,7 +83,7 @@ async fn forward(
     continuous: Option<usize>,
     mut on_event: impl FnMut(Event) -> Vec<Value>,
 ) -> Result<Usage, String> {
-    let (mut total, mut finished, mut generated) = (Usage::default(), 0, 0);
+    let (mut total, mut finished, mut generated, mut cached) = (Usage::default(), 0, 0, 0);
     loop {
         let ev = tokio::select! {
             _ = tx.closed() => return Ok(total),
@@ -101,12 +101,15 @@ async fn forward(
                 total.add_sample(usage);
                 finished += 1;
             }
-            Event::Token { .. } => generated += 1,
+            Event::Token { cached_tokens, .. } => {
+                generated += 1;
+                cached = cached.max(*cached_tokens);
+            }
             Event::PromptLogprobs { .. } | Event::Embedding { .. } => {}
         }
         for mut v in on_event(ev) {
             if let Some(prompt_tokens) = continuous {
-                v["usage"] = usage(&Usage { prompt_tokens, completion_tokens: generated, cached_tokens: 0 });
+                v["usage"] = usage(&Usage { prompt_tokens, completion_tokens: generated, cached_tokens: cached });
             }
             if !send(&tx, v).await {
                 return Ok(total);
@@ -225,7 +228,7 @@ pub async fn completions(
                 }
                 match ev {
                     Event::Token { text, .. } if text.is_empty() && !with_logprobs => {}
-                    Event::Token { index, id, text, logprobs } => {
+                    Event::Token { index, id, text, logprobs, .. } => {
                         let lp = match (with_logprobs, logprobs) {
                             (true, Some((t, top))) => {
                                 let entry = (id, Some((t.logprob, top.as_slice())));
@@ -355,7 +358,7 @@ impl ChatEvents {
     fn on(&mut self, ev: Event) -> Vec<Value> {
         let chunk = &self.chunk;
         match ev {
-            Event::Token { index, id, text, logprobs } => {
+            Event::Token { index, id, text, logprobs, .. } => {
                 let delta = match self.tools.get_mut(index) {
                     Some(ts) => {
                         let piece = match self.marker {

@@ -34,7 +34,7 @@ pub async fn gather(mut stream: RequestStream, n: usize) -> Result<Gathered, Api
         match ev {
             Event::Embedding { vector } => embedding = vector,
             Event::PromptLogprobs { logprobs } => prompt_logprobs.extend(logprobs),
-            Event::Token { index, id, text, logprobs } => {
+            Event::Token { index, id, text, logprobs, .. } => {
                 let c = &mut choices[index];
                 c.text += &text;
                 c.tokens.push(id);
