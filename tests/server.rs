@@ -131,7 +131,16 @@ async fn completions_streaming_and_every_error_path() {
     assert_eq!((st, resp["error"]["param"].as_str()), (400, Some("prompts")));
     let (_, doc) = s.get("/openapi.json").await;
     let doc: Value = serde_json::from_str(&doc).unwrap();
-    for path in ["/v1/completions", "/v1/chat/completions", "/generate/batch", "/metrics", "/health"] {
+    for path in [
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/responses",
+        "/v1/messages",
+        "/v1/embeddings",
+        "/generate/batch",
+        "/metrics",
+        "/health",
+    ] {
         assert!(doc["paths"].get(path).is_some(), "{path} missing from the OpenAPI document");
     }
     s.assert_idle().await;
