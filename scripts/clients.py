@@ -184,7 +184,9 @@ def scenarios(base):
         assert text and final.content[0].text == text and final.usage.input_tokens > 0
 
     def messages_tools():
-        m = an.messages.create(model="claude", max_tokens=120, tools=[ANTHROPIC_TOOL], tool_choice={"type": "any"},
+        # One call (a sampled run of parallel calls can reach max_tokens first).
+        m = an.messages.create(model="claude", max_tokens=120, tools=[ANTHROPIC_TOOL], temperature=0,
+                               tool_choice={"type": "any", "disable_parallel_tool_use": True},
                                messages=[{"role": "user", "content": "Weather in Paris?"}])
         use = [b for b in m.content if b.type == "tool_use"]
         assert use and m.stop_reason == "tool_use", m
@@ -214,7 +216,7 @@ def scenarios(base):
 
     def lc_tools():
         llm = ChatOpenAI(base_url=f"{base}/v1", api_key="none", model=served, max_tokens=120)
-        msg = llm.bind_tools([CHAT_TOOL], tool_choice="required").invoke("Weather in Paris?")
+        msg = llm.bind_tools([CHAT_TOOL], tool_choice="required", parallel_tool_calls=False).invoke("Weather in Paris?")
         assert msg.tool_calls and msg.tool_calls[0]["name"] == "get_weather", msg
         jsonschema.validate(msg.tool_calls[0]["args"], WEATHER)
 
