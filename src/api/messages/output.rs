@@ -93,8 +93,18 @@ impl MessageStream {
             self.open = Open::Nothing;
         }
     }
+}
 
-    fn on_piece(&mut self, p: Piece, out: &mut Events) {
+impl Translate for MessageStream {
+    fn start(&mut self) -> Events {
+        let mut out = Vec::new();
+        let mut m = message(&self.id, &self.model, &Answer { prompt_tokens: self.prompt_tokens, ..Answer::default() });
+        m["stop_reason"] = Value::Null;
+        Self::event(&mut out, "message_start", json!({"message": m}));
+        out
+    }
+
+    fn piece(&mut self, p: Piece, out: &mut Events) {
         self.answer.apply(&p);
         match p {
             Piece::Reasoning(thinking) => {
@@ -129,20 +139,6 @@ impl MessageStream {
             }
             Piece::Finish(..) | Piece::Usage(_) => {}
         }
-    }
-}
-
-impl Translate for MessageStream {
-    fn start(&mut self) -> Events {
-        let mut out = Vec::new();
-        let mut m = message(&self.id, &self.model, &Answer { prompt_tokens: self.prompt_tokens, ..Answer::default() });
-        m["stop_reason"] = Value::Null;
-        Self::event(&mut out, "message_start", json!({"message": m}));
-        out
-    }
-
-    fn piece(&mut self, p: Piece, out: &mut Events) {
-        self.on_piece(p, out);
     }
 
     fn reader(&mut self) -> &mut Reader {

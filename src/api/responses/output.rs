@@ -245,8 +245,18 @@ impl ResponseStream {
             "completed"
         }
     }
+}
 
-    fn on_piece(&mut self, p: Piece, out: &mut Events) {
+impl Translate for ResponseStream {
+    fn start(&mut self) -> Events {
+        let mut out = Vec::new();
+        let r = self.meta.object("in_progress", vec![], None);
+        self.event(&mut out, "response.created", json!({"response": r}));
+        self.event(&mut out, "response.in_progress", json!({"response": r}));
+        out
+    }
+
+    fn piece(&mut self, p: Piece, out: &mut Events) {
         self.answer.apply(&p);
         match p {
             Piece::Reasoning(delta) => {
@@ -289,20 +299,6 @@ impl ResponseStream {
             Piece::Finish(..) | Piece::Usage(_) => {}
         }
     }
-}
-
-impl Translate for ResponseStream {
-    fn start(&mut self) -> Events {
-        let mut out = Vec::new();
-        let r = self.meta.object("in_progress", vec![], None);
-        self.event(&mut out, "response.created", json!({"response": r}));
-        self.event(&mut out, "response.in_progress", json!({"response": r}));
-        out
-    }
-
-    fn piece(&mut self, p: Piece, out: &mut Events) {
-        self.on_piece(p, out);
-    }
 
     fn reader(&mut self) -> &mut Reader {
         &mut self.reader
@@ -311,7 +307,7 @@ impl Translate for ResponseStream {
     fn end(&mut self, out: &mut Events) {
         if self.answer.text.is_empty() && self.answer.calls.is_empty() {
             // An empty answer is still one (empty) message, as the whole response shows it.
-            self.on_piece(Piece::Text(String::new()), out);
+            self.piece(Piece::Text(String::new()), out);
         }
         self.close(out);
         let r = self.meta.finished(&self.answer, &self.ids);
