@@ -21,6 +21,9 @@ fn nested(depth: usize) -> String {
 fn hostile_requests() -> Vec<(&'static str, String, Option<&'static str>)> {
     let c = |v: Value, p: Option<&'static str>| ("/v1/completions", v.to_string(), p);
     let chat = |v: Value, p: Option<&'static str>| ("/v1/chat/completions", v.to_string(), p);
+    let r = |v: Value, p: Option<&'static str>| ("/v1/responses", v.to_string(), p);
+    let m = |v: Value, p: Option<&'static str>| ("/v1/messages", v.to_string(), p);
+    let e = |v: Value, p: Option<&'static str>| ("/v1/embeddings", v.to_string(), p);
     let user = json!([{"role": "user", "content": "hi"}]);
     let many_bias: serde_json::Map<String, Value> = (0..301).map(|i| (i.to_string(), json!(1))).collect();
     vec![
@@ -79,6 +82,22 @@ fn hostile_requests() -> Vec<(&'static str, String, Option<&'static str>)> {
         ("/detokenize", json!({"tokens": [99999]}).to_string(), Some("tokens")),
         ("/tokenize", json!({"prompt": 123}).to_string(), Some("prompt")),
         ("/no/such/route", "{}".into(), None),
+        // The Responses, Messages (errors in Anthropic's shape: no `param`) and embeddings routes.
+        r(json!({"input": "x", "max_output_tokens": u64::MAX}), Some("max_output_tokens")),
+        r(json!({"input": [{"type": "function_call_output"}]}), Some("input[0]")),
+        r(json!({"input": [{"role": "user", "content": [{"type": "input_file"}]}]}), Some("input[0]")),
+        r(json!({"input": "x", "previous_response_id": "resp_none"}), Some("previous_response_id")),
+        r(json!({"input": "x", "tools": [{"type": "computer_use_preview"}]}), Some("tools")),
+        ("/v1/responses", format!("{{\"input\": {}}}", nested(10_000)), None),
+        m(json!({"max_tokens": u64::MAX, "messages": user}), None),
+        m(json!({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "tool_result"}]}]}), None),
+        m(json!({"max_tokens": 5, "messages": user, "tool_choice": {"type": "sometimes"}}), None),
+        ("/v1/messages/count_tokens", json!({"messages": "x"}).to_string(), None),
+        e(json!({"input": [u32::MAX]}), Some("input")),
+        e(json!({"input": vec!["a"; 2049]}), Some("input")),
+        e(json!({"input": vec![5; 600]}), Some("input")),
+        e(json!({"input": [[]]}), Some("input")),
+        e(json!({"input": "x", "dimensions": 4}), Some("dimensions")),
     ]
 }
 

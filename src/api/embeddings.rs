@@ -100,7 +100,15 @@ impl EmbeddingRequest {
     pub async fn run(&self, engine: &EngineHandle) -> Result<Value, ApiError> {
         let (req, e) = (self.clone(), engine.clone());
         let reqs = off_runtime(move || req.engine_requests(&e)).await?;
-        let streams = reqs.into_iter().map(|r| engine.submit(r)).collect::<Result<Vec<_>, _>>()?;
+        // The engine's checks name the prompt; here it is the input.
+        let renamed = |e: crate::engine::SubmitError| {
+            let mut e = ApiError::from(e);
+            if e.param.as_deref() == Some("prompt") {
+                e.param = Some("input".into());
+            }
+            e
+        };
+        let streams = reqs.into_iter().map(|r| engine.submit(r).map_err(renamed)).collect::<Result<Vec<_>, _>>()?;
         let (mut data, mut total) = (Vec::with_capacity(streams.len()), Usage::default());
         for (index, s) in streams.into_iter().enumerate() {
             let g = gather(s, 1).await?;
