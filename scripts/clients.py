@@ -24,7 +24,7 @@ import anthropic
 import jsonschema
 import openai
 from langchain_openai import ChatOpenAI
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 MODELS = os.environ.get("WEFT_SHARED_MODELS", os.path.join(os.path.dirname(__file__), "..", "..", "shared", "models"))
 FIXTURES = {
@@ -49,6 +49,9 @@ ANTHROPIC_TOOL = {"name": "get_weather", "description": "Weather in a city", "in
 class Weather(BaseModel):
     """Weather in a city."""
 
+    # additionalProperties: false, so that a sampled call cannot grow extra keys until
+    # max_tokens (the schema allows them otherwise, and the grammar with it).
+    model_config = ConfigDict(extra="forbid")
     city: str = Field(max_length=24)
     unit: str = Field(pattern="^[cf]$")
 
@@ -185,7 +188,7 @@ def scenarios(base):
 
     def messages_tools():
         # One call (a sampled run of parallel calls can reach max_tokens first).
-        m = an.messages.create(model="claude", max_tokens=120, tools=[ANTHROPIC_TOOL], temperature=0,
+        m = an.messages.create(model="claude", max_tokens=120, tools=[ANTHROPIC_TOOL], extra_body={"temperature": 0},
                                tool_choice={"type": "any", "disable_parallel_tool_use": True},
                                messages=[{"role": "user", "content": "Weather in Paris?"}])
         use = [b for b in m.content if b.type == "tool_use"]
