@@ -76,7 +76,8 @@ async fn responses_run_as_chat_and_keep_conversations() {
     let (st, r) = s
         .post(
             "/v1/responses",
-            json!({"input": "Weather?", "tools": [tool], "tool_choice": "required", "max_output_tokens": 200}),
+            json!({"input": "Weather?", "tools": [tool], "tool_choice": "required", "max_output_tokens": 200,
+                "parallel_tool_calls": false, "temperature": 0}),
         )
         .await;
     assert_eq!(st, 200, "{r}");
@@ -177,8 +178,9 @@ async fn messages_speak_anthropic() {
     let tool = json!({"name": "get_weather", "input_schema": common::weather_schema()});
     let (st, m) = post(
         "/v1/messages",
-        json!({"max_tokens": 200, "tools": [tool], "tool_choice": {"type": "any"},
-        "messages": [{"role": "user", "content": "Weather?"}]}),
+        // One call, greedy: sampled parallel calls can run to max_tokens first.
+        json!({"max_tokens": 200, "tools": [tool], "tool_choice": {"type": "any", "disable_parallel_tool_use": true},
+        "temperature": 0, "messages": [{"role": "user", "content": "Weather?"}]}),
         Some("sekrit"),
     )
     .await;
