@@ -56,6 +56,11 @@ fn content_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>
 }
 
 impl ChatMessage {
+    /// A plain message: `role` and its text, no calls.
+    pub fn new(role: &str, content: Option<String>) -> Self {
+        ChatMessage { role: role.into(), content, name: None, tool_calls: None, tool_call_id: None }
+    }
+
     /// The message as the template sees it. A call's `arguments` (JSON text in OpenAI's API)
     /// become the object templates expect, as vLLM passes them; keys absent here stay absent
     /// there (templates test `'tool_calls' in message`).

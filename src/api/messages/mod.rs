@@ -63,7 +63,7 @@ impl MessagesRequest {
         let mut messages = Vec::with_capacity(self.messages.len() + 1);
         if let Some(system) = &self.system {
             let text = blocks_text(system).map_err(|m| ApiError::invalid(m, Some("system")))?;
-            messages.push(message("system", Some(text)));
+            messages.push(ChatMessage::new("system", Some(text)));
         }
         for (i, m) in self.messages.iter().enumerate() {
             read_message(m, &mut messages).map_err(|e| ApiError::invalid(e, Some(&format!("messages.{i}"))))?;
@@ -107,10 +107,6 @@ impl MessagesRequest {
     }
 }
 
-fn message(role: &str, content: Option<String>) -> ChatMessage {
-    ChatMessage { role: role.into(), content, name: None, tool_calls: None, tool_call_id: None }
-}
-
 /// One message, added to `out`. A user turn's `tool_result` blocks become tool messages
 /// (first: they answer the calls just before) and its text a user message; an assistant
 /// turn's `tool_use` blocks become its calls. Thinking blocks are left out.
@@ -120,7 +116,7 @@ fn read_message(m: &Message, out: &mut Vec<ChatMessage>) -> Result<(), String> {
     }
     let blocks = match &m.content {
         Content::Text(t) => {
-            out.push(message(&m.role, Some(t.clone())));
+            out.push(ChatMessage::new(&m.role, Some(t.clone())));
             return Ok(());
         }
         Content::Blocks(b) => b,
@@ -145,7 +141,7 @@ fn read_message(m: &Message, out: &mut Vec<ChatMessage>) -> Result<(), String> {
                     c => blocks_text(&serde_json::from_value(c.clone()).map_err(|e| e.to_string())?)?,
                 };
                 let content = if b["is_error"] == true { format!("Error: {content}") } else { content };
-                out.push(ChatMessage { tool_call_id: Some(id.to_owned()), ..message("tool", Some(content)) });
+                out.push(ChatMessage { tool_call_id: Some(id.to_owned()), ..ChatMessage::new("tool", Some(content)) });
             }
             ("thinking" | "redacted_thinking", "assistant") => {}
             ("image" | "document", _) => {
@@ -156,7 +152,10 @@ fn read_message(m: &Message, out: &mut Vec<ChatMessage>) -> Result<(), String> {
     }
     if !text.is_empty() || !calls.is_empty() || blocks.is_empty() {
         let content = (!text.is_empty() || calls.is_empty()).then_some(text);
-        out.push(ChatMessage { tool_calls: (!calls.is_empty()).then_some(calls), ..message(&m.role, content) });
+        out.push(ChatMessage {
+            tool_calls: (!calls.is_empty()).then_some(calls),
+            ..ChatMessage::new(&m.role, content)
+        });
     }
     Ok(())
 }

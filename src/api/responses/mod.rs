@@ -86,7 +86,7 @@ impl ResponsesRequest {
     /// The input items as chat messages (without the instructions).
     pub fn input_messages(&self) -> Result<Vec<ChatMessage>, ApiError> {
         match &self.input {
-            Input::Text(t) => Ok(vec![message("user", Some(t.clone()))]),
+            Input::Text(t) => Ok(vec![ChatMessage::new("user", Some(t.clone()))]),
             Input::Items(items) => {
                 let mut out: Vec<ChatMessage> = Vec::new();
                 for (i, item) in items.iter().enumerate() {
@@ -102,7 +102,7 @@ impl ResponsesRequest {
     pub fn chat(&self, history: &[ChatMessage], input: &[ChatMessage]) -> Result<ChatRequest, ApiError> {
         let mut messages = Vec::with_capacity(history.len() + input.len() + 1);
         if let Some(i) = &self.instructions {
-            messages.push(message("system", Some(i.clone())));
+            messages.push(ChatMessage::new("system", Some(i.clone())));
         }
         messages.extend_from_slice(history);
         messages.extend_from_slice(input);
@@ -145,10 +145,6 @@ impl ResponsesRequest {
     }
 }
 
-fn message(role: &str, content: Option<String>) -> ChatMessage {
-    ChatMessage { role: role.into(), content, name: None, tool_calls: None, tool_call_id: None }
-}
-
 /// One input item, added to `out`: a message, a call the model made (joined to the assistant
 /// message before it), a call's output. Reasoning items are context the model wrote and
 /// reads again only as its answers: they are left out.
@@ -161,14 +157,14 @@ fn read_item(item: &Value, out: &mut Vec<ChatMessage>) -> Result<(), String> {
             if !["user", "system", "developer", "assistant"].contains(&role) {
                 return Err(format!("unknown message role {role:?} (expected user, system, developer or assistant)"));
             }
-            out.push(message(role, Some(content_text(&item["content"])?)));
+            out.push(ChatMessage::new(role, Some(content_text(&item["content"])?)));
         }
         "function_call" => {
             let call = json!({"id": text("call_id")?, "type": "function",
                 "function": {"name": text("name")?, "arguments": text("arguments")?}});
             match out.last_mut() {
                 Some(m) if m.role == "assistant" => m.tool_calls.get_or_insert_with(Vec::new).push(call),
-                _ => out.push(ChatMessage { tool_calls: Some(vec![call]), ..message("assistant", None) }),
+                _ => out.push(ChatMessage { tool_calls: Some(vec![call]), ..ChatMessage::new("assistant", None) }),
             }
         }
         "function_call_output" => {
@@ -176,7 +172,7 @@ fn read_item(item: &Value, out: &mut Vec<ChatMessage>) -> Result<(), String> {
                 Value::String(s) => s.clone(),
                 parts => content_text(parts)?,
             };
-            out.push(ChatMessage { tool_call_id: Some(text("call_id")?), ..message("tool", Some(output)) });
+            out.push(ChatMessage { tool_call_id: Some(text("call_id")?), ..ChatMessage::new("tool", Some(output)) });
         }
         "reasoning" => {}
         "" => return Err("an input item needs a `type` or a `role`".into()),

@@ -137,12 +137,10 @@ pub fn conversation(mut messages: Vec<ChatMessage>, answer: &Answer) -> Vec<Chat
         .iter()
         .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
         .collect();
+    let content = (!answer.text.is_empty() || calls.is_empty()).then(|| answer.text.clone());
     messages.push(ChatMessage {
-        role: "assistant".into(),
-        content: (!answer.text.is_empty() || calls.is_empty()).then(|| answer.text.clone()),
-        name: None,
         tool_calls: (!calls.is_empty()).then_some(calls),
-        tool_call_id: None,
+        ..ChatMessage::new("assistant", content)
     });
     messages
 }
