@@ -173,6 +173,7 @@ impl EngineArgs {
             prefix_caching: !self.no_enable_prefix_caching,
             max_step_ms: self.max_step_ms,
             speculative: self.speculative_config.clone(),
+            kv_events: None,
         }
     }
 
@@ -180,12 +181,6 @@ impl EngineArgs {
     pub fn start(&self) -> anyhow::Result<EngineHandle> {
         let loaded = self.load()?;
         EngineHandle::start(Arc::new(loaded), self.config())
-    }
-
-    /// Like [`EngineArgs::start`], reporting timings to `observer`.
-    pub fn start_observed(&self, observer: Arc<dyn crate::engine::Observer>) -> anyhow::Result<EngineHandle> {
-        let loaded = self.load()?;
-        EngineHandle::start_observed(Arc::new(loaded), self.config(), observer)
     }
 
     /// Loads the model (the cached default when `--model` is absent).

@@ -1,6 +1,7 @@
 //! `weft serve`: the command line of the HTTP server.
 
 use super::EngineArgs;
+use crate::server::kv_events::KvEventsConfig;
 use crate::server::ServerConfig;
 use anyhow::Result;
 use clap::Args;
@@ -38,6 +39,11 @@ pub struct ServeArgs {
     /// Open connections at most; beyond it new ones wait in the listen backlog.
     #[arg(long, default_value_t = 1024)]
     pub max_connections: usize,
+    /// Publish the prefix cache's block events for KV-aware routers, as vLLM's JSON:
+    /// `{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557",
+    /// "replay_endpoint":"tcp://*:5558","topic":"","buffer_steps":10000,"max_queue_size":100000}`.
+    #[arg(long, value_name = "JSON")]
+    pub kv_events_config: Option<KvEventsConfig>,
 }
 
 /// Starts the server with the engine these arguments describe.
@@ -52,7 +58,16 @@ pub fn run(args: ServeArgs) -> Result<()> {
         shutdown_grace: args.shutdown_grace,
         header_read_timeout: args.header_read_timeout,
         max_connections: args.max_connections,
+        kv_events: args.kv_events_config.filter(KvEventsConfig::enabled),
     };
+    let queue = config.kv_events.as_ref().map(|c| c.max_queue_size);
     let engine = args.engine;
-    crate::server::run(config, Box::new(move |observer| engine.start_observed(observer)))
+    crate::server::run(
+        config,
+        Box::new(move |observer| {
+            let loaded = engine.load()?;
+            let config = crate::engine::EngineConfig { kv_events: queue, ..engine.config() };
+            crate::engine::EngineHandle::start_observed(std::sync::Arc::new(loaded), config, observer)
+        }),
+    )
 }

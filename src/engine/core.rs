@@ -1,5 +1,6 @@
 //! The engine loop: commands in, steps run, events out.
 
+use super::kv_events::Outbox;
 use super::shared::{Command, Shared};
 use super::speculative::{Ask, Speculator};
 use super::stats::RECENT_STEPS;
@@ -103,10 +104,17 @@ pub(super) struct EngineLoop {
     /// The fitted step-time model that sizes prefill beside decodes (and drafts).
     cost: StepCost,
     spec: Option<Speculator>,
+    kv_events: Option<Outbox>,
 }
 
 impl EngineLoop {
-    pub fn new(shared: Arc<Shared>, kv: KvCache, spec: Option<Speculator>, rx: mpsc::Receiver<Command>) -> Self {
+    pub fn new(
+        shared: Arc<Shared>,
+        kv: KvCache,
+        spec: Option<Speculator>,
+        rx: mpsc::Receiver<Command>,
+        kv_events: Option<Outbox>,
+    ) -> Self {
         let sched = Self::scheduler(&shared, &kv);
         let cost = StepCost::new(shared.config.max_step_ms);
         EngineLoop {
@@ -121,6 +129,7 @@ impl EngineLoop {
             prefix_carry: (0, 0),
             cost,
             spec,
+            kv_events,
         }
     }
 
@@ -132,6 +141,7 @@ impl EngineLoop {
             block_size: cfg.block_size,
             num_blocks: kv.num_blocks(),
             prefix_caching: cfg.prefix_caching,
+            kv_events: cfg.kv_events.is_some(),
         })
     }
 
@@ -156,6 +166,9 @@ impl EngineLoop {
                 Ok(false) => return,
                 Err(panic) => self.recover(panic_message(&*panic)),
             }
+            if let Some(outbox) = &mut self.kv_events {
+                outbox.send(&mut self.sched, &self.shared.stats);
+            }
             self.publish_occupancy();
         }
     }
@@ -178,6 +191,9 @@ impl EngineLoop {
         let (q, h) = self.sched.prefix_cache_counts();
         self.prefix_carry = (self.prefix_carry.0 + q, self.prefix_carry.1 + h);
         self.sched = Self::scheduler(&self.shared, &self.kv);
+        if let Some(outbox) = &mut self.kv_events {
+            outbox.restart();
+        }
         self.ws = Workspace::default();
         if let Some(spec) = &mut self.spec {
             spec.reset();
@@ -191,6 +207,7 @@ impl EngineLoop {
         st.waiting = self.shared.waiting.load(Ordering::SeqCst) + self.sched.num_requeued();
         st.kv_blocks_used = self.sched.blocks_used();
         st.kv_blocks_total = self.sched.num_blocks();
+        st.kv_blocks_cached = self.sched.num_cached_blocks();
         st.preemptions = self.sched.preemptions();
         let (q, h) = self.sched.prefix_cache_counts();
         st.prefix_cache_queries = self.prefix_carry.0 + q;

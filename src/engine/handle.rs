@@ -2,10 +2,11 @@
 //! stream (or call `abort`) to cancel.
 
 use super::core::EngineLoop;
+use super::kv_events::Outbox;
 use super::observer::Nothing;
 use super::shared::{Command, Shared};
 use super::speculative::Speculator;
-use super::{EngineConfig, EngineStats, Event, Observer, Request};
+use super::{EngineConfig, EngineStats, Event, KvEventBatch, Observer, Request};
 use crate::kv::KvCache;
 use crate::loaded::LoadedModel;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -87,6 +88,7 @@ impl EngineHandle {
             stats: Mutex::new(EngineStats::default()),
             capacity_tokens: num_blocks * config.block_size,
             observer,
+            kv_events: Mutex::new(None),
         });
         // The pools are allocated (and their pages mapped) before the handle exists, so the
         // first requests do not wait for them.
@@ -102,6 +104,11 @@ impl EngineHandle {
             )?),
             None => None,
         };
+        let outbox = config.kv_events.map(|capacity| {
+            let (outbox, rx) = Outbox::new(capacity);
+            *shared.kv_events.lock().unwrap_or_else(|p| p.into_inner()) = Some(rx);
+            outbox
+        });
         let (tx, rx) = mpsc::channel();
         let pool = super::thread_pool(config.threads)?;
         let loop_shared = shared.clone();
@@ -114,7 +121,7 @@ impl EngineHandle {
                 }
             }
             let _dead = Dead(loop_shared.clone());
-            pool.install(|| EngineLoop::new(loop_shared, kv, spec, rx).run());
+            pool.install(|| EngineLoop::new(loop_shared, kv, spec, rx, outbox).run());
         })?;
         Ok(EngineHandle { tx, shared, next_id: Arc::new(AtomicU64::new(1)) })
     }
@@ -126,6 +133,11 @@ impl EngineHandle {
     /// The model, shareable with another engine.
     pub fn model_arc(&self) -> Arc<LoadedModel> {
         self.shared.model.clone()
+    }
+
+    /// The prefix cache's events, once (`None` when `kv_events` is off or they were taken).
+    pub fn kv_events(&self) -> Option<tokio::sync::mpsc::Receiver<KvEventBatch>> {
+        self.shared.kv_events.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 
     pub fn stats(&self) -> EngineStats {
@@ -166,10 +178,15 @@ impl EngineHandle {
         Ok(())
     }
 
+    /// What [`EngineHandle::submit`] would refuse the request for, without queueing it.
+    pub fn check(&self, request: &Request) -> Result<(), SubmitError> {
+        self.validate(request)?;
+        self.check_fan_out(request.n)
+    }
+
     /// Checks a request and queues it; its events arrive on the returned stream.
     pub fn submit(&self, request: Request) -> Result<RequestStream, SubmitError> {
-        self.validate(&request)?;
-        self.check_fan_out(request.n)?;
+        self.check(&request)?;
         if !self.is_alive() {
             return Err(SubmitError::ShutDown);
         }

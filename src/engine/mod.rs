@@ -5,6 +5,7 @@
 
 mod core;
 mod handle;
+mod kv_events;
 mod limits;
 mod observer;
 mod request;
@@ -15,6 +16,7 @@ mod step_cost;
 mod stop;
 
 pub use handle::{EngineHandle, RequestStream, SubmitError};
+pub use kv_events::KvEventBatch;
 pub use limits::RequestLimits;
 pub use observer::Observer;
 pub use request::{Event, FinishReason, Request, Usage};
@@ -50,6 +52,9 @@ pub struct EngineConfig {
     pub max_step_ms: Option<f64>,
     /// Speculative decoding: how drafts are proposed (`None`: off).
     pub speculative: Option<speculative::SpeculativeConfig>,
+    /// Publish the prefix cache's events ([`EngineHandle::kv_events`]) through a queue of
+    /// this many step batches (`None`: off).
+    pub kv_events: Option<usize>,
 }
 
 impl Default for EngineConfig {
@@ -67,6 +72,7 @@ impl Default for EngineConfig {
             prefix_caching: true,
             max_step_ms: None,
             speculative: None,
+            kv_events: None,
         }
     }
 }

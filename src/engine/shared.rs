@@ -27,4 +27,6 @@ pub(super) struct Shared {
     pub stats: Mutex<EngineStats>,
     pub capacity_tokens: usize,
     pub observer: Arc<dyn Observer>,
+    /// The receiving end of the KV-event queue, until someone takes it.
+    pub kv_events: Mutex<Option<tokio::sync::mpsc::Receiver<super::KvEventBatch>>>,
 }

@@ -13,6 +13,10 @@ pub struct EngineStats {
     /// Prompt tokens looked up in the prefix cache, and those found (their prefill skipped).
     pub prefix_cache_queries: u64,
     pub prefix_cache_hits: u64,
+    /// KV events dropped because their queue was full (a snapshot followed them).
+    pub kv_events_dropped: u64,
+    /// Full blocks the prefix cache holds (in use or idle).
+    pub kv_blocks_cached: usize,
     /// Steps that panicked; each failed its requests and restarted the engine.
     pub engine_failures: u64,
     pub steps: u64,

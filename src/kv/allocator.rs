@@ -6,6 +6,7 @@
 //! stays reusable until the space is needed; then the least recently released is evicted
 //! first (a sequence releases its tail before its head, so tails go first).
 
+use super::events::{self, KvEvent};
 use super::OutOfBlocks;
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
@@ -48,6 +49,24 @@ pub struct BlockAllocator {
     released_at: Vec<u64>,
     clock: u64,
     caching: bool,
+    /// Kept only when someone listens ([`BlockAllocator::record_events`]).
+    events: Option<EventLog>,
+}
+
+/// The events since they were last taken, and what a snapshot of the cache needs: each
+/// registered block's parent and tokens, in the order they were registered.
+#[derive(Debug, Default)]
+struct EventLog {
+    log: Vec<KvEvent>,
+    origins: Vec<Option<Origin>>,
+    clock: u64,
+}
+
+#[derive(Debug)]
+struct Origin {
+    registered: u64,
+    parent: Option<BlockHash>,
+    tokens: Box<[u32]>,
 }
 
 impl BlockAllocator {
@@ -65,7 +84,38 @@ impl BlockAllocator {
             released_at: vec![0; n],
             clock: 0,
             caching,
+            events: None,
         }
+    }
+
+    /// From now on, keeps a log of the blocks stored in and evicted from the prefix cache.
+    pub fn record_events(&mut self) {
+        let origins = (0..self.num_blocks()).map(|_| None).collect();
+        self.events = Some(EventLog { origins, ..EventLog::default() });
+    }
+
+    /// The events since the last call, in the order they happened.
+    pub fn take_events(&mut self) -> Vec<KvEvent> {
+        self.events.as_mut().map(|e| std::mem::take(&mut e.log)).unwrap_or_default()
+    }
+
+    /// Everything cached now, as the events that rebuild it from nothing: `Cleared`, then
+    /// each block in the order it was registered (so parents come before children).
+    pub fn snapshot(&self) -> Vec<KvEvent> {
+        let mut out = vec![KvEvent::Cleared];
+        let Some(ev) = &self.events else { return out };
+        let mut blocks: Vec<(&Origin, BlockHash)> =
+            ev.origins.iter().zip(&self.hashes).filter_map(|(o, h)| Some((o.as_ref()?, (*h)?))).collect();
+        blocks.sort_by_key(|(o, _)| o.registered);
+        for (o, hash) in blocks {
+            events::push(&mut out, KvEvent::Stored { hashes: vec![hash], parent: o.parent, tokens: o.tokens.to_vec() });
+        }
+        out
+    }
+
+    /// Blocks the prefix cache knows, held or not.
+    pub fn num_cached(&self) -> usize {
+        self.by_hash.len()
     }
 
     pub fn num_blocks(&self) -> usize {
@@ -100,6 +150,10 @@ impl BlockAllocator {
                     let (_, b) = self.evictable.pop_first().expect("counted above");
                     let hash = self.hashes[b as usize].take().expect("evictable blocks are registered");
                     self.by_hash.remove(&hash);
+                    if let Some(ev) = &mut self.events {
+                        ev.origins[b as usize] = None;
+                        events::push(&mut ev.log, KvEvent::Removed { hashes: vec![hash] });
+                    }
                     b
                 }
             };
@@ -144,7 +198,8 @@ impl BlockAllocator {
 
     /// Makes a held, fully written block reusable under `hash` (when caching is on, and
     /// unless the hash is already known: the first block with given contents is kept).
-    pub fn register(&mut self, block: u32, hash: BlockHash) {
+    /// `parent` and `tokens` are what the block's hash was made of, for the event log.
+    pub fn register(&mut self, block: u32, hash: BlockHash, parent: Option<BlockHash>, tokens: &[u32]) {
         let b = block as usize;
         assert!(self.ref_counts[b] > 0, "register of unheld block {block}");
         if !self.caching || self.hashes[b].is_some() || self.by_hash.contains_key(&hash) {
@@ -152,6 +207,11 @@ impl BlockAllocator {
         }
         self.hashes[b] = Some(hash);
         self.by_hash.insert(hash, block);
+        if let Some(ev) = &mut self.events {
+            ev.origins[b] = Some(Origin { registered: ev.clock, parent, tokens: tokens.into() });
+            ev.clock += 1;
+            events::push(&mut ev.log, KvEvent::Stored { hashes: vec![hash], parent, tokens: tokens.to_vec() });
+        }
     }
 }
 
@@ -218,8 +278,8 @@ mod tests {
     fn released_registered_blocks_stay_reusable_until_needed() {
         let mut a = BlockAllocator::new(3, true);
         let b = a.allocate(2).unwrap();
-        a.register(b[0], 10);
-        a.register(b[1], 11);
+        a.register(b[0], 10, None, &[]);
+        a.register(b[1], 11, Some(10), &[]);
         // Tail first, as a sequence releases.
         a.release(b[1]);
         a.release(b[0]);
@@ -239,14 +299,45 @@ mod tests {
     fn without_caching_nothing_is_kept_and_duplicates_are_not_registered() {
         let mut a = BlockAllocator::new(2, false);
         let b = a.allocate(1).unwrap()[0];
-        a.register(b, 1);
+        a.register(b, 1, None, &[]);
         assert_eq!(a.lookup(1), None);
         let mut a = BlockAllocator::new(2, true);
         let b = a.allocate(2).unwrap();
-        a.register(b[0], 1);
-        a.register(b[1], 1);
+        a.register(b[0], 1, None, &[]);
+        a.register(b[1], 1, None, &[]);
         assert_eq!(a.lookup(1), Some(b[0]));
         a.release(b[1]);
         assert_eq!(a.num_cached_idle(), 0, "the duplicate was never cached");
+    }
+
+    #[test]
+    fn the_event_log_follows_the_cache_and_a_snapshot_rebuilds_it() {
+        let mut a = BlockAllocator::new(3, true);
+        a.record_events();
+        let b = a.allocate(3).unwrap();
+        a.register(b[0], 10, None, &[1, 2]);
+        a.register(b[1], 11, Some(10), &[3, 4]);
+        a.register(b[2], 10, None, &[1, 2]);
+        assert_eq!(
+            a.take_events(),
+            vec![KvEvent::Stored { hashes: vec![10, 11], parent: None, tokens: vec![1, 2, 3, 4] }],
+            "a duplicate is not stored twice"
+        );
+        for &x in b.iter().rev() {
+            a.release(x);
+        }
+        // The free block, then the oldest released cached block (11, the tail).
+        a.allocate(2).unwrap();
+        assert_eq!(a.take_events(), vec![KvEvent::Removed { hashes: vec![11] }]);
+        assert_eq!(a.num_cached(), 1);
+        assert_eq!(
+            a.snapshot(),
+            vec![KvEvent::Cleared, KvEvent::Stored { hashes: vec![10], parent: None, tokens: vec![1, 2] }]
+        );
+        assert!(a.take_events().is_empty());
+        let mut quiet = BlockAllocator::new(1, true);
+        let b = quiet.allocate(1).unwrap()[0];
+        quiet.register(b, 1, None, &[1]);
+        assert!(quiet.take_events().is_empty(), "no log unless asked for");
     }
 }

@@ -5,10 +5,12 @@
 mod allocator;
 mod block_table;
 mod cache;
+mod events;
 
 pub use allocator::{block_hash, BlockAllocator, BlockHash};
 pub use block_table::BlockTable;
 pub use cache::{KvCache, KvCacheDtype, KvDtype};
+pub use events::KvEvent;
 
 /// Raised when a sequence needs more blocks than are free; the caller decides what to evict.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

@@ -13,7 +13,7 @@ mod sequence;
 
 pub use sequence::{SeqId, Sequence};
 
-use crate::kv::{BlockAllocator, BlockTable};
+use crate::kv::{BlockAllocator, BlockTable, KvEvent};
 use std::collections::{HashMap, HashSet};
 
 #[derive(Debug, Clone, Copy)]
@@ -24,6 +24,8 @@ pub struct SchedulerConfig {
     pub num_blocks: usize,
     /// Reuse cached KV blocks of identical prefixes.
     pub prefix_caching: bool,
+    /// Log the blocks stored in and evicted from the prefix cache ([`Scheduler::take_kv_events`]).
+    pub kv_events: bool,
 }
 
 /// One sequence's share of a step.
@@ -99,9 +101,22 @@ fn reuse_prefix<S>(alloc: &mut BlockAllocator, seq: &mut Sequence<S>, bs: usize)
 
 /// Registers the sequence's blocks that became full (and written) in the prefix cache.
 fn register_full_blocks<S>(alloc: &mut BlockAllocator, seq: &mut Sequence<S>, bs: usize) {
-    for i in seq.block_hashes.len()..seq.num_computed / bs {
+    let full = seq.num_computed / bs;
+    if seq.block_hashes.len() >= full {
+        return;
+    }
+    // A block held here as a duplicate of one since evicted takes its place, so the chain
+    // the new blocks hang from is cached whole (and a router never hears of an orphan).
+    for (j, &hash) in seq.block_hashes.iter().enumerate() {
+        if alloc.lookup(hash).is_none() {
+            let parent = j.checked_sub(1).map(|p| seq.block_hashes[p]);
+            alloc.register(seq.block_table.blocks()[j], hash, parent, &seq.tokens[j * bs..(j + 1) * bs]);
+        }
+    }
+    for i in seq.block_hashes.len()..full {
         let hash = seq.hash_block(i, bs);
-        alloc.register(seq.block_table.blocks()[i], hash);
+        let parent = seq.block_hashes.last().copied();
+        alloc.register(seq.block_table.blocks()[i], hash, parent, &seq.tokens[i * bs..(i + 1) * bs]);
         seq.block_hashes.push(hash);
     }
 }
@@ -116,9 +131,13 @@ fn insert_sorted<S>(list: &mut Vec<SeqId>, seqs: &HashMap<SeqId, Sequence<S>>, i
 impl<S> Scheduler<S> {
     pub fn new(cfg: SchedulerConfig) -> Self {
         assert!(cfg.max_num_seqs > 0 && cfg.max_num_batched_tokens > 0 && cfg.block_size > 0);
+        let mut alloc = BlockAllocator::new(cfg.num_blocks, cfg.prefix_caching);
+        if cfg.kv_events {
+            alloc.record_events();
+        }
         Scheduler {
             cfg,
-            alloc: BlockAllocator::new(cfg.num_blocks, cfg.prefix_caching),
+            alloc,
             seqs: HashMap::new(),
             waiting: Vec::new(),
             running: Vec::new(),
@@ -169,6 +188,21 @@ impl<S> Scheduler<S> {
 
     pub fn num_blocks(&self) -> usize {
         self.alloc.num_blocks()
+    }
+
+    /// Full blocks the prefix cache holds (in use or idle).
+    pub fn num_cached_blocks(&self) -> usize {
+        self.alloc.num_cached()
+    }
+
+    /// The prefix cache's events since the last call (none unless `kv_events` is on).
+    pub fn take_kv_events(&mut self) -> Vec<KvEvent> {
+        self.alloc.take_events()
+    }
+
+    /// The events that rebuild the prefix cache as it is now, from nothing.
+    pub fn kv_snapshot(&self) -> Vec<KvEvent> {
+        self.alloc.snapshot()
     }
 
     pub fn get(&self, id: SeqId) -> Option<&Sequence<S>> {

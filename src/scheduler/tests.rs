@@ -11,6 +11,7 @@ fn sched_with(max_seqs: usize, max_tokens: usize, blocks: usize, prefix_caching:
         block_size: 4,
         num_blocks: blocks,
         prefix_caching,
+        kv_events: prefix_caching,
     })
 }
 
@@ -139,10 +140,13 @@ fn storm(prefix_caching: bool) {
     }
     let mut finished = 0;
     let mut steps = 0;
+    let mut mirror = std::collections::HashSet::new();
     while !s.is_idle() {
         steps += 1;
         assert!(steps < 100_000, "no progress");
         let step = run(&mut s);
+        follow(&mut mirror, s.take_kv_events(), 4);
+        assert_eq!(mirror.len(), s.num_cached_blocks(), "the events tell the cache as it is");
         assert!(step.len() <= 16 && step.iter().map(|x| x.num_tokens).sum::<usize>() <= 64);
         for x in step {
             let len = s.get(x.id).map(|q| q.tokens.len()).unwrap();
@@ -159,6 +163,36 @@ fn storm(prefix_caching: bool) {
     assert!(s.preemptions() > 0, "the pool is small enough to force preemption");
     let (queries, hits) = s.prefix_cache_counts();
     assert_eq!(hits > 0, prefix_caching, "{hits} of {queries} prompt tokens hit");
+    let mut rebuilt = std::collections::HashSet::from([0]);
+    follow(&mut rebuilt, s.kv_snapshot(), 4);
+    assert_eq!(rebuilt, mirror, "a snapshot rebuilds what the events built");
+    assert_eq!(mirror.is_empty(), !prefix_caching);
+}
+
+/// Applies KV events to a set of cached block hashes as a router would, checking that each
+/// stored hash is the chained hash of its tokens, that removals name known blocks, and that
+/// a stored chain's parent is known.
+fn follow(cached: &mut std::collections::HashSet<crate::kv::BlockHash>, events: Vec<KvEvent>, bs: usize) {
+    for e in events {
+        match e {
+            KvEvent::Stored { hashes, parent, tokens } => {
+                assert_eq!(tokens.len(), hashes.len() * bs);
+                assert!(parent.is_none_or(|p| cached.contains(&p)), "a stored block's parent is cached");
+                let mut prev = parent;
+                for (h, t) in hashes.iter().zip(tokens.chunks(bs)) {
+                    assert_eq!(*h, crate::kv::block_hash(prev, None, t));
+                    assert!(cached.insert(*h), "stored twice");
+                    prev = Some(*h);
+                }
+            }
+            KvEvent::Removed { hashes } => {
+                for h in hashes {
+                    assert!(cached.remove(&h), "removal of a block never stored");
+                }
+            }
+            KvEvent::Cleared => cached.clear(),
+        }
+    }
 }
 
 /// Decodes first: a long prefill cannot take the budget from a running stream, even

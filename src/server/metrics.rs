@@ -1,5 +1,7 @@
 //! Prometheus metrics under vLLM's names with a `weft:` prefix, so existing dashboards
-//! work. Latencies and step sizes come from the engine's [`Observer`] hook; gauges and
+//! work; the four a gateway's endpoint picker reads by default (llm-d, the Gateway API
+//! Inference Extension) also under vLLM's own `vllm:` prefix, with vLLM's meaning (weft's KV
+//! pool counts as the "GPU" blocks), so routers need no configuration. Latencies and step sizes come from the engine's [`Observer`] hook; gauges and
 //! totals are read from the engine's stats at scrape time. Each server has its own
 //! recorder (no process-global state), rendered by the Prometheus exporter.
 
@@ -24,6 +26,10 @@ pub struct Metrics {
     waiting: Gauge,
     preparing: Gauge,
     kv_usage: Gauge,
+    /// The same three under vLLM's own names.
+    vllm: [Gauge; 3],
+    kv_cached: Gauge,
+    kv_events_dropped: Counter,
     prompt_tokens: Counter,
     generation_tokens: Counter,
     preemptions: Counter,
@@ -38,6 +44,13 @@ pub struct Metrics {
     step_tokens: Histogram,
     step_seqs: Histogram,
     step_time: Histogram,
+}
+
+/// The KV cache as `vllm:cache_config_info` describes it.
+pub struct CacheInfo {
+    pub block_size: usize,
+    pub dtype: crate::kv::KvDtype,
+    pub prefix_caching: bool,
 }
 
 static META: Metadata<'static> = Metadata::new("weft", Level::INFO, None);
@@ -72,6 +85,16 @@ impl Metrics {
         describe("weft:spec_decode_num_drafts_total", Some(Unit::Count), "Drafts verified by speculative decoding.");
         describe("weft:spec_decode_num_draft_tokens_total", Some(Unit::Count), "Draft tokens verified.");
         describe("weft:spec_decode_num_accepted_tokens_total", Some(Unit::Count), "Draft tokens accepted.");
+        describe(
+            "weft:kv_events_dropped_total",
+            Some(Unit::Count),
+            "KV events dropped because their queue was full; a snapshot of the cache followed.",
+        );
+        recorder.describe_gauge(
+            "weft:kv_cache_blocks_cached".into(),
+            None,
+            SharedString::const_str("Full KV blocks in the prefix cache, in use or idle."),
+        );
         describe("weft:request_success_total", Some(Unit::Count), "Finished samples, by finish reason.");
         describe(
             "weft:engine_failures_total",
@@ -88,6 +111,9 @@ impl Metrics {
             waiting: g("weft:num_requests_waiting"),
             preparing: g("weft:num_requests_preparing"),
             kv_usage: g("weft:kv_cache_usage_perc"),
+            vllm: [g("vllm:num_requests_running"), g("vllm:num_requests_waiting"), g("vllm:kv_cache_usage_perc")],
+            kv_cached: g("weft:kv_cache_blocks_cached"),
+            kv_events_dropped: c("weft:kv_events_dropped_total"),
             prompt_tokens: c("weft:prompt_tokens_total"),
             generation_tokens: c("weft:generation_tokens_total"),
             preemptions: c("weft:num_preemptions_total"),
@@ -107,9 +133,19 @@ impl Metrics {
         })
     }
 
-    /// Starts counting: totals so far (the warm-up) are left out.
-    pub fn start(&self, stats: &EngineStats) {
+    /// Starts counting: totals so far (the warm-up) are left out. `cache` is the KV cache's
+    /// shape, published once as vLLM's `cache_config_info`.
+    pub fn start(&self, stats: &EngineStats, cache: CacheInfo) {
         let _ = self.baseline.set(stats.clone());
+        let labels = vec![
+            Label::new("block_size", cache.block_size.to_string()),
+            Label::new("num_gpu_blocks", stats.kv_blocks_total.to_string()),
+            Label::new("num_cpu_blocks", "0"),
+            Label::new("cache_dtype", cache.dtype.to_string()),
+            Label::new("enable_prefix_caching", if cache.prefix_caching { "True" } else { "False" }),
+        ];
+        let key = Key::from_parts("vllm:cache_config_info", labels);
+        self.recorder.register_gauge(&key, &META).set(1.0);
     }
 
     fn live(&self) -> bool {
@@ -122,7 +158,13 @@ impl Metrics {
         self.running.set(stats.running as f64);
         self.waiting.set(stats.waiting as f64);
         self.preparing.set(crate::api::preparing() as f64);
-        self.kv_usage.set(stats.kv_blocks_used as f64 / stats.kv_blocks_total.max(1) as f64);
+        let usage = stats.kv_blocks_used as f64 / stats.kv_blocks_total.max(1) as f64;
+        self.kv_usage.set(usage);
+        for (g, x) in self.vllm.iter().zip([stats.running as f64, stats.waiting as f64, usage]) {
+            g.set(x);
+        }
+        self.kv_cached.set(stats.kv_blocks_cached as f64);
+        self.kv_events_dropped.absolute(stats.kv_events_dropped);
         self.prompt_tokens.absolute(stats.prompt_tokens_total.saturating_sub(base.prompt_tokens_total));
         self.generation_tokens.absolute(stats.generation_tokens_total.saturating_sub(base.generation_tokens_total));
         self.preemptions.absolute(stats.preemptions.saturating_sub(base.preemptions));

@@ -5,6 +5,7 @@
 
 mod accept;
 mod body;
+pub mod kv_events;
 mod messages;
 mod metrics;
 mod openapi;
@@ -44,6 +45,9 @@ pub struct ServerConfig {
     pub header_read_timeout: Duration,
     /// Open connections at most; beyond it new ones wait in the listen backlog.
     pub max_connections: usize,
+    /// Publish the prefix cache's events for KV-aware routers (the engine must have been
+    /// started with a KV-event queue).
+    pub kv_events: Option<kv_events::KvEventsConfig>,
 }
 
 /// Loads the model and starts the engine, reporting to the observer it is given; run off
@@ -107,13 +111,27 @@ pub fn run(args: ServerConfig, start: EngineStarter) -> Result<()> {
             responses: Default::default(),
         });
         eprintln!("weft: listening on http://{local}");
+        let publisher = match &args.kv_events {
+            Some(cfg) => Some(kv_events::Publisher::bind(cfg).await?),
+            None => None,
+        };
         // Load and warm up in the background so /health can say 503 meanwhile.
         let loader = state.clone();
+        let runtime = tokio::runtime::Handle::current();
         let load = tokio::task::spawn_blocking(move || -> Result<()> {
             let engine = start(loader.metrics.clone())?;
+            if let (Some(publisher), Some(events)) = (publisher, engine.kv_events()) {
+                runtime.spawn(publisher.run(events, engine.config().block_size));
+            }
             warm_up(&engine)?;
             // The warm-up request is not traffic: metrics start counting from here.
-            loader.metrics.start(&engine.stats());
+            let config = engine.config();
+            let cache = metrics::CacheInfo {
+                block_size: config.block_size,
+                dtype: engine.model().model.kv_dtype(config.kv_cache_dtype),
+                prefix_caching: config.prefix_caching,
+            };
+            loader.metrics.start(&engine.stats(), cache);
             let _ = loader.engine.set(engine);
             eprintln!("weft: ready");
             Ok(())
