@@ -134,6 +134,8 @@ async fn completions_streaming_and_every_error_path() {
     for path in [
         "/v1/completions",
         "/v1/chat/completions",
+        "/v1/completions/render",
+        "/v1/chat/completions/render",
         "/v1/responses",
         "/v1/messages",
         "/v1/embeddings",

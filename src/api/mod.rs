@@ -8,6 +8,7 @@ pub mod embeddings;
 pub mod fields;
 pub mod messages;
 pub mod openai;
+pub mod render;
 pub mod responses;
 pub mod tools;
 

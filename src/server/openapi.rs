@@ -49,7 +49,7 @@ pub fn document() -> Value {
         "structured_outputs": {"type": "object"}, "guided_json": {}, "guided_regex": {"type": "string"},
         "guided_choice": {"type": "array", "items": {"type": "string"}}, "guided_grammar": {"type": "string"},
         "prompt_logprobs": int, "min_tokens": int, "include_stop_str_in_output": {"type": "boolean"},
-        "truncate_prompt_tokens": {"type": "integer"}
+        "truncate_prompt_tokens": {"type": "integer"}, "return_token_ids": {"type": "boolean"}
     });
     let mut completion = sampling.clone();
     completion["prompt"] = json!({"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}},
@@ -81,8 +81,12 @@ pub fn document() -> Value {
         "openapi": "3.1.0",
         "info": {"title": "weft", "version": env!("CARGO_PKG_VERSION"), "description": "A continuous-batching LLM inference server."},
         "paths": {
-            "/v1/completions": {"post": op("OpenAI completions", Some(obj(completion, &["prompt"])), json!({"type": "object"}), true)},
-            "/v1/chat/completions": {"post": op("OpenAI chat completions", Some(obj(chat, &["messages"])), json!({"type": "object"}), true)},
+            "/v1/completions": {"post": op("OpenAI completions", Some(obj(completion.clone(), &["prompt"])), json!({"type": "object"}), true)},
+            "/v1/chat/completions": {"post": op("OpenAI chat completions", Some(obj(chat.clone(), &["messages"])), json!({"type": "object"}), true)},
+            "/v1/completions/render": {"post": op("vLLM's render: the prompts' token ids and sampling settings, checked as /v1/completions does, without generating",
+                Some(obj(completion.clone(), &["prompt"])), json!({"type": "array"}), false)},
+            "/v1/chat/completions/render": {"post": op("vLLM's render: the templated conversation's token ids, checked as /v1/chat/completions does, without generating",
+                Some(obj(chat.clone(), &["messages"])), json!({"type": "object"}), false)},
             "/v1/responses": {"post": op("OpenAI Responses API (function tools, previous_response_id, streamed as typed events)",
                 Some(json!({"type": "object", "required": ["input"], "properties": {"input": {"type": ["string", "array"]},
                     "instructions": {"type": "string"}, "tools": {"type": "array"}, "tool_choice": {}, "text": {"type": "object"},

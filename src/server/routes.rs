@@ -25,6 +25,8 @@ pub fn router(state: Arc<AppState>) -> Router {
     let api = Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions/render", post(render_completions))
+        .route("/v1/chat/completions/render", post(render_chat))
         .route("/v1/responses", post(responses::create))
         .route("/v1/responses/{id}", get(responses::retrieve).delete(responses::delete))
         .route("/v1/embeddings", post(embeddings))
@@ -135,6 +137,28 @@ async fn chat_completions(State(st): St, body: Body) -> Response {
                 return stream::chat(engine, req, id, st.stream_ctx()).await;
             }
             Ok(Json(within(st.request_timeout, openai::chat_completions(engine, &req, &id)).await?).into_response())
+        }
+        .await,
+    )
+}
+
+async fn render_completions(State(st): St, body: Body) -> Response {
+    respond(
+        async {
+            let engine = st.engine()?;
+            let req = CompletionRequest::parse(json_body(body)?)?;
+            Ok(Json(crate::api::render::completions(engine, &req, &new_id("cmpl")).await?).into_response())
+        }
+        .await,
+    )
+}
+
+async fn render_chat(State(st): St, body: Body) -> Response {
+    respond(
+        async {
+            let engine = st.engine()?;
+            let req = ChatRequest::parse(json_body(body)?)?;
+            Ok(Json(crate::api::render::chat(engine, &req, &new_id("chatcmpl")).await?).into_response())
         }
         .await,
     )

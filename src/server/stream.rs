@@ -192,6 +192,7 @@ pub async fn completions(
     let (model, created) = (engine.model().name.clone(), unix_time());
     let tok = engine.model_arc();
     let with_logprobs = req.logprobs.is_some();
+    let with_ids = req.gen.return_token_ids();
     let chunk = {
         let (id, model) = (id.clone(), model.clone());
         move |choice: Value| json!({"id": id, "object": "text_completion", "created": created, "model": model, "choices": [choice]})
@@ -210,6 +211,8 @@ pub async fn completions(
                 scores: Vec::new(),
             });
             let continuous = req.gen.continuous_usage().then_some(r.prompt.len());
+            // With `return_token_ids`, each sample's first chunk also carries the prompt's.
+            let mut prompt_ids: Vec<Option<Vec<u32>>> = vec![with_ids.then(|| r.prompt.clone()); n];
             tokio::spawn(forward(tx.clone(), s, n, continuous, move |ev| {
                 // The echoed prompt goes first: before any other event, or with `logprobs` as
                 // soon as its scores are all in. A sample's text offsets go on from it.
@@ -226,8 +229,17 @@ pub async fn completions(
                     offsets.fill(e.text.len());
                     out = e.chunks(&tok.tokenizer, i, n, with_logprobs, &chunk);
                 }
+                let mut ids = |index: usize, mut choice: Value, token: Option<u32>| {
+                    if with_ids {
+                        choice["token_ids"] = json!(token.as_slice());
+                        if let Some(p) = prompt_ids[index].take() {
+                            choice["prompt_token_ids"] = json!(p);
+                        }
+                    }
+                    chunk(choice)
+                };
                 match ev {
-                    Event::Token { text, .. } if text.is_empty() && !with_logprobs => {}
+                    Event::Token { text, .. } if text.is_empty() && !with_logprobs && !with_ids => {}
                     Event::Token { index, id, text, logprobs, .. } => {
                         let lp = match (with_logprobs, logprobs) {
                             (true, Some((t, top))) => {
@@ -238,12 +250,16 @@ pub async fn completions(
                             }
                             _ => Value::Null,
                         };
-                        out.push(chunk(
+                        out.push(ids(
+                            index,
                             json!({"index": i * n + index, "text": text, "logprobs": lp, "finish_reason": null}),
+                            Some(id),
                         ));
                     }
-                    Event::Finished { index, reason, text, stop, .. } => out.push(chunk(
+                    Event::Finished { index, reason, text, stop, .. } => out.push(ids(
+                        index,
                         json!({"index": i * n + index, "text": text, "logprobs": null, "finish_reason": finish_reason(Some(reason)), "stop_reason": stop}),
+                        None,
                     )),
                     Event::Error { .. } | Event::PromptLogprobs { .. } | Event::Embedding { .. } => {}
                 }
@@ -310,16 +326,26 @@ async fn chat_chunks(
     };
     let tok: Arc<crate::loaded::LoadedModel> = engine.model_arc();
     let marker = format.and_then(|f| tok.tokenizer.token_id(f.marker()).map(|id| (id, f.marker())));
+    let with_ids = req.gen.return_token_ids();
     let mut events = ChatEvents {
         tok,
         chunk: Box::new(chunk.clone()),
         with_logprobs: r.sampling.logprobs.is_some(),
+        with_ids,
         tools: format.map(|f| (0..r.n).map(|_| ToolStream::new(f)).collect()).unwrap_or_default(),
         marker,
         format,
     };
     let first_chunks: Vec<Value> = (0..r.n)
-        .map(|i| chunk(json!({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null})))
+        .map(|i| {
+            let mut c = chunk(
+                json!({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}),
+            );
+            if with_ids {
+                c["prompt_token_ids"] = json!(r.prompt);
+            }
+            c
+        })
         .collect();
     let n = r.n;
     let continuous = req.gen.continuous_usage().then_some(r.prompt.len());
@@ -347,6 +373,8 @@ struct ChatEvents {
     tok: Arc<crate::loaded::LoadedModel>,
     chunk: Box<dyn Fn(Value) -> Value + Send>,
     with_logprobs: bool,
+    /// `return_token_ids`: every token's chunk carries its id.
+    with_ids: bool,
     /// Per sample, when tool calls are read; with the marker's token id (a special token
     /// is not in the text).
     tools: Vec<ToolStream>,
@@ -369,16 +397,19 @@ impl ChatEvents {
                     }
                     None => Delta { content: text, calls: Vec::new() },
                 };
-                if delta == Delta::default() && !self.with_logprobs {
+                if delta == Delta::default() && !self.with_logprobs && !self.with_ids {
                     return vec![];
                 }
                 let lp = match (self.with_logprobs, logprobs) {
                     (true, Some(l)) => chat_logprobs(&self.tok.tokenizer, &[l]),
                     _ => Value::Null,
                 };
-                vec![chunk(
-                    json!({"index": index, "delta": self.delta_json(&delta), "logprobs": lp, "finish_reason": null}),
-                )]
+                let mut choice =
+                    json!({"index": index, "delta": self.delta_json(&delta), "logprobs": lp, "finish_reason": null});
+                if self.with_ids {
+                    choice["token_ids"] = json!([id]);
+                }
+                vec![chunk(choice)]
             }
             Event::Finished { index, reason, text, stop, .. } => {
                 let mut finish = finish_reason(Some(reason));

@@ -20,14 +20,12 @@ impl Server {
     /// Like [`Server::start`], with extra environment variables.
     pub async fn start_with_env(model: &str, extra: &[&str], env: &[(&str, &str)]) -> Server {
         let path = super::fixture(model).unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_weft"))
-            .args(["serve", "--port", "0", "--kv-cache-memory", "256M", "--model"])
-            .arg(path)
-            .args(extra)
-            .envs(env.iter().copied())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_weft"));
+        cmd.args(["serve", "--port", "0", "--model"]).arg(path);
+        if !extra.contains(&"--kv-cache-memory") {
+            cmd.args(["--kv-cache-memory", "256M"]);
+        }
+        let mut child = cmd.args(extra).envs(env.iter().copied()).stderr(Stdio::piped()).spawn().unwrap();
         let stderr = child.stderr.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {

@@ -83,6 +83,9 @@ pub struct GenerationFields {
     pub include_stop_str_in_output: Option<bool>,
     /// Keep only the prompt's last k tokens (-1: as many as the context allows).
     pub truncate_prompt_tokens: Option<i64>,
+    /// vLLM's: each choice carries its generated `token_ids` (each streamed chunk its own),
+    /// and the response its `prompt_token_ids`, for a frontend that tokenizes itself.
+    pub return_token_ids: Option<bool>,
 }
 
 /// OpenAI's `response_format`.

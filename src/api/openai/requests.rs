@@ -376,6 +376,10 @@ impl GenerationFields {
         self.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false)
     }
 
+    pub fn return_token_ids(&self) -> bool {
+        self.return_token_ids.unwrap_or(false)
+    }
+
     pub fn continuous_usage(&self) -> bool {
         self.stream_options.as_ref().and_then(|o| o.continuous_usage_stats).unwrap_or(false)
     }

@@ -188,6 +188,10 @@ pub async fn completions(engine: &EngineHandle, req: &CompletionRequest, id: &st
             if req.gen.prompt_logprobs.is_some() {
                 choice["prompt_logprobs"] = vllm_prompt_logprobs(tok, &g.prompt_logprobs);
             }
+            if req.gen.return_token_ids() {
+                choice["prompt_token_ids"] = json!(r.prompt);
+                choice["token_ids"] = json!(c.tokens);
+            }
             choices.push(choice);
         }
     }
@@ -224,11 +228,19 @@ pub async fn chat_completions(engine: &EngineHandle, req: &ChatRequest, id: &str
                     finish = json!("tool_calls");
                 }
             }
-            json!({"index": j, "message": message, "logprobs": logprobs, "finish_reason": finish, "stop_reason": c.stop})
+            let mut choice = json!({"index": j, "message": message, "logprobs": logprobs, "finish_reason": finish,
+                "stop_reason": c.stop});
+            if req.gen.return_token_ids() {
+                choice["token_ids"] = json!(c.tokens);
+            }
+            choice
         })
         .collect();
     let mut body = json!({"id": id, "object": "chat.completion", "created": unix_time(), "model": engine.model().name,
         "choices": choices, "usage": usage(&g.usage)});
+    if req.gen.return_token_ids() {
+        body["prompt_token_ids"] = json!(r.prompt);
+    }
     if req.gen.prompt_logprobs.is_some() {
         body["prompt_logprobs"] = vllm_prompt_logprobs(tok, &g.prompt_logprobs);
     }
