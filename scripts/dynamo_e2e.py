@@ -4,7 +4,8 @@
 
 Each replica is `integrations/dynamo/worker.py`, which starts its own `weft serve` with KV
 events on. The run asserts:
-- completions and streamed chat through the frontend equal weft's own answers (greedy);
+- completions and streamed chat through the frontend, which tokenizes with the folder
+  `weft export-tokenizer` writes from the GGUF, equal weft's own answers (greedy);
 - a client that goes away mid-stream frees the request on its replica;
 - with `--router-mode kv`, conversations that share a long prefix land on the replica that
   holds it: at least 80% of the ideal cached tokens (the per-request routing and cached
@@ -24,6 +25,7 @@ import http.client
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import statistics
@@ -118,6 +120,9 @@ class Cluster:
             WEFT_BIN=weft,
         )
         self.flags = ["--discovery-backend", "file", "--request-plane", "tcp", "--event-plane", "zmq"]
+        # The frontend tokenizes with what `weft export-tokenizer` writes from the GGUF.
+        self.folder = os.path.join(self.kv, "model")
+        subprocess.run([weft, "export-tokenizer", "--model", model, "--out", self.folder], check=True)
         self.frontend = None
         self.port = free_port()
         self.workers = {}
@@ -142,7 +147,8 @@ class Cluster:
     def start_worker(self, name):
         port = free_port()
         cmd = [self.python, os.path.join(REPO, "integrations", "dynamo", "worker.py"), "--model", self.model]
-        cmd += ["--served-model-name", MODEL_NAME, "--weft-port", str(port)] + self.flags
+        cmd += ["--served-model-name", MODEL_NAME, "--weft-port", str(port), "--model-path", self.folder]
+        cmd += self.flags
         cmd += ["--", "--threads", "1", "--kv-cache-memory", "256M", "--block-size", str(BLOCK)]
         out = self.log(f"worker-{name}")
         proc = subprocess.Popen(cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT)
@@ -188,6 +194,7 @@ class Cluster:
                 proc.kill()
         if self.frontend and self.frontend.poll() is None:
             self.stop_frontend()
+        shutil.rmtree(self.kv, ignore_errors=True)
 
 
 def conversations(rng, count, system_words):

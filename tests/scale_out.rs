@@ -338,3 +338,65 @@ fn a_bad_kv_events_config_is_a_startup_error_naming_the_key() {
         assert!(!out.status.success() && err.contains(names) && err.contains("--kv-events-config"), "{cfg}: {err}");
     }
 }
+
+/// A GGUF's tokenizer written as a Hugging Face folder (what Dynamo's frontend reads) reads
+/// back as the same tokenizer: the same ids for text with special tokens, the same special
+/// ids and chat template, as the original Hugging Face folder where there is one.
+#[test]
+fn export_tokenizer_writes_a_folder_that_tokenizes_as_the_gguf() {
+    if common::shared_models().is_none() {
+        return common::skip();
+    }
+    use weft::tokenizer::Tokenizer;
+    let texts =
+        ["Hello world, how are you?", "<|im_start|>user\nHi<|im_end|>\n", "  spaces\tand\nnewlines ü 日本 🎉", ""];
+    for (gguf, hf) in [
+        (common::SMOL, Some("smollm2-135m-instruct")),
+        ("tiny-qwen2/tiny-qwen2.gguf", Some("tiny-qwen2")),
+        ("tiny-gemma3/tiny-gemma3.gguf", Some("tiny-gemma3")),
+        ("tiny-llama3-q/tiny-llama3-q.Q8_0.gguf", None),
+    ] {
+        let Some(path) = common::fixture(gguf) else { continue };
+        let out = tempfile::tempdir().unwrap();
+        let status = std::process::Command::new(env!("CARGO_BIN_EXE_weft"))
+            .args(["export-tokenizer", "--model"])
+            .arg(&path)
+            .arg("--out")
+            .arg(out.path())
+            .status()
+            .unwrap();
+        assert!(status.success(), "{gguf}");
+        let g = weft::model::gguf::GgufFile::open(&path).unwrap();
+        let from_gguf = Tokenizer::from_gguf(&g).unwrap();
+        let exported = Tokenizer::from_dir(out.path()).unwrap();
+        let mut tokenizers = vec![("exported", exported)];
+        if let Some(dir) = hf.and_then(common::fixture) {
+            tokenizers.push(("hf", Tokenizer::from_dir(&dir).unwrap()));
+        }
+        for (what, t) in &tokenizers {
+            for text in texts {
+                assert_eq!(t.encode(text).unwrap(), from_gguf.encode(text).unwrap(), "{gguf} {what}: {text:?}");
+            }
+            assert_eq!(
+                (&t.eos_ids, t.bos_id, t.adds_bos),
+                (&from_gguf.eos_ids, from_gguf.bos_id, from_gguf.adds_bos),
+                "{gguf} {what}"
+            );
+        }
+        assert_eq!(tokenizers[0].1.chat_template, from_gguf.chat_template, "{gguf}");
+        let config: Value =
+            serde_json::from_str(&std::fs::read_to_string(out.path().join("config.json")).unwrap()).unwrap();
+        assert!(config["max_position_embeddings"].as_u64().unwrap() > 0 && config["model_type"].is_string());
+        assert!(config["architectures"][0].as_str().unwrap().ends_with("ForCausalLM"), "{config}");
+        // What transformers reads the folder with, where the original says.
+        if let Some(dir) = hf.and_then(common::fixture) {
+            let original: Value =
+                serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+            assert_eq!(
+                (&config["architectures"], &config["model_type"]),
+                (&original["architectures"], &original["model_type"]),
+                "{gguf}"
+            );
+        }
+    }
+}

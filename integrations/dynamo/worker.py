@@ -13,8 +13,8 @@ stopped, relays weft's KV events (its ZMQ stream, vLLM's wire) to the router, an
 lets weft drain its requests within `--shutdown-grace`.
 
 The frontend tokenizes and applies the chat template itself, from the model folder: a
-Hugging Face directory, or for a GGUF the folder beside it holding config.json, tokenizer.json
-and tokenizer_config.json (--model-path names another).
+Hugging Face directory; for a GGUF, the folder beside it when it holds tokenizer.json, else
+one `weft export-tokenizer` writes from the GGUF (--model-path names another).
 """
 
 from __future__ import annotations
@@ -74,17 +74,17 @@ def free_port() -> int:
 
 
 def model_folder(model: str, explicit: Optional[str]) -> str:
-    """The folder the frontend reads the tokenizer and chat template from."""
+    """The folder the frontend reads the tokenizer and chat template from: the one given, the
+    model's own, or one `weft export-tokenizer` writes from the GGUF into weft's cache."""
     if explicit:
         return explicit
     p = Path(model)
     folder = p if p.is_dir() else p.parent
-    if not (folder / "tokenizer.json").exists():
-        sys.exit(
-            f"{folder} has no tokenizer.json for Dynamo's frontend: give --model-path a folder with "
-            "config.json, tokenizer.json and tokenizer_config.json"
-        )
-    return str(folder)
+    if (folder / "tokenizer.json").exists():
+        return str(folder)
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "weft" / "dynamo" / p.stem
+    subprocess.run([weft_binary(), "export-tokenizer", "--model", model, "--out", str(cache)], check=True)
+    return str(cache)
 
 
 class WeftEngine(LLMEngine):

@@ -2,6 +2,7 @@
 
 pub mod batch;
 pub mod bench;
+mod export_tokenizer;
 pub mod generate;
 mod machine;
 pub mod model_cache;
@@ -41,6 +42,9 @@ pub enum Command {
     Perplexity(perplexity::PerplexityArgs),
     /// Rewrite a GGUF file's matrices in another block format.
     Quantize(quantize::QuantizeArgs),
+    /// Write the model's tokenizer, chat template and context as a Hugging Face folder, for
+    /// a frontend that tokenizes itself (Dynamo's) in front of a GGUF.
+    ExportTokenizer(export_tokenizer::ExportTokenizerArgs),
 }
 
 /// Runs the command line.
@@ -52,6 +56,7 @@ pub fn run() -> anyhow::Result<()> {
         Command::Bench(args) => bench::run(*args),
         Command::Perplexity(args) => perplexity::run(args),
         Command::Quantize(args) => quantize::run(args),
+        Command::ExportTokenizer(args) => export_tokenizer::run(args),
     }
 }
 

@@ -31,6 +31,23 @@ pub enum Arch {
 }
 
 impl Arch {
+    /// The Hugging Face `model_type` and model class of this architecture (`moe`: with
+    /// experts).
+    pub fn hf_names(self, moe: bool) -> (&'static str, &'static str) {
+        match (self, moe) {
+            (Arch::Llama, false) => ("llama", "LlamaForCausalLM"),
+            (Arch::Llama, true) => ("mixtral", "MixtralForCausalLM"),
+            (Arch::Qwen2, _) => ("qwen2", "Qwen2ForCausalLM"),
+            (Arch::Qwen3, false) => ("qwen3", "Qwen3ForCausalLM"),
+            (Arch::Qwen3, true) => ("qwen3_moe", "Qwen3MoeForCausalLM"),
+            (Arch::Phi3, _) => ("phi3", "Phi3ForCausalLM"),
+            (Arch::Gemma2, _) => ("gemma2", "Gemma2ForCausalLM"),
+            (Arch::Gemma3, _) => ("gemma3_text", "Gemma3ForCausalLM"),
+            (Arch::GptOss, _) => ("gpt_oss", "GptOssForCausalLM"),
+            (Arch::BitNet, _) => ("bitnet", "BitNetForCausalLM"),
+        }
+    }
+
     /// From a Hugging Face `model_type` or a GGUF `general.architecture`.
     fn parse(name: &str) -> Result<Self> {
         Ok(match name {
