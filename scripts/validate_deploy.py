@@ -18,7 +18,7 @@ import jsonschema
 import yaml
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OVERLAYS = ["deploy/base", "deploy/llm-d"]
+OVERLAYS = ["deploy/base", "deploy/llm-d", "deploy/dynamo"]
 
 
 def crd_schemas():
