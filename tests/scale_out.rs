@@ -98,26 +98,30 @@ fn a_full_event_queue_never_stalls_the_engine_and_a_snapshot_resyncs() {
         common::collect(e.submit(common::greedy(&p, 3)).unwrap());
     }
     assert!(e.stats().kv_events_dropped > 0, "a queue of one batch overflowed: {:?}", e.stats());
+    // Idle now, the engine sends the snapshot as soon as the queue has room; then, with more
+    // traffic, the view follows the cache on.
     let mut view = View::default();
-    while let Ok(b) = rx.try_recv() {
-        view.apply_batch(&b);
-    }
-    // The next iteration sends the snapshot first.
-    common::collect(e.submit(common::greedy(&prompt(&mut rng), 3)).unwrap());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut cleared = false;
-    loop {
-        while let Ok(b) = rx.try_recv() {
-            cleared |= b.events.first() == Some(&KvEvent::Cleared);
-            view.apply_batch(&b);
+    // Drains the queue until the view holds what the cache holds (after a `Cleared` when
+    // `resync`).
+    let follow = |rx: &mut tokio::sync::mpsc::Receiver<KvEventBatch>, view: &mut View, resync: bool| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut cleared = !resync;
+        loop {
+            while let Ok(b) = rx.try_recv() {
+                cleared |= b.events.first() == Some(&KvEvent::Cleared);
+                view.apply_batch(&b);
+            }
+            if cleared && view.blocks.len() == e.stats().kv_blocks_cached {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{} blocks seen, {:?}", view.blocks.len(), e.stats());
+            std::thread::sleep(Duration::from_millis(10));
         }
-        if cleared && view.blocks.len() == e.stats().kv_blocks_cached {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{} blocks seen, {:?}", view.blocks.len(), e.stats());
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    };
+    follow(&mut rx, &mut view, true);
     assert!(view.blocks.len() > 4);
+    common::collect(e.submit(common::greedy(&prompt(&mut rng), 3)).unwrap());
+    follow(&mut rx, &mut view, false);
     common::assert_all_blocks_free(&e);
 }
 

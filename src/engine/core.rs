@@ -220,7 +220,7 @@ impl EngineLoop {
             if self.closing {
                 return false;
             }
-            match self.rx.recv() {
+            match self.idle_wait() {
                 Ok(cmd) => self.command(cmd),
                 Err(_) => return false,
             }
@@ -235,6 +235,19 @@ impl EngineLoop {
                 }
             }
         }
+    }
+
+    /// The next command, waited for. A KV-event snapshot that the full queue refused is
+    /// retried meanwhile, so an idle engine's subscribers do not stay stale until traffic comes.
+    fn idle_wait(&mut self) -> Result<Command, mpsc::RecvError> {
+        while let Some(outbox) = self.kv_events.as_mut().filter(|o| o.pending()) {
+            match self.rx.recv_timeout(std::time::Duration::from_millis(10)) {
+                Ok(cmd) => return Ok(cmd),
+                Err(mpsc::RecvTimeoutError::Timeout) => outbox.send(&mut self.sched, &self.shared.stats),
+                Err(mpsc::RecvTimeoutError::Disconnected) => return Err(mpsc::RecvError),
+            }
+        }
+        self.rx.recv()
     }
 
     fn command(&mut self, cmd: Command) {

@@ -33,6 +33,11 @@ impl Outbox {
         (Outbox { tx, resync: false }, rx)
     }
 
+    /// A snapshot is owed: events were dropped, or the cache restarted.
+    pub fn pending(&self) -> bool {
+        self.resync
+    }
+
     /// The cache was replaced by an empty one: subscribers must forget everything.
     pub fn restart(&mut self) {
         self.resync = true;
