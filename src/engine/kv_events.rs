@@ -43,20 +43,22 @@ impl Outbox {
         self.resync = true;
     }
 
-    /// Sends what happened since the last call.
+    /// Sends what happened since the last call. When the queue is full, the events taken
+    /// now are counted as dropped (a snapshot refused again is not: it stands for events
+    /// counted when they were dropped).
     pub fn send<S>(&mut self, sched: &mut Scheduler<S>, stats: &Mutex<EngineStats>) {
-        let events = sched.take_kv_events();
-        if events.is_empty() && !self.resync {
+        let taken = sched.take_kv_events();
+        if taken.is_empty() && !self.resync {
             return;
         }
-        let events = if self.resync { sched.kv_snapshot() } else { events };
+        let dropped = taken.len() as u64;
+        let events = if self.resync { sched.kv_snapshot() } else { taken };
         let ts = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
-        let count = events.len() as u64;
         match self.tx.try_send(KvEventBatch { ts, events }) {
             Ok(()) => self.resync = false,
             Err(TrySendError::Full(_)) => {
                 self.resync = true;
-                stats.lock().unwrap_or_else(|p| p.into_inner()).kv_events_dropped += count;
+                stats.lock().unwrap_or_else(|p| p.into_inner()).kv_events_dropped += dropped;
             }
             // Nobody listens any more; keep the books short.
             Err(TrySendError::Closed(_)) => self.resync = false,
