@@ -1,8 +1,9 @@
 //! Prometheus metrics under vLLM's names with a `weft:` prefix, so existing dashboards
 //! work; the four a gateway's endpoint picker reads by default (llm-d, the Gateway API
 //! Inference Extension) also under vLLM's own `vllm:` prefix, with vLLM's meaning (weft's KV
-//! pool counts as the "GPU" blocks), so routers need no configuration. Latencies and step sizes come from the engine's [`Observer`] hook; gauges and
-//! totals are read from the engine's stats at scrape time. Each server has its own
+//! pool counts as the "GPU" blocks), so routers need no configuration. Latencies and step
+//! sizes come from the engine's [`Observer`] hook; gauges and totals are read from the
+//! engine's stats at scrape time. Each server has its own
 //! recorder (no process-global state), rendered by the Prometheus exporter.
 
 use crate::engine::{EngineStats, FinishReason, Observer};
