@@ -94,7 +94,7 @@ fn storm(speculative: Option<weft::engine::speculative::SpeculativeConfig>) {
     let speculating = speculative.is_some();
     let c = common::model(STORIES).model.config.clone();
     let kv_dtype = common::model(STORIES).model.kv_dtype(Default::default());
-    let per_block = weft::kv::KvCache::bytes_per_block(kv_dtype, c.num_layers, 4, c.num_kv_heads, c.head_dim);
+    let per_block = weft::kv::KvCache::bytes_per_block(kv_dtype, &c.kv_shapes(), 4);
     let cfg = EngineConfig {
         block_size: 4,
         kv_cache_memory: per_block * 40,

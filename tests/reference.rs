@@ -167,6 +167,7 @@ fn gguf_metadata_tokenizer_matches_tokenizer_json() {
         ("tiny-mistral-swa/tiny-mistral-swa.gguf", "tiny-mistral-swa"),
         ("tiny-phi3/tiny-phi3.gguf", "tiny-phi3"),
         ("tiny-gemma2/tiny-gemma2.gguf", "tiny-gemma2"),
+        ("tiny-gemma4/tiny-gemma4.gguf", "tiny-gemma4"),
     ] {
         let g = weft::model::gguf::GgufFile::open(&dir.join(gguf)).unwrap();
         let meta = Tokenizer::from_gguf_metadata(&g, vec![], None, None).unwrap();

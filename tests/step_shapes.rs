@@ -160,7 +160,7 @@ fn schedule(rng: &mut Lcg, model: &LoadedModel, blocks: &[usize]) -> (EngineConf
     let total: usize = all.iter().map(|r| blocks(r)).sum();
     let pool = if rng.next(3) == 0 { largest + rng.next(8) as usize } else { total + 8 };
     let kv_dtype = model.model.kv_dtype(Default::default());
-    let per_block = weft::kv::KvCache::bytes_per_block(kv_dtype, c.num_layers, block_size, c.num_kv_heads, c.head_dim);
+    let per_block = weft::kv::KvCache::bytes_per_block(kv_dtype, &c.kv_shapes(), block_size);
     let cfg = EngineConfig {
         max_num_batched_tokens: budget,
         block_size,

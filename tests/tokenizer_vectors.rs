@@ -16,6 +16,7 @@ const VOCABS: &[(&str, &str)] = &[
     ("vocab/ggml-vocab-phi-3.gguf", "tiny-phi3/tiny-phi3.gguf"),
     ("vocab/ggml-vocab-llama-spm.gguf", "tiny-mistral-swa/tiny-mistral-swa.gguf"),
     ("vocab/ggml-vocab-gpt-2.gguf", "tiny-gemma2/tiny-gemma2.gguf"),
+    ("vocab/ggml-vocab-gemma-4.gguf", "vocab/ggml-vocab-gemma-4.gguf"),
 ];
 
 #[test]

@@ -60,14 +60,7 @@ struct Lane<'m> {
 impl<'m> Lane<'m> {
     fn new(model: &'m LoadedModel, chunks: usize, ctx: usize, kv: KvCacheDtype) -> Self {
         let c = &model.model.config;
-        let kv = KvCache::new(
-            model.model.kv_dtype(kv),
-            c.num_layers,
-            chunks * ctx.div_ceil(BLOCK),
-            BLOCK,
-            c.num_kv_heads,
-            c.head_dim,
-        );
+        let kv = KvCache::new(model.model.kv_dtype(kv), &c.kv_shapes(), chunks * ctx.div_ceil(BLOCK), BLOCK);
         let mut alloc = BlockAllocator::new(kv.num_blocks(), false);
         let tables = (0..chunks)
             .map(|_| {

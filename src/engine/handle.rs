@@ -70,7 +70,7 @@ impl EngineHandle {
         anyhow::ensure!(config.block_size > 0, "--block-size must be at least 1");
         let c = model.model.config.clone();
         let kv_dtype = model.model.kv_dtype(config.kv_cache_dtype);
-        let per_block = KvCache::bytes_per_block(kv_dtype, c.num_layers, config.block_size, c.num_kv_heads, c.head_dim);
+        let per_block = KvCache::bytes_per_block(kv_dtype, &c.kv_shapes(), config.block_size);
         let num_blocks = config.kv_cache_memory / per_block;
         anyhow::ensure!(
             num_blocks > 0,
@@ -92,7 +92,7 @@ impl EngineHandle {
         });
         // The pools are allocated (and their pages mapped) before the handle exists, so the
         // first requests do not wait for them.
-        let kv = KvCache::new(kv_dtype, c.num_layers, num_blocks, config.block_size, c.num_kv_heads, c.head_dim);
+        let kv = KvCache::new(kv_dtype, &c.kv_shapes(), num_blocks, config.block_size);
         let spec = match &shared.config.speculative {
             Some(cfg) => Some(Speculator::new(
                 cfg,

@@ -1,5 +1,6 @@
 //! The K/V pools: one array each for K and V per layer, of `num_blocks · kv_heads` slabs of
-//! `block_size · head_dim` values, V's position-major and K's dim-major (see
+//! `block_size · head_dim` values (each layer its own kv heads and head size: Gemma 4's
+//! global layers differ from its sliding ones), V's position-major and K's dim-major (see
 //! [`crate::kernels::attention`]). Head-major blocks keep one head's positions together,
 //! the order attention reads them in. Elements are f32 (the cached path computes exactly
 //! what the reference does) or f16 (half the memory, and half the bytes a decode step reads
@@ -75,46 +76,48 @@ enum Layers {
     F16(Vec<(Buf<u16>, Buf<u16>)>),
 }
 
+/// One layer's K/V geometry: kv heads and their size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvShape {
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl KvShape {
+    /// Values of one position (all kv heads) in K or in V.
+    fn width(self) -> usize {
+        self.kv_heads.saturating_mul(self.head_dim)
+    }
+}
+
 pub struct KvCache {
     layers: Layers,
     num_blocks: usize,
     block_size: usize,
-    kv_heads: usize,
-    head_dim: usize,
+    shapes: Vec<KvShape>,
 }
 
 impl KvCache {
-    pub fn new(
-        dtype: KvDtype,
-        num_layers: usize,
-        num_blocks: usize,
-        block_size: usize,
-        kv_heads: usize,
-        head_dim: usize,
-    ) -> Self {
-        let len = num_blocks * block_size * kv_heads * head_dim;
+    /// Pools of `num_blocks` blocks for layers of the given `shapes`.
+    pub fn new(dtype: KvDtype, shapes: &[KvShape], num_blocks: usize, block_size: usize) -> Self {
+        let lens: Vec<usize> = shapes.iter().map(|s| num_blocks * block_size * s.width()).collect();
         // Layers in parallel: making a pool resident is mostly the kernel zeroing its
         // pages, which both cores can do.
-        fn pools<E: KvElem>(layers: usize, len: usize) -> Vec<(Buf<E>, Buf<E>)> {
+        fn pools<E: KvElem>(lens: &[usize]) -> Vec<(Buf<E>, Buf<E>)> {
             use rayon::prelude::*;
-            (0..layers).into_par_iter().map(|_| (Buf::zeroed_resident(len), Buf::zeroed_resident(len))).collect()
+            lens.par_iter().map(|&len| (Buf::zeroed_resident(len), Buf::zeroed_resident(len))).collect()
         }
         let layers = match dtype {
-            KvDtype::F32 => Layers::F32(pools(num_layers, len)),
-            KvDtype::F16 => Layers::F16(pools(num_layers, len)),
+            KvDtype::F32 => Layers::F32(pools(&lens)),
+            KvDtype::F16 => Layers::F16(pools(&lens)),
         };
-        KvCache { layers, num_blocks, block_size, kv_heads, head_dim }
+        KvCache { layers, num_blocks, block_size, shapes: shapes.to_vec() }
     }
 
     /// Bytes one block takes over all layers, K and V.
-    pub fn bytes_per_block(
-        dtype: KvDtype,
-        num_layers: usize,
-        block_size: usize,
-        kv_heads: usize,
-        head_dim: usize,
-    ) -> usize {
-        [num_layers, block_size, kv_heads, head_dim, dtype.bytes()].iter().fold(2usize, |a, &b| a.saturating_mul(b))
+    pub fn bytes_per_block(dtype: KvDtype, shapes: &[KvShape], block_size: usize) -> usize {
+        let values = shapes.iter().fold(0usize, |a, s| a.saturating_add(s.width()));
+        [block_size, values, dtype.bytes()].iter().fold(2usize, |a, &b| a.saturating_mul(b))
     }
 
     pub fn dtype(&self) -> KvDtype {
@@ -137,28 +140,29 @@ impl KvCache {
             Layers::F32(l) => Pools::F32 { k: &l[layer].0, v: &l[layer].1 },
             Layers::F16(l) => Pools::F16 { k: &l[layer].0, v: &l[layer].1 },
         };
-        PagedKv::new(pools, self.block_size, self.kv_heads, self.head_dim)
+        let s = self.shapes[layer];
+        PagedKv::new(pools, self.block_size, s.kv_heads, s.head_dim)
     }
 
     /// Copies block `src` into block `dst` in every layer (copy-on-write for forks).
     pub fn copy_block(&mut self, src: u32, dst: u32) {
-        let n = self.block_size * self.kv_heads * self.head_dim;
-        let (s, d) = (src as usize * n, dst as usize * n);
-        fn copy<E: KvElem>(layers: &mut [(Buf<E>, Buf<E>)], s: usize, d: usize, n: usize) {
-            for (k, v) in layers {
+        let ns: Vec<usize> = self.shapes.iter().map(|s| self.block_size * s.width()).collect();
+        fn copy<E: KvElem>(layers: &mut [(Buf<E>, Buf<E>)], ns: &[usize], src: usize, dst: usize) {
+            for ((k, v), &n) in layers.iter_mut().zip(ns) {
+                let (s, d) = (src * n, dst * n);
                 k.copy_within(s..s + n, d);
                 v.copy_within(s..s + n, d);
             }
         }
         match &mut self.layers {
-            Layers::F32(l) => copy(l, s, d, n),
-            Layers::F16(l) => copy(l, s, d, n),
+            Layers::F32(l) => copy(l, &ns, src as usize, dst as usize),
+            Layers::F16(l) => copy(l, &ns, src as usize, dst as usize),
         }
     }
 
     /// Stores all kv heads of one position: `k` and `v` are `[kv_heads * head_dim]`.
     pub fn write(&mut self, layer: usize, block_table: &[u32], pos: usize, k: &[f32], v: &[f32]) {
-        let (hd, bs) = (self.head_dim, self.block_size);
+        let (hd, bs) = (self.shapes[layer].head_dim, self.block_size);
         let (first, slot) = self.layer(layer).slab(block_table, pos, 0);
         fn store<E: KvElem>(pools: &mut (Buf<E>, Buf<E>), at: (usize, usize, usize, usize), k: &[f32], v: &[f32]) {
             let (first, slot, bs, hd) = at;
@@ -193,7 +197,7 @@ mod tests {
     fn write_lands_in_the_mapped_block_and_slot() {
         for dtype in [KvDtype::F32, KvDtype::F16] {
             // 2 layers, 3 blocks of 2 slots, 3 kv heads of dim 2.
-            let mut c = KvCache::new(dtype, 2, 3, 2, 3, 2);
+            let mut c = KvCache::new(dtype, &[KvShape { kv_heads: 3, head_dim: 2 }; 2], 3, 2);
             let k: Vec<f32> = (0..6).map(|x| x as f32).collect();
             let v: Vec<f32> = (10..16).map(|x| x as f32 + 0.5).collect();
             c.write(1, &[2, 0], 1, &k, &v);
@@ -215,7 +219,29 @@ mod tests {
             let slabs = 3 * 3;
             let zero = (vec![0.0; 2], vec![0.0; 2]);
             assert!((0..slabs).all(|b| (0..2).all(|slot| read(c.layer(0).pools, 4 * b, slot) == zero)));
-            assert_eq!(KvCache::bytes_per_block(dtype, 2, 2, 3, 2), 2 * 2 * 2 * 3 * 2 * dtype.bytes());
+            let shapes = [KvShape { kv_heads: 3, head_dim: 2 }; 2];
+            assert_eq!(KvCache::bytes_per_block(dtype, &shapes, 2), 2 * 2 * 2 * 3 * 2 * dtype.bytes());
         }
+    }
+
+    #[test]
+    fn layers_of_different_shapes_keep_their_own_geometry() {
+        // Layer 0: 2 kv heads of 4; layer 1: 1 kv head of 8 (Gemma 4's global layer).
+        let shapes = [KvShape { kv_heads: 2, head_dim: 4 }, KvShape { kv_heads: 1, head_dim: 8 }];
+        let mut c = KvCache::new(KvDtype::F32, &shapes, 3, 2);
+        assert_eq!(KvCache::bytes_per_block(KvDtype::F32, &shapes, 2), 2 * 2 * (8 + 8) * 4);
+        let k: Vec<f32> = (0..8).map(|x| x as f32).collect();
+        let v: Vec<f32> = (0..8).map(|x| 10.0 + x as f32).collect();
+        c.write(1, &[2, 0], 1, &k, &v);
+        c.copy_block(2, 1);
+        for block in [1usize, 2] {
+            let Pools::F32 { k: kp, v: vp } = c.layer(1).pools else { unreachable!() };
+            let slab = block * 2 * 8;
+            // V position-major: slot 1's row; K dim-major: dim d at slab + 2d + 1.
+            assert_eq!(&vp[slab + 8..slab + 16], &v[..]);
+            assert_eq!((0..8).map(|d| kp[slab + 2 * d + 1]).collect::<Vec<_>>(), k);
+        }
+        assert_eq!(c.layer(0).head_dim, 4);
+        assert_eq!(c.layer(1).kv_heads, 1);
     }
 }

@@ -9,7 +9,7 @@ mod events;
 
 pub use allocator::{block_hash, BlockAllocator, BlockHash};
 pub use block_table::BlockTable;
-pub use cache::{KvCache, KvCacheDtype, KvDtype};
+pub use cache::{KvCache, KvCacheDtype, KvDtype, KvShape};
 pub use events::KvEvent;
 
 /// Raised when a sequence needs more blocks than are free; the caller decides what to evict.

@@ -1,6 +1,7 @@
 //! Model hyper-parameters, read from a Hugging Face `config.json` or GGUF metadata.
 
 use super::gguf::{GgufFile, Value};
+use crate::kv::KvShape;
 use anyhow::{bail, ensure, Context, Result};
 use serde::Deserialize;
 use std::path::Path;
@@ -22,6 +23,11 @@ pub enum Arch {
     /// Gemma 3 (text): Gemma 2's layer without soft-caps, with (1 + w) q/k norms, five
     /// sliding-window layers to one global, and the local layers' own RoPE base.
     Gemma3,
+    /// Gemma 4 (text): Gemma 3's layout with plain (w) norms, a v-norm, attention scale 1,
+    /// global layers of their own head size and KV heads ([`GlobalAttn`]), a dense MLP and
+    /// a mixture of experts side by side ([`MoeConfig::dense_beside`]), a per-layer output
+    /// scalar and a final soft-cap.
+    Gemma4,
     /// gpt-oss: a mixture of experts with biases and a clamped SwiGLU, attention sinks,
     /// q/k/v/o biases, sliding and full layers alternating, YaRN.
     GptOss,
@@ -43,6 +49,7 @@ impl Arch {
             (Arch::Phi3, _) => ("phi3", "Phi3ForCausalLM"),
             (Arch::Gemma2, _) => ("gemma2", "Gemma2ForCausalLM"),
             (Arch::Gemma3, _) => ("gemma3_text", "Gemma3ForCausalLM"),
+            (Arch::Gemma4, _) => ("gemma4_text", "Gemma4ForCausalLM"),
             (Arch::GptOss, _) => ("gpt_oss", "GptOssForCausalLM"),
             (Arch::BitNet, _) => ("bitnet", "BitNetForCausalLM"),
         }
@@ -59,12 +66,13 @@ impl Arch {
             "phi3" => Arch::Phi3,
             "gemma2" => Arch::Gemma2,
             "gemma3" | "gemma3_text" => Arch::Gemma3,
+            "gemma4" | "gemma4_text" => Arch::Gemma4,
             "gpt_oss" | "gpt-oss" => Arch::GptOss,
             // llama.cpp's name, and bitnet.cpp's for its I2_S files.
             "bitnet" | "bitnet-b1.58" => Arch::BitNet,
             other => {
                 bail!(
-                    "unsupported architecture '{other}' (supported: llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, phi3, gemma2, gemma3_text, gpt_oss, bitnet)"
+                    "unsupported architecture '{other}' (supported: llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, phi3, gemma2, gemma3_text, gemma4_text, gpt_oss, bitnet)"
                 )
             }
         })
@@ -97,7 +105,7 @@ impl Activation {
     /// A family's activation when its files do not name one.
     fn default_for(arch: Arch) -> Self {
         match arch {
-            Arch::Gemma2 | Arch::Gemma3 => Activation::GeluTanh,
+            Arch::Gemma2 | Arch::Gemma3 | Arch::Gemma4 => Activation::GeluTanh,
             Arch::BitNet => Activation::Relu2,
             Arch::GptOss => Activation::SwigluOai,
             _ => Activation::Silu,
@@ -139,11 +147,27 @@ pub struct ModelConfig {
     pub final_softcap: Option<f32>,
     /// The MLPs are mixtures of experts (Mixtral, Qwen3-MoE).
     pub moe: Option<MoeConfig>,
+    /// The global (full-attention) layers' own attention shape (Gemma 4).
+    pub global_attn: Option<GlobalAttn>,
     /// How an embedding model pools its hidden states (sentence-transformers'
     /// `1_Pooling/config.json`, GGUF's `pooling_type`); `None`: not an embedding model.
     pub pooling: Option<Pooling>,
     /// Trained so that a prefix of its embedding is one too (`is_matryoshka`).
     pub matryoshka: bool,
+}
+
+/// Gemma 4's global layers: a head size and KV heads of their own, V taken from K's
+/// projection, and proportional RoPE (only the first `rotated_pairs` frequencies turn).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GlobalAttn {
+    pub head_dim: usize,
+    pub kv_heads: usize,
+    /// No v_proj: V is K's projection before K's norm and RoPE (`attention_k_eq_v`).
+    pub k_eq_v: bool,
+    pub rope_theta: f32,
+    /// Frequency pairs that rotate, of `head_dim / 2`; the rest stay still. GGUF files say
+    /// it with a `rope_freqs` tensor instead (the still ones divided by 1e30).
+    pub rotated_pairs: usize,
 }
 
 /// Which hidden states an embedding is made of.
@@ -182,6 +206,13 @@ pub struct MoeConfig {
     pub norm_topk_prob: bool,
     /// Layers whose MLP is dense (Qwen3-MoE's `mlp_only_layers` and `decoder_sparse_step`).
     pub dense_layers: Vec<usize>,
+    /// Every layer also has a dense MLP, run beside the experts on the same input, each
+    /// with its own norms (Gemma 4).
+    pub dense_beside: bool,
+    /// Gemma 4's router: it reads the residual stream RMS-normalised, times a learned
+    /// scale and hidden^-1/2, and each chosen expert's weight is multiplied by that
+    /// expert's own scale.
+    pub scaled_router: bool,
 }
 
 impl MoeConfig {
@@ -190,8 +221,15 @@ impl MoeConfig {
         let Some(num_experts) = c.num_local_experts.or(c.num_experts).filter(|&e| e > 0) else {
             return Ok(None);
         };
-        let top_k =
-            c.num_experts_per_tok.or(c.experts_per_token).context("a mixture of experts needs num_experts_per_tok")?;
+        let gemma4 = arch == Arch::Gemma4;
+        if gemma4 && c.enable_moe_block == Some(false) {
+            return Ok(None);
+        }
+        let top_k = c
+            .num_experts_per_tok
+            .or(c.experts_per_token)
+            .or(c.top_k_experts)
+            .context("a mixture of experts needs num_experts_per_tok")?;
         let step = c.decoder_sparse_step.unwrap_or(1);
         ensure!(step > 0, "decoder_sparse_step is 0");
         let only = c.mlp_only_layers.clone().unwrap_or_default();
@@ -203,14 +241,16 @@ impl MoeConfig {
             expert_ffn: c.moe_intermediate_size.unwrap_or(c.intermediate_size),
             // Mixtral always renormalises, and gpt-oss's softmax over the top-k logits gives
             // the same weights; Qwen3-MoE says so in its config (transformers' default: false).
-            norm_topk_prob: c.norm_topk_prob.unwrap_or(matches!(arch, Arch::Llama | Arch::GptOss)),
+            norm_topk_prob: c.norm_topk_prob.unwrap_or(matches!(arch, Arch::Llama | Arch::GptOss | Arch::Gemma4)),
             dense_layers,
+            dense_beside: gemma4,
+            scaled_router: gemma4,
         }))
     }
 
     /// From GGUF metadata (`<arch>.expert_count` and its neighbours). llama.cpp's `llama`
     /// (Mixtral) and `qwen3moe` always renormalise and have experts in every layer.
-    fn from_gguf(g: &GgufFile, name: &str, ffn: usize) -> Result<Option<Self>> {
+    fn from_gguf(g: &GgufFile, name: &str, ffn: usize, arch: Arch) -> Result<Option<Self>> {
         let int = |k: &str| g.get(&format!("{name}.{k}")).and_then(Value::as_u64).map(|v| v as usize);
         let Some(num_experts) = int("expert_count").filter(|&e| e > 0) else { return Ok(None) };
         let top_k = int("expert_used_count").with_context(|| format!("missing metadata {name}.expert_used_count"))?;
@@ -221,6 +261,8 @@ impl MoeConfig {
             expert_ffn: int("expert_feed_forward_length").unwrap_or(ffn),
             norm_topk_prob: norm.unwrap_or(true),
             dense_layers: Vec::new(),
+            dense_beside: arch == Arch::Gemma4,
+            scaled_router: arch == Arch::Gemma4,
         }))
     }
 
@@ -433,9 +475,16 @@ fn yarn_mscale(factor: f32, m: f64) -> f64 {
 fn sliding_pattern(arch: Arch) -> Option<usize> {
     match arch {
         Arch::Gemma2 | Arch::GptOss => Some(2),
-        Arch::Gemma3 => Some(6),
+        Arch::Gemma3 | Arch::Gemma4 => Some(6),
         _ => None,
     }
+}
+
+/// The pattern a per-layer list of sliding (true) and global layers follows: global at
+/// every `n`-th layer and nowhere else; `None` if it follows none.
+fn pattern_of(sliding: &[bool]) -> Option<usize> {
+    let n = sliding.iter().position(|s| !s)? + 1;
+    sliding.iter().enumerate().all(|(i, &s)| s != (i + 1).is_multiple_of(n)).then_some(n)
 }
 
 /// Gemma GGUF files carry no `query_pre_attn_scalar`; llama.cpp uses the head dim, except
@@ -481,9 +530,30 @@ fn gguf_activation(g: &GgufFile, name: &str, arch: Arch) -> Result<Activation> {
     }
 }
 
-/// Gemma 2 and 3: soft-caps where the config sets them.
+/// Gemma 2, 3 and 4: soft-caps where the config sets them.
 fn gemma(arch: Arch) -> bool {
-    matches!(arch, Arch::Gemma2 | Arch::Gemma3)
+    matches!(arch, Arch::Gemma2 | Arch::Gemma3 | Arch::Gemma4)
+}
+
+/// Gemma 4's `rope_parameters`: the sliding layers' base (default RoPE), and the global
+/// layers' base and rotated share (proportional RoPE); transformers' defaults when absent.
+fn gemma4_rope(p: Option<&serde_json::Value>) -> Result<(f32, (f32, f32))> {
+    let get = |layer: &str, key: &str| p.and_then(|p| p.get(layer)).and_then(|l| l.get(key));
+    let num = |layer: &str, key: &str, default: f64| -> Result<f32> {
+        let x = get(layer, key)
+            .map_or(Some(default), |v| v.as_f64())
+            .with_context(|| format!("rope_parameters.{layer}.{key} is not a number"))?;
+        ensure!(x.is_finite() && x > 0.0, "rope_parameters.{layer}.{key} {x} is not positive");
+        Ok(x as f32)
+    };
+    for (layer, want) in [("sliding_attention", "default"), ("full_attention", "proportional")] {
+        let kind = get(layer, "rope_type").and_then(|t| t.as_str()).unwrap_or(want);
+        ensure!(kind == want, "rope_parameters.{layer}.rope_type '{kind}' is not supported (only {want})");
+    }
+    ensure!(num("full_attention", "factor", 1.0)? == 1.0, "a scaled proportional RoPE is not supported");
+    let partial = num("full_attention", "partial_rotary_factor", 0.25)?;
+    ensure!(partial <= 1.0, "partial_rotary_factor {partial} is above 1");
+    Ok((num("sliding_attention", "rope_theta", 1e4)?, (num("full_attention", "rope_theta", 1e6)?, partial)))
 }
 
 /// `1/sqrt(s)` as Hugging Face computes `s ** -0.5` (in f64, then stored as f32).
@@ -549,6 +619,20 @@ struct HfConfig {
     shared_expert_intermediate_size: Option<usize>,
     /// gpt-oss's name for `num_experts_per_tok`.
     experts_per_token: Option<usize>,
+    /// Gemma 4's names: `num_experts_per_tok`, whether the layers have experts at all, the
+    /// global layers' head size and KV heads, V = K there, per-layer-type RoPE, and the
+    /// pieces of the small models (shared KV, per-layer inputs) that are not supported.
+    top_k_experts: Option<usize>,
+    enable_moe_block: Option<bool>,
+    global_head_dim: Option<usize>,
+    num_global_key_value_heads: Option<usize>,
+    #[serde(default)]
+    attention_k_eq_v: bool,
+    rope_parameters: Option<serde_json::Value>,
+    #[serde(default)]
+    num_kv_shared_layers: usize,
+    #[serde(default)]
+    hidden_size_per_layer_input: usize,
     swiglu_limit: Option<f32>,
     swiglu_alpha: Option<f32>,
 }
@@ -599,6 +683,11 @@ impl ModelConfig {
         };
         let sliding_pattern = match arch {
             Arch::Gemma3 => c.sliding_window_pattern.or(sliding_pattern(arch)),
+            Arch::Gemma4 => {
+                let types = c.layer_types.as_ref().context("Gemma 4 needs layer_types")?;
+                let sliding: Vec<bool> = types.iter().map(|t| t == "sliding_attention").collect();
+                Some(pattern_of(&sliding).context("layer_types: global layers must recur at a fixed interval")?)
+            }
             _ => sliding_pattern(arch),
         };
         if let (Some(p), Some(types)) = (sliding_pattern, &c.layer_types) {
@@ -610,18 +699,42 @@ impl ModelConfig {
             }
         }
         let head_dim = c.head_dim.unwrap_or(c.hidden_size / c.num_attention_heads.max(1));
+        let num_kv_heads = c.num_key_value_heads.unwrap_or(c.num_attention_heads);
+        let (mut rope_theta, mut rope_local_theta) =
+            (c.rope_theta, (arch == Arch::Gemma3).then(|| c.rope_local_base_freq.unwrap_or(10000.0)));
+        let global_attn = if arch == Arch::Gemma4 {
+            ensure!(c.num_kv_shared_layers == 0, "Gemma 4's shared KV layers are not supported");
+            ensure!(c.hidden_size_per_layer_input == 0, "Gemma 4's per-layer inputs are not supported");
+            let (local, global) = gemma4_rope(c.rope_parameters.as_ref())?;
+            (rope_theta, rope_local_theta) = (global.0, Some(local));
+            let head_dim = c.global_head_dim.unwrap_or(512);
+            Some(GlobalAttn {
+                head_dim,
+                kv_heads: if c.attention_k_eq_v {
+                    c.num_global_key_value_heads.unwrap_or(num_kv_heads)
+                } else {
+                    num_kv_heads
+                },
+                k_eq_v: c.attention_k_eq_v,
+                rope_theta,
+                // As transformers: int(partial · head_dim // 2).
+                rotated_pairs: ((global.1 * head_dim as f32) / 2.0).floor() as usize,
+            })
+        } else {
+            None
+        };
         let cfg = ModelConfig {
             arch,
             hidden_size: c.hidden_size,
             intermediate_size: c.intermediate_size,
             num_layers: c.num_hidden_layers,
             num_heads: c.num_attention_heads,
-            num_kv_heads: c.num_key_value_heads.unwrap_or(c.num_attention_heads),
+            num_kv_heads,
             head_dim,
             vocab_size: c.vocab_size,
             max_position_embeddings: c.max_position_embeddings,
             rms_norm_eps: c.rms_norm_eps,
-            rope_theta: c.rope_theta,
+            rope_theta,
             rope_scaling,
             tie_word_embeddings: c.tie_word_embeddings,
             activation,
@@ -629,13 +742,19 @@ impl ModelConfig {
             // transformers gives o_proj a bias with `attention_bias` in these families.
             o_bias: c.attention_bias && matches!(arch, Arch::Llama | Arch::GptOss),
             sliding_window,
-            attn_scale: attn_scale(c.query_pre_attn_scalar.unwrap_or(head_dim as f32)),
+            // Gemma 4's q and k are normalised, and it scales their product by 1.
+            attn_scale: if arch == Arch::Gemma4 {
+                1.0
+            } else {
+                attn_scale(c.query_pre_attn_scalar.unwrap_or(head_dim as f32))
+            },
             attn_softcap: c.attn_logit_softcapping.filter(|_| gemma(arch)),
             final_softcap: c.final_logit_softcapping.filter(|_| gemma(arch)),
             sliding_pattern,
             // transformers' default for Gemma 3.
-            rope_local_theta: (arch == Arch::Gemma3).then(|| c.rope_local_base_freq.unwrap_or(10000.0)),
+            rope_local_theta,
             moe,
+            global_attn,
             pooling: None,
             matryoshka: false,
         };
@@ -666,10 +785,73 @@ impl ModelConfig {
                 .context("GGUF has neither vocab_size nor tokenizer.ggml.tokens")?,
         };
         let context = int("context_length")?;
-        let head_dim = int("attention.key_length").unwrap_or(hidden / heads.max(1));
-        if let Ok(n) = int("rope.dimension_count") {
+        let gemma4 = arch == Arch::Gemma4;
+        // Gemma 4's keys without a suffix describe its global layers; the sliding ones'
+        // carry `_swa`.
+        let swa = if gemma4 { "_swa" } else { "" };
+        let head_dim = int(&format!("attention.key_length{swa}")).unwrap_or(hidden / heads.max(1));
+        if let Ok(n) = int(&format!("rope.dimension_count{swa}")) {
             ensure!(n == head_dim, "partial rotary embedding ({n} of {head_dim} dimensions) is not supported");
         }
+        let sliding_pattern = if gemma4 {
+            let list = g.get(&format!("{name}.attention.sliding_window_pattern")).and_then(Value::as_array);
+            let list: Vec<bool> = list
+                .context("Gemma 4 needs attention.sliding_window_pattern")?
+                .iter()
+                .map(|v| v.as_bool() == Some(true))
+                .collect();
+            ensure!(
+                list.len() == int("block_count")?,
+                "sliding_window_pattern has {} layers, not block_count",
+                list.len()
+            );
+            Some(pattern_of(&list).context("sliding_window_pattern: global layers must recur at a fixed interval")?)
+        } else {
+            sliding_pattern(arch)
+        };
+        // KV heads: one count, or Gemma 4's per layer (the sliding layers' and the global
+        // layers' each the same).
+        let kv_key = format!("{name}.attention.head_count_kv");
+        let (kv_heads, global_kv) = match g.get(&kv_key).and_then(Value::as_array) {
+            Some(a) => {
+                let n: Vec<usize> = a.iter().map(|v| v.as_u64().unwrap_or(0) as usize).collect();
+                let p = sliding_pattern.context("per-layer KV heads need a sliding window pattern")?;
+                let at = |global: bool| {
+                    let mut of =
+                        n.iter().enumerate().filter(|(i, _)| (i + 1).is_multiple_of(p) == global).map(|(_, &k)| k);
+                    let first = of.next().unwrap_or(0);
+                    ensure!(of.all(|k| k == first), "{kv_key}: layers of one kind have different KV heads");
+                    Ok(first)
+                };
+                (at(false)?, Some(at(true)?))
+            }
+            None => (int("attention.head_count_kv").unwrap_or(heads), None),
+        };
+        let global_attn = if gemma4 {
+            ensure!(
+                int("attention.shared_kv_layers").unwrap_or(0) == 0,
+                "Gemma 4's shared KV layers are not supported"
+            );
+            ensure!(
+                int("embedding_length_per_layer_input").unwrap_or(0) == 0,
+                "Gemma 4's per-layer inputs are not supported"
+            );
+            let global_dim = int("attention.key_length")?;
+            if let Ok(n) = int("rope.dimension_count") {
+                ensure!(n == global_dim, "partial rotary embedding ({n} of {global_dim} dimensions) is not supported");
+            }
+            let first_global = sliding_pattern.unwrap_or(1) - 1;
+            Some(GlobalAttn {
+                head_dim: global_dim,
+                kv_heads: global_kv.unwrap_or(kv_heads),
+                k_eq_v: !g.tensors.contains_key(&format!("blk.{first_global}.attn_v.weight")),
+                rope_theta: float("rope.freq_base").unwrap_or(1e6),
+                // The still frequencies come as `rope_freqs` divisors.
+                rotated_pairs: global_dim / 2,
+            })
+        } else {
+            None
+        };
         // Llama 3's scaling comes as a `rope_freqs` tensor (applied by the model at load),
         // Phi-3's longrope as two factor tensors; of the metadata kinds, only linear is
         // understood, and the rest are refused.
@@ -716,7 +898,7 @@ impl ModelConfig {
         };
         let sliding_window = int("attention.sliding_window").ok().filter(|&w| w > 0 && w < context);
         let ffn = int("feed_forward_length");
-        let moe = MoeConfig::from_gguf(g, name, ffn.as_ref().copied().unwrap_or(0))?;
+        let moe = MoeConfig::from_gguf(g, name, ffn.as_ref().copied().unwrap_or(0), arch)?;
         let cfg = ModelConfig {
             arch,
             hidden_size: hidden,
@@ -728,7 +910,7 @@ impl ModelConfig {
             },
             num_layers: int("block_count")?,
             num_heads: heads,
-            num_kv_heads: int("attention.head_count_kv").unwrap_or(heads),
+            num_kv_heads: kv_heads,
             head_dim,
             vocab_size: vocab,
             max_position_embeddings: context,
@@ -740,12 +922,17 @@ impl ModelConfig {
             qkv_bias: g.tensors.contains_key("blk.0.attn_q.bias"),
             o_bias: g.tensors.contains_key("blk.0.attn_output.bias"),
             sliding_window: sliding_window.filter(|_| !matches!(arch, Arch::Qwen2 | Arch::Qwen3)),
-            attn_scale: attn_scale(gguf_query_pre_attn_scalar(arch, hidden, heads, head_dim, int("block_count")?)),
+            attn_scale: if gemma4 {
+                1.0
+            } else {
+                attn_scale(gguf_query_pre_attn_scalar(arch, hidden, heads, head_dim, int("block_count")?))
+            },
             attn_softcap: float("attn_logit_softcapping").filter(|_| gemma(arch)),
             final_softcap: float("final_logit_softcapping").filter(|_| gemma(arch)),
-            sliding_pattern: sliding_pattern(arch),
-            rope_local_theta: float("rope.freq_base_swa").filter(|_| arch == Arch::Gemma3),
+            sliding_pattern,
+            rope_local_theta: float("rope.freq_base_swa").filter(|_| matches!(arch, Arch::Gemma3 | Arch::Gemma4)),
             moe,
+            global_attn,
             // llama.cpp's enum: 0 none, 1 mean, 2 cls, 3 last, 4 rank.
             pooling: match int("pooling_type") {
                 Err(_) | Ok(0) => None,
@@ -839,6 +1026,31 @@ impl ModelConfig {
         if let Some(m) = &self.moe {
             m.validate(self.num_layers)?;
         }
+        if let Some(g) = &self.global_attn {
+            ensure!(g.kv_heads > 0 && g.kv_heads <= 1 << 16, "global KV heads {} out of range", g.kv_heads);
+            ensure!(
+                g.head_dim > 0 && g.head_dim <= 1 << 16 && g.head_dim.is_multiple_of(2),
+                "global head_dim {} must be even and within 2..=2^16",
+                g.head_dim
+            );
+            ensure!(
+                self.num_heads.is_multiple_of(g.kv_heads),
+                "{} attention heads is not a multiple of {} global KV heads",
+                self.num_heads,
+                g.kv_heads
+            );
+            ensure!(
+                g.rotated_pairs <= g.head_dim / 2,
+                "{} rotated pairs of a {}-dim head",
+                g.rotated_pairs,
+                g.head_dim
+            );
+            ensure!(
+                g.rope_theta.is_finite() && g.rope_theta > 0.0,
+                "global RoPE base {} is not positive",
+                g.rope_theta
+            );
+        }
         if let RopeScaling::Yarn {
             factor,
             original_max_position_embeddings,
@@ -883,12 +1095,16 @@ impl ModelConfig {
     /// routers and the LM head): a token costs twice this many FLOPs in matrix multiplies.
     pub fn matmul_params(&self) -> usize {
         let (d, f) = (self.hidden_size, self.intermediate_size);
-        let attn = d * (self.q_dim() + 2 * self.kv_dim()) + self.q_dim() * d;
+        let attn = |i| {
+            let kv = self.layer_kv(i);
+            let q = self.num_heads * kv.head_dim;
+            d * (q + 2 * kv.kv_heads * kv.head_dim) + q * d
+        };
         let mlp = |i| match self.layer_moe(i) {
-            Some(m) => m.top_k * 3 * d * m.expert_ffn + m.num_experts * d,
+            Some(m) => m.top_k * 3 * d * m.expert_ffn + m.num_experts * d + if m.dense_beside { 3 * d * f } else { 0 },
             None => 3 * d * f,
         };
-        (0..self.num_layers).map(|i| attn + mlp(i)).sum::<usize>() + self.vocab_size * d
+        (0..self.num_layers).map(|i| attn(i) + mlp(i)).sum::<usize>() + self.vocab_size * d
     }
 
     pub fn q_dim(&self) -> usize {
@@ -897,5 +1113,23 @@ impl ModelConfig {
 
     pub fn kv_dim(&self) -> usize {
         self.num_kv_heads * self.head_dim
+    }
+
+    /// The global layer shape of layer `i`, if it is a global layer with one of its own.
+    pub fn layer_global(&self, i: usize) -> Option<&GlobalAttn> {
+        self.global_attn.as_ref().filter(|_| self.layer_window(i).is_none())
+    }
+
+    /// Layer `i`'s KV heads and head size.
+    pub fn layer_kv(&self, i: usize) -> KvShape {
+        match self.layer_global(i) {
+            Some(g) => KvShape { kv_heads: g.kv_heads, head_dim: g.head_dim },
+            None => KvShape { kv_heads: self.num_kv_heads, head_dim: self.head_dim },
+        }
+    }
+
+    /// Every layer's [`Self::layer_kv`]: the KV cache's geometry.
+    pub fn kv_shapes(&self) -> Vec<KvShape> {
+        (0..self.num_layers).map(|i| self.layer_kv(i)).collect()
     }
 }

@@ -210,6 +210,7 @@ fn arch_name(c: &ModelConfig) -> &'static str {
         Arch::Phi3 => "phi3",
         Arch::Gemma2 => "gemma2",
         Arch::Gemma3 => "gemma3",
+        Arch::Gemma4 => "gemma4",
         Arch::GptOss => "gpt-oss",
         Arch::BitNet => "bitnet",
     }

@@ -16,18 +16,23 @@ use crate::kernels::qmatmul::{QActs, QMatrix};
 use crate::kernels::quant::GgmlType;
 use crate::kernels::rope::Rope;
 use crate::kernels::{rmsnorm, silu_mul};
-use crate::kv::{KvCache, KvCacheDtype, KvDtype};
+use crate::kv::{KvCache, KvCacheDtype, KvDtype, KvShape};
 use anyhow::{ensure, Result};
 use rayon::prelude::*;
 
 struct Layer {
+    /// Its KV heads and head size (Gemma 4's global layers have their own).
+    kv: KvShape,
     attn_norm: Tensor,
-    /// q, k and v projections stacked: `[q_dim + 2 kv_dim, hidden]`.
+    /// q, k and v projections stacked: `[q_dim + 2 kv_dim, hidden]` (where V is K's
+    /// projection, Gemma 4's `attention_k_eq_v`, k's rows twice).
     wqkv: Weight,
     /// Their biases, stacked the same way (Qwen2).
     qkv_bias: Option<Tensor>,
     /// Per-head RMSNorm weights of q and k, applied before RoPE (Qwen3).
     qk_norm: Option<(Tensor, Tensor)>,
+    /// Per-head RMSNorm of v without a scale (ones here; Gemma 4).
+    v_norm: Option<Tensor>,
     /// Normalizes the attention output before `wo` (BitNet's `attn_sub_norm`).
     attn_sub_norm: Option<Tensor>,
     wo: Weight,
@@ -43,18 +48,33 @@ struct Layer {
     post_ffn_norm: Option<Tensor>,
     /// Attention sees only the last `W` positions.
     window: Option<usize>,
+    /// Multiplies the hidden state at the end of the layer (Gemma 4's `layer_scalar`).
+    out_scale: Option<f32>,
 }
 
-/// A layer's MLP: one for every token, or a mixture of experts.
+/// A dense gated MLP.
+struct Dense {
+    /// gate and up projections stacked: `[2 intermediate, hidden]`.
+    gate_up: Weight,
+    /// Normalizes the gated activation before `down` (BitNet's `ffn_sub_norm`).
+    sub_norm: Option<Tensor>,
+    down: Weight,
+}
+
+/// A layer's MLP: one for every token, a mixture of experts, or both side by side.
 enum Mlp {
-    Dense {
-        /// gate and up projections stacked: `[2 intermediate, hidden]`.
-        gate_up: Weight,
-        /// Normalizes the gated activation before `down` (BitNet's `ffn_sub_norm`).
-        sub_norm: Option<Tensor>,
-        down: Weight,
-    },
+    Dense(Dense),
     Experts(Experts),
+    /// Gemma 4: the dense MLP on the pre-MLP norm's output, normalised by `post_dense`;
+    /// the experts on the residual stream normalised by `pre_experts` (routed from the
+    /// residual stream itself), normalised by `post_experts`; the two added.
+    Beside {
+        dense: Dense,
+        experts: Experts,
+        post_dense: Tensor,
+        pre_experts: Tensor,
+        post_experts: Tensor,
+    },
 }
 
 impl Layer {
@@ -67,8 +87,12 @@ impl Layer {
     fn matrices(&self) -> Vec<&Weight> {
         let mut all = vec![&self.wqkv, &self.wo];
         match &self.mlp {
-            Mlp::Dense { gate_up, down, .. } => all.extend([gate_up, down]),
+            Mlp::Dense(m) => all.extend([&m.gate_up, &m.down]),
             Mlp::Experts(x) => all.extend(x.matrices()),
+            Mlp::Beside { dense, experts, .. } => {
+                all.extend([&dense.gate_up, &dense.down]);
+                all.extend(experts.matrices());
+            }
         }
         all
     }
@@ -77,8 +101,11 @@ impl Layer {
     fn bytes_per_token(&self) -> usize {
         let attn = self.wqkv.bytes() + self.wo.bytes();
         attn + match &self.mlp {
-            Mlp::Dense { gate_up, down, .. } => gate_up.bytes() + down.bytes(),
+            Mlp::Dense(m) => m.gate_up.bytes() + m.down.bytes(),
             Mlp::Experts(x) => x.bytes_per_token(),
+            Mlp::Beside { dense, experts, .. } => {
+                dense.gate_up.bytes() + dense.down.bytes() + experts.bytes_per_token()
+            }
         }
     }
 
@@ -86,9 +113,14 @@ impl Layer {
     fn products_per_token(&self) -> Vec<(Option<GgmlType>, usize)> {
         let mut all = self.wqkv.products();
         all.extend(self.wo.products());
+        let dense = |m: &Dense| m.gate_up.products().into_iter().chain(m.down.products()).collect::<Vec<_>>();
         match &self.mlp {
-            Mlp::Dense { gate_up, down, .. } => all.extend(gate_up.products().into_iter().chain(down.products())),
+            Mlp::Dense(m) => all.extend(dense(m)),
             Mlp::Experts(x) => all.extend(x.products_per_token()),
+            Mlp::Beside { dense: m, experts, .. } => {
+                all.extend(dense(m));
+                all.extend(experts.products_per_token());
+            }
         }
         all
     }
@@ -146,8 +178,9 @@ pub struct Decoder {
     layers: Vec<Layer>,
     norm: Tensor,
     lm_head: Weight,
+    /// The rotary table (of the global layers, where the sliding ones have their own).
     rope: Rotary,
-    /// The sliding layers' own rotary table (Gemma 3).
+    /// The sliding layers' own rotary table (Gemma 3 and 4).
     rope_local: Option<Rope>,
 }
 
@@ -190,6 +223,9 @@ pub struct StepInput<'a> {
 pub struct Workspace {
     h: Vec<f32>,
     xn: Vec<f32>,
+    /// The experts' normalised input and their output, beside a dense MLP (Gemma 4).
+    xn2: Vec<f32>,
+    tmp2: Vec<f32>,
     qkv: Vec<f32>,
     attn: Vec<f32>,
     tmp: Vec<f32>,
@@ -243,12 +279,15 @@ fn rows_par_mut(x: &mut [f32], width: usize) -> rayon::slice::ChunksMut<'_, f32>
     x.par_chunks_mut(width * ROWS_PER_TASK)
 }
 
-/// `h += delta` (or `h += rmsnorm(delta)` with a `post` norm), then `xn = rmsnorm(h)` when
-/// a `next` norm is given; rows of width `d`. `delta` is scratch.
+/// `h += delta` (or `h += rmsnorm(delta)` with a `post` norm), then `h *= scale` where one
+/// is given, then `xn = rmsnorm(h)` when a `next` norm is given; rows of width `d`.
+/// `delta` is scratch.
+#[allow(clippy::too_many_arguments)]
 fn add_and_norm(
     h: &mut [f32],
     delta: &mut [f32],
     post: Option<&[f32]>,
+    scale: Option<f32>,
     next: Option<&[f32]>,
     eps: f32,
     xn: &mut [f32],
@@ -259,10 +298,40 @@ fn add_and_norm(
             rmsnorm_in_place(delta, w, eps);
         }
         h.iter_mut().zip(delta.iter()).for_each(|(a, b)| *a += b);
+        if let Some(s) = scale {
+            h.iter_mut().for_each(|a| *a *= s);
+        }
         if let Some(w) = next {
             rmsnorm(h, w, eps, xn);
         }
     });
+}
+
+impl Dense {
+    /// `out = down(act(gate_up(x)))` for the `t` rows of `x`; `gate_up` and `act` scratch.
+    #[allow(clippy::too_many_arguments)]
+    fn forward(
+        &self,
+        x: &[f32],
+        t: usize,
+        activation: moe::Activation,
+        eps: f32,
+        xq: &mut QActs,
+        gate_up: &mut [f32],
+        act: &mut [f32],
+        out: &mut [f32],
+    ) {
+        let f = act.len() / t.max(1);
+        self.gate_up.matmul(x, xq, gate_up, t);
+        let sub_norm = self.sub_norm.as_ref().map(Tensor::data);
+        rows_par(gate_up, 2 * f).zip(rows_par_mut(act, f)).for_each(|(gu, act)| {
+            activation(gu, f, act);
+            if let Some(w) = sub_norm {
+                rmsnorm_in_place(act, w, eps);
+            }
+        });
+        self.down.matmul(act, xq, out, t);
+    }
 }
 
 fn resize(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
@@ -274,8 +343,10 @@ impl Decoder {
     /// Loads the weights in the form `dtype` asks for ([`Weight::load`]).
     pub fn load(config: ModelConfig, src: &dyn WeightSource, dtype: WeightDtype) -> Result<Self> {
         let c = &config;
-        let (d, f, hd) = (c.hidden_size, c.intermediate_size, c.head_dim);
+        let (d, f) = (c.hidden_size, c.intermediate_size);
         let gemma = matches!(c.arch, Arch::Gemma2 | Arch::Gemma3);
+        // Gemma 4 has Gemma's scaled embeddings and post-norms, but plain (w) norms.
+        let gemma_layout = gemma || c.arch == Arch::Gemma4;
         let bitnet = c.arch == Arch::BitNet;
         // BitNet's projections are ternary: computed as TQ2_0 blocks unless `dtype` is f32.
         let load = |parts: &[(&str, [usize; 2])]| {
@@ -297,19 +368,23 @@ impl Decoder {
         for i in 0..c.num_layers {
             let name = |s: &str| format!("model.layers.{i}.{s}.weight");
             let attn = |p: &str, kind: &str| format!("model.layers.{i}.self_attn.{p}.{kind}");
+            let kv = c.layer_kv(i);
+            let (hd, q_dim, kv_dim) = (kv.head_dim, c.num_heads * kv.head_dim, kv.kv_heads * kv.head_dim);
+            // Where V is K's projection (Gemma 4's global layers), k's rows come twice.
+            let k_eq_v = c.layer_global(i).is_some_and(|g| g.k_eq_v);
             let qkv_parts = [
-                (attn("q_proj", "weight"), [c.q_dim(), d]),
-                (attn("k_proj", "weight"), [c.kv_dim(), d]),
-                (attn("v_proj", "weight"), [c.kv_dim(), d]),
+                (attn("q_proj", "weight"), [q_dim, d]),
+                (attn("k_proj", "weight"), [kv_dim, d]),
+                (attn(if k_eq_v { "k_proj" } else { "v_proj" }, "weight"), [kv_dim, d]),
             ];
             let wqkv = if c.arch == Arch::Phi3 {
-                load(&[(&attn("qkv_proj", "weight"), [c.q_dim() + 2 * c.kv_dim(), d])])?
+                load(&[(&attn("qkv_proj", "weight"), [q_dim + 2 * kv_dim, d])])?
             } else {
                 load(&qkv_parts.each_ref().map(|(n, s)| (n.as_str(), *s)))?
             };
             let qkv_bias = if c.qkv_bias {
-                let mut all = Vec::with_capacity(c.q_dim() + 2 * c.kv_dim());
-                for (p, len) in [("q_proj", c.q_dim()), ("k_proj", c.kv_dim()), ("v_proj", c.kv_dim())] {
+                let mut all = Vec::with_capacity(q_dim + 2 * kv_dim);
+                for (p, len) in [("q_proj", q_dim), ("k_proj", kv_dim), ("v_proj", kv_dim)] {
                     all.extend_from_slice(src.load(&attn(p, "bias"), &[len])?.data());
                 }
                 Some(Tensor::owned(vec![all.len()], all))
@@ -320,20 +395,39 @@ impl Decoder {
                 Arch::Qwen3 => {
                     Some((src.load(&attn("q_norm", "weight"), &[hd])?, src.load(&attn("k_norm", "weight"), &[hd])?))
                 }
-                // Gemma's (1 + w) form, as its other norms.
-                Arch::Gemma3 => Some((norm(&attn("q_norm", "weight"), hd)?, norm(&attn("k_norm", "weight"), hd)?)),
+                // Gemma's (1 + w) form, as its other norms (Gemma 4's are plain).
+                Arch::Gemma3 | Arch::Gemma4 => {
+                    Some((norm(&attn("q_norm", "weight"), hd)?, norm(&attn("k_norm", "weight"), hd)?))
+                }
                 _ => None,
             };
-            let mlp = if let Some(m) = c.layer_moe(i) {
-                Mlp::Experts(Experts::load(src, i, m, d, dtype)?)
-            } else {
+            let v_norm = (c.arch == Arch::Gemma4).then(|| Tensor::owned(vec![hd], vec![1.0; hd]));
+            let dense = || -> Result<Dense> {
                 let gate_up = if c.arch == Arch::Phi3 {
                     load(&[(&name("mlp.gate_up_proj"), [2 * f, d])])?
                 } else {
                     load(&[(&name("mlp.gate_proj"), [f, d]), (&name("mlp.up_proj"), [f, d])])?
                 };
                 let sub_norm = if bitnet { Some(norm(&name("mlp.ffn_sub_norm"), f)?) } else { None };
-                Mlp::Dense { gate_up, sub_norm, down: load(&[(&name("mlp.down_proj"), [d, f])])? }
+                Ok(Dense { gate_up, sub_norm, down: load(&[(&name("mlp.down_proj"), [d, f])])? })
+            };
+            let mlp = match c.layer_moe(i) {
+                Some(m) if m.dense_beside => Mlp::Beside {
+                    dense: dense()?,
+                    experts: Experts::load(src, i, m, d, c.rms_norm_eps, dtype)?,
+                    post_dense: norm(&name("post_feedforward_layernorm_1"), d)?,
+                    pre_experts: norm(&name("pre_feedforward_layernorm_2"), d)?,
+                    post_experts: norm(&name("post_feedforward_layernorm_2"), d)?,
+                },
+                Some(m) => Mlp::Experts(Experts::load(src, i, m, d, c.rms_norm_eps, dtype)?),
+                None => Mlp::Dense(dense()?),
+            };
+            let out_scale = if c.arch == Arch::Gemma4 {
+                let s = src.load(&format!("model.layers.{i}.layer_scalar"), &[1])?.data()[0];
+                ensure!(s.is_finite(), "layer {i}'s layer_scalar is {s}");
+                Some(s)
+            } else {
+                None
             };
             let o_bias = if c.o_bias { Some(src.load(&attn("o_proj", "bias"), &[d])?) } else { None };
             let sinks = if c.arch == Arch::GptOss {
@@ -342,7 +436,7 @@ impl Decoder {
                 None
             };
             let attn_sub_norm = if bitnet { Some(norm(&name("self_attn.attn_sub_norm"), c.q_dim())?) } else { None };
-            let (post_attn_norm, ffn_norm, post_ffn_norm) = if gemma {
+            let (post_attn_norm, ffn_norm, post_ffn_norm) = if gemma_layout {
                 (
                     Some(norm(&name("post_attention_layernorm"), d)?),
                     norm(&name("pre_feedforward_layernorm"), d)?,
@@ -352,12 +446,14 @@ impl Decoder {
                 (None, norm(&name("post_attention_layernorm"), d)?, None)
             };
             layers.push(Layer {
+                kv,
                 attn_norm: norm(&name("input_layernorm"), d)?,
                 wqkv,
                 qkv_bias,
                 qk_norm,
+                v_norm,
                 attn_sub_norm,
-                wo: load(&[(&attn("o_proj", "weight"), [d, c.q_dim()])])?,
+                wo: load(&[(&attn("o_proj", "weight"), [d, q_dim])])?,
                 o_bias,
                 sinks,
                 post_attn_norm,
@@ -365,6 +461,7 @@ impl Decoder {
                 mlp,
                 post_ffn_norm,
                 window: c.layer_window(i),
+                out_scale,
             });
         }
         let final_norm = norm("model.norm.weight", d)?;
@@ -381,15 +478,29 @@ impl Decoder {
         };
         let rope = Self::rotary(c, src)?;
         let rope_local = c.rope_local_theta.map(|theta| {
-            Rope::with_inv_freq(crate::kernels::rope::inv_freq(hd, theta), 1.0, c.max_position_embeddings)
+            Rope::with_inv_freq(crate::kernels::rope::inv_freq(c.head_dim, theta), 1.0, c.max_position_embeddings)
         });
-        let embed_scale = gemma.then(|| (d as f32).sqrt());
+        let embed_scale = gemma_layout.then(|| (d as f32).sqrt());
         Ok(Decoder { config, embed, embed_scale, layers, norm: final_norm, lm_head, rope, rope_local })
     }
 
     /// The rotary tables the configuration (and, in GGUF files of Llama 3.x, the
     /// `rope_freqs` tensor) asks for.
     fn rotary(c: &ModelConfig, src: &dyn WeightSource) -> Result<Rotary> {
+        if let Some(g) = &c.global_attn {
+            // Gemma 4's global layers: proportional RoPE, the frequencies past
+            // `rotated_pairs` still (GGUF: divided by `rope_freqs`' 1e30 instead).
+            let mut inv_freq = crate::kernels::rope::inv_freq(g.head_dim, g.rope_theta);
+            inv_freq[g.rotated_pairs..].fill(0.0);
+            if src.contains("rope_freqs.weight") {
+                let divisors = src.load("rope_freqs.weight", &[g.head_dim / 2])?;
+                for (f, &d) in inv_freq.iter_mut().zip(divisors.data()) {
+                    ensure!(d.is_finite() && d > 0.0, "rope_freqs holds {d}, not a positive divisor");
+                    *f /= d;
+                }
+            }
+            return Ok(Rotary::One(Rope::with_inv_freq(inv_freq, 1.0, c.max_position_embeddings)));
+        }
         let base = crate::kernels::rope::inv_freq(c.head_dim, c.rope_theta);
         if let RopeScaling::LongRope { short, long, original_max_position_embeddings, attention_factor } =
             &c.rope_scaling
@@ -482,8 +593,11 @@ impl Decoder {
     /// Runs one step and returns the logits `[rows wanting them, vocab]`, in `seqs` order.
     pub fn forward<'w>(&self, input: &StepInput<'_>, kv: &mut KvCache, ws: &'w mut Workspace) -> &'w [f32] {
         let c = &self.config;
-        let (d, hd) = (c.hidden_size, c.head_dim);
-        let (qd, kvd, f) = (c.q_dim(), c.kv_dim(), c.intermediate_size);
+        let (d, f) = (c.hidden_size, c.intermediate_size);
+        // The widest layer's q and (q, k, v) rows size the buffers.
+        let q_width = |l: &Layer| c.num_heads * l.kv.head_dim;
+        let qkv_width = |l: &Layer| q_width(l) + 2 * l.kv.kv_heads * l.kv.head_dim;
+        let (max_q, max_qkv) = self.layers.iter().fold((0, 0), |(q, w), l| (q.max(q_width(l)), w.max(qkv_width(l))));
         let t = input.tokens.len();
         let total: usize = input.seqs.iter().map(|s| s.num_tokens).sum();
         assert_eq!(total, t, "step has {t} tokens but its sequences cover {total}");
@@ -511,32 +625,43 @@ impl Decoder {
             }
         }
         let xn = resize(&mut ws.xn, t * d);
-        let qkv = resize(&mut ws.qkv, t * (qd + 2 * kvd));
-        let attn = resize(&mut ws.attn, t * qd);
+        let qkv_buf = resize(&mut ws.qkv, t * max_qkv);
+        let attn_buf = resize(&mut ws.attn, t * max_q);
         let tmp = resize(&mut ws.tmp, t * d);
         // Only dense MLPs use these: a model whose every layer is a mixture (whose GGUF
         // may still name a dense width) allocates none.
-        let dense_f = if self.layers.iter().any(|l| matches!(l.mlp, Mlp::Dense { .. })) { f } else { 0 };
+        let dense_f = if self.layers.iter().any(|l| !matches!(l.mlp, Mlp::Experts(_))) { f } else { 0 };
         let gate_up = resize(&mut ws.gate_up, t * 2 * dense_f);
         let act = resize(&mut ws.act, t * dense_f);
+        // The experts' input and output beside a dense MLP (Gemma 4).
+        let beside = if self.layers.iter().any(|l| matches!(l.mlp, Mlp::Beside { .. })) { t * d } else { 0 };
+        let (xn2, tmp2) = (resize(&mut ws.xn2, beside), resize(&mut ws.tmp2, beside));
         let scoring = Scoring { scale: c.attn_scale, softcap: c.attn_softcap, sinks: None };
 
-        let width = qd + 2 * kvd;
         let eps = c.rms_norm_eps;
         rows_par(h, d)
             .zip(rows_par_mut(xn, d))
             .for_each(|(h, xn)| rmsnorm(h, self.layers[0].attn_norm.data(), eps, xn));
         for (li, layer) in self.layers.iter().enumerate() {
+            let (hd, kv_heads) = (layer.kv.head_dim, layer.kv.kv_heads);
+            let (qd, kvd) = (c.num_heads * hd, kv_heads * hd);
+            let width = qd + 2 * kvd;
+            let qkv = &mut qkv_buf[..t * width];
+            let attn = &mut attn_buf[..t * qd];
             layer.wqkv.matmul(xn, &mut ws.xq, qkv, t);
             rows_par_mut(qkv, width).zip(rows.par_chunks(ROWS_PER_TASK)).for_each(|(chunk, rows)| {
                 for (row, &(si, pos)) in chunk.chunks_exact_mut(width).zip(rows) {
                     if let Some(b) = &layer.qkv_bias {
                         row.iter_mut().zip(b.data()).for_each(|(x, b)| *x += b);
                     }
-                    let (q, k) = row[..qd + kvd].split_at_mut(qd);
+                    let (qk, v) = row.split_at_mut(qd + kvd);
+                    let (q, k) = qk.split_at_mut(qd);
                     if let Some((qn, kn)) = &layer.qk_norm {
                         q.chunks_exact_mut(hd).for_each(|head| rmsnorm_in_place(head, qn.data(), eps));
                         k.chunks_exact_mut(hd).for_each(|head| rmsnorm_in_place(head, kn.data(), eps));
+                    }
+                    if let Some(vn) = &layer.v_norm {
+                        v.chunks_exact_mut(hd).for_each(|head| rmsnorm_in_place(head, vn.data(), eps));
                     }
                     let rope = match (&self.rope_local, layer.window) {
                         (Some(local), Some(_)) => local,
@@ -553,9 +678,9 @@ impl Decoder {
             let view = kv.layer(li);
             let qkv_ro: &[f32] = qkv;
             // One task per row and run of `heads` kv heads (with their query heads).
-            let heads = attention_task_heads(t, c.num_kv_heads);
-            let (group_width, tasks_per_row) = (qd / c.num_kv_heads, c.num_kv_heads / heads);
-            let group = c.num_heads / c.num_kv_heads;
+            let heads = attention_task_heads(t, kv_heads);
+            let (group_width, tasks_per_row) = (qd / kv_heads, kv_heads / heads);
+            let group = c.num_heads / kv_heads;
             let sinks = layer.sinks.as_ref().map(Tensor::data);
             let task_width = group_width * heads;
             attn.par_chunks_mut(task_width).enumerate().for_each_init(Scratch::default, |scratch, (i, out)| {
@@ -575,7 +700,7 @@ impl Decoder {
                 rows_par_mut(tmp, d).for_each(|rows| moe::add_bias(rows, b.data()));
             }
             let post = layer.post_attn_norm.as_ref().map(Tensor::data);
-            add_and_norm(h, tmp, post, Some(layer.ffn_norm.data()), eps, xn, d);
+            add_and_norm(h, tmp, post, None, Some(layer.ffn_norm.data()), eps, xn, d);
 
             let activation: moe::Activation = match c.activation {
                 Activation::Silu => silu_mul,
@@ -584,22 +709,28 @@ impl Decoder {
                 Activation::SwigluOai => swiglu_oai_mul,
             };
             match &layer.mlp {
-                Mlp::Dense { gate_up: w_gate_up, sub_norm, down } => {
-                    w_gate_up.matmul(xn, &mut ws.xq, gate_up, t);
-                    let sub_norm = sub_norm.as_ref().map(Tensor::data);
-                    rows_par(gate_up, 2 * f).zip(rows_par_mut(act, f)).for_each(|(gu, act)| {
-                        activation(gu, f, act);
-                        if let Some(w) = sub_norm {
-                            rmsnorm_in_place(act, w, eps);
-                        }
+                Mlp::Dense(m) => m.forward(xn, t, activation, eps, &mut ws.xq, gate_up, act, tmp),
+                Mlp::Experts(x) => x.forward(xn, xn, t, activation, &mut ws.moe, &mut ws.xq, tmp),
+                Mlp::Beside { dense, experts, post_dense, pre_experts, post_experts } => {
+                    dense.forward(xn, t, activation, eps, &mut ws.xq, gate_up, act, tmp);
+                    // The experts read the residual stream: routed from it as it is, and
+                    // computed on it through their own pre-norm.
+                    let h_ro: &[f32] = h;
+                    rows_par(h_ro, d)
+                        .zip(rows_par_mut(xn2, d))
+                        .for_each(|(h, x)| rmsnorm(h, pre_experts.data(), eps, x));
+                    experts.forward(h_ro, xn2, t, activation, &mut ws.moe, &mut ws.xq, tmp2);
+                    rows_par_mut(tmp, d).zip(rows_par_mut(tmp2, d)).for_each(|(a, b)| {
+                        rmsnorm_in_place(a, post_dense.data(), eps);
+                        rmsnorm_in_place(b, post_experts.data(), eps);
+                        a.iter_mut().zip(b.iter()).for_each(|(a, b)| *a += b);
                     });
-                    down.matmul(act, &mut ws.xq, tmp, t);
                 }
-                Mlp::Experts(x) => x.forward(xn, t, activation, &mut ws.moe, &mut ws.xq, tmp),
             }
             // The next layer's input norm, fused with the residual add.
             let post = layer.post_ffn_norm.as_ref().map(Tensor::data);
-            add_and_norm(h, tmp, post, self.layers.get(li + 1).map(|l| l.attn_norm.data()), eps, xn, d);
+            let next = self.layers.get(li + 1).map(|l| l.attn_norm.data());
+            add_and_norm(h, tmp, post, layer.out_scale, next, eps, xn, d);
         }
 
         // Final norm alone for the rows whose hidden state is kept.

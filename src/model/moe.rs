@@ -1,4 +1,4 @@
-//! A mixture-of-experts MLP (Mixtral, Qwen3-MoE, gpt-oss): a router picks each row's top-k experts,
+//! A mixture-of-experts MLP (Mixtral, Qwen3-MoE, gpt-oss, Gemma 4): a router picks each row's top-k experts,
 //! the rows routed to one expert are gathered so that its weights are read once for all of
 //! them, and each row's expert outputs are summed in expert order, so that a row's routing
 //! and result never depend on the other rows of the step.
@@ -29,6 +29,8 @@ pub struct Experts {
     /// (llama.cpp keeps routers in F32 for the same reason).
     router: Weight,
     router_bias: Option<Vec<f32>>,
+    /// Gemma 4's router scales ([`MoeConfig::scaled_router`]).
+    scales: Option<RouterScales>,
     experts: Vec<Expert>,
     top_k: usize,
     norm_topk_prob: bool,
@@ -36,6 +38,14 @@ pub struct Experts {
     blocks: bool,
     hidden: usize,
     ffn: usize,
+}
+
+/// Gemma 4's router: its input RMS-normalised and multiplied by `input` and hidden^-1/2,
+/// each chosen expert's weight by its entry of `expert`.
+struct RouterScales {
+    input: Vec<f32>,
+    expert: Vec<f32>,
+    eps: f32,
 }
 
 /// How a mixture's rows spread over its experts, summed over layers and steps: what
@@ -71,6 +81,8 @@ pub struct Scratch {
     logits: Vec<f32>,
     /// Per row, its top-k experts and weights in expert order.
     routes: Vec<(usize, f32)>,
+    /// The router's input where it is not the experts' (Gemma 4's, scaled).
+    router_x: Vec<f32>,
     /// Per route, where its row sits among the rows gathered by expert.
     slots: Vec<usize>,
     /// Per gathered row, the step's row it is a copy of.
@@ -91,18 +103,23 @@ fn resize(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
 
 impl Experts {
     /// Layer `layer`'s router and experts, under Qwen3-MoE's names (`mlp.gate`,
-    /// `mlp.experts.E.gate_proj`), Mixtral's (`block_sparse_moe.gate`, `…experts.E.w1`) or
-    /// gpt-oss's (`mlp.router`, with biases), whichever the source holds; gpt-oss's
-    /// Hugging Face experts come fused ([`fused_gpt_oss`]).
+    /// `mlp.experts.E.gate_proj`), Mixtral's (`block_sparse_moe.gate`, `…experts.E.w1`),
+    /// gpt-oss's (`mlp.router`, with biases) or Gemma 4's (`router.proj`, `experts`),
+    /// whichever the source holds; gpt-oss's and Gemma 4's Hugging Face experts come fused
+    /// ([`fused_gpt_oss`], [`fused_gemma4`]).
     pub fn load(
         src: &dyn WeightSource,
         layer: usize,
         c: &MoeConfig,
         hidden: usize,
+        eps: f32,
         dtype: WeightDtype,
     ) -> Result<Self> {
         let (d, f) = (hidden, c.expert_ffn);
         let at = |s: &str| format!("model.layers.{layer}.{s}");
+        if c.scaled_router {
+            return Self::load_gemma4(src, layer, c, d, eps, dtype);
+        }
         let (block, router_stem, [gate, up, down]) = if src.contains(&at("block_sparse_moe.gate.weight")) {
             ("block_sparse_moe", "gate", ["w1", "w3", "w2"])
         } else if src.contains(&at("mlp.router.weight")) {
@@ -137,9 +154,60 @@ impl Experts {
             }
             experts
         };
+        Ok(Self::new(router, router_bias, None, experts, c, d))
+    }
+
+    fn new(
+        router: Weight,
+        router_bias: Option<Vec<f32>>,
+        scales: Option<RouterScales>,
+        experts: Vec<Expert>,
+        c: &MoeConfig,
+        d: usize,
+    ) -> Self {
         let blocks = experts.iter().all(|x| matches!((&x.gate_up, &x.down), (Weight::Quant(_), Weight::Quant(_))));
-        let (top_k, norm_topk_prob) = (c.top_k, c.norm_topk_prob);
-        Ok(Experts { router, router_bias, experts, top_k, norm_topk_prob, blocks, hidden: d, ffn: f })
+        let (top_k, norm_topk_prob, ffn) = (c.top_k, c.norm_topk_prob, c.expert_ffn);
+        Experts { router, router_bias, scales, experts, top_k, norm_topk_prob, blocks, hidden: d, ffn }
+    }
+
+    /// Gemma 4's router (`router.proj`, `.scale`, `.per_expert_scale`) and experts: fused
+    /// `experts.gate_up_proj` `[experts, 2 ffn, hidden]` (gate's rows, then up's) and
+    /// `experts.down_proj` `[experts, hidden, ffn]` in a Hugging Face directory, or each
+    /// expert's slice of the GGUF's stacked tensors, which keep the same layout.
+    fn load_gemma4(
+        src: &dyn WeightSource,
+        layer: usize,
+        c: &MoeConfig,
+        d: usize,
+        eps: f32,
+        dtype: WeightDtype,
+    ) -> Result<Self> {
+        let (n, f) = (c.num_experts, c.expert_ffn);
+        let at = |s: &str| format!("model.layers.{layer}.{s}");
+        let router = Weight::load(src, &[(&at("router.proj.weight"), [n, d])], WeightDtype::F32)?;
+        let scales = RouterScales {
+            input: src.load(&at("router.scale"), &[d])?.data().to_vec(),
+            expert: src.load(&at("router.per_expert_scale"), &[n])?.data().to_vec(),
+            eps,
+        };
+        let experts = if src.contains(&at("experts.gate_up_proj")) {
+            fused_gemma4(src, layer, c, d, dtype)?
+        } else {
+            (0..n)
+                .map(|e| {
+                    let name = |p: &str| at(&format!("experts.{e}.{p}.weight"));
+                    let context = || format!("layer {layer} expert {e}");
+                    Ok(Expert {
+                        gate_up: Weight::load(src, &[(&name("gate_up_proj"), [2 * f, d])], dtype)
+                            .with_context(context)?,
+                        down: Weight::load(src, &[(&name("down_proj"), [d, f])], dtype).with_context(context)?,
+                        gate_up_bias: None,
+                        down_bias: None,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?
+        };
+        Ok(Self::new(router, None, Some(scales), experts, c, d))
     }
 
     /// Every matrix: the router, then each expert's.
@@ -170,9 +238,13 @@ impl Experts {
     }
 
     /// `out = Σ_e w_e · down_e(act(gate_up_e(x)))` over each row's top-k experts `e`, for
-    /// the `t` rows of `x`; `xq` is scratch for the router's activations.
+    /// the `t` rows of `x`, routed by the rows of `router_in` (the same rows as `x` but
+    /// for Gemma 4, whose router reads the residual stream); `xq` is scratch for the
+    /// router's activations.
+    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
+        router_in: &[f32],
         x: &[f32],
         t: usize,
         activation: Activation,
@@ -184,7 +256,20 @@ impl Experts {
         let (n_exp, k) = (self.experts.len(), self.top_k);
         let d = self.hidden;
         let logits = resize(&mut s.logits, t * n_exp);
-        self.router.matmul(x, xq, logits, t);
+        match &self.scales {
+            Some(sc) => {
+                // As transformers: x / rms(x) (no weight), times the scale, times hidden^-1/2.
+                let root = (d as f64).powf(-0.5) as f32;
+                let rx = resize(&mut s.router_x, t * d);
+                rx.par_chunks_mut(d).zip(router_in.par_chunks(d)).for_each(|(o, x)| {
+                    let ss: f32 = x.iter().map(|v| v * v).sum();
+                    let inv = 1.0 / (ss / d as f32 + sc.eps).sqrt();
+                    o.iter_mut().zip(x).zip(&sc.input).for_each(|((o, &v), &g)| *o = v * inv * g * root);
+                });
+                self.router.matmul(rx, xq, logits, t);
+            }
+            None => self.router.matmul(router_in, xq, logits, t),
+        }
         if let Some(b) = &self.router_bias {
             add_bias(logits, b);
         }
@@ -195,6 +280,9 @@ impl Experts {
             .par_chunks(n_exp)
             .zip(routes.par_chunks_mut(k))
             .for_each_init(Default::default, |scratch, (row, out)| route(row, norm, scratch, out));
+        if let Some(sc) = &self.scales {
+            s.routes.iter_mut().for_each(|(e, w)| *w *= sc.expert[*e]);
+        }
         // Rows gathered by expert: each expert's in row order, experts in order.
         let mut starts = vec![0; n_exp + 1];
         s.routes.iter().for_each(|&(e, _)| starts[e + 1] += 1);
@@ -355,6 +443,32 @@ fn fused_gpt_oss(
     Ok(experts)
 }
 
+/// Gemma 4's experts as its Hugging Face checkpoints hold them: `experts.gate_up_proj`
+/// `[experts, 2 ffn, hidden]` and `experts.down_proj` `[experts, hidden, ffn]`, each
+/// expert's matrices already in `[out, in]` rows.
+fn fused_gemma4(
+    src: &dyn WeightSource,
+    layer: usize,
+    c: &MoeConfig,
+    d: usize,
+    dtype: WeightDtype,
+) -> Result<Vec<Expert>> {
+    let (n, f) = (c.num_experts, c.expert_ffn);
+    let at = |s: &str| format!("model.layers.{layer}.experts.{s}");
+    let gate_up = src.load(&at("gate_up_proj"), &[n, 2 * f, d])?;
+    let down = src.load(&at("down_proj"), &[n, d, f])?;
+    (0..n)
+        .map(|e| {
+            Ok(Expert {
+                gate_up: Weight::from_values(&gate_up.data()[e * 2 * f * d..(e + 1) * 2 * f * d], 2 * f, d, dtype)?,
+                down: Weight::from_values(&down.data()[e * d * f..(e + 1) * d * f], d, f, dtype)?,
+                gate_up_bias: None,
+                down_bias: None,
+            })
+        })
+        .collect()
+}
+
 /// A block-format matrix ([`Experts::run_blocks`] runs only when every expert's is one).
 fn quant(w: &Weight) -> &QMatrix {
     match w {
@@ -482,14 +596,23 @@ mod tests {
         // Logits spread wider than the activations' rounding, so that no choice is a tie.
         let router: Vec<f32> = random_vec(n * d, 7).iter().map(|x| 4.0 * x).collect();
         let router = Weight::F32(PackedMatrix::pack(&router, n, d));
-        let experts =
-            Experts { router, router_bias: None, experts: all, top_k, norm_topk_prob: true, blocks, hidden: d, ffn: f };
+        let experts = Experts {
+            router,
+            router_bias: None,
+            scales: None,
+            experts: all,
+            top_k,
+            norm_topk_prob: true,
+            blocks,
+            hidden: d,
+            ffn: f,
+        };
         (experts, values)
     }
 
     fn run(x: &Experts, input: &[f32], t: usize) -> Vec<f32> {
         let mut out = vec![f32::NAN; t * x.hidden];
-        x.forward(input, t, silu_mul, &mut Scratch::default(), &mut QActs::default(), &mut out);
+        x.forward(input, input, t, silu_mul, &mut Scratch::default(), &mut QActs::default(), &mut out);
         out
     }
 

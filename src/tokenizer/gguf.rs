@@ -146,7 +146,45 @@ pub fn tokenizer_json(g: &GgufFile) -> Result<Json> {
                           "ignore_merges": false, "vocab": vocab, "merges": spm_merges(&tokens, &scores)?}
             }))
         }
-        other => bail!("GGUF tokenizer model '{other}' is not supported (supported: gpt2, llama)"),
+        "gemma4" => {
+            // Gemma 4: SentencePiece-style BPE with explicit merges over raw UTF-8, spaces
+            // as `▁`, no dummy prefix, byte fallback (its tokenizer.json, as llama.cpp's
+            // converter reads it back).
+            let merges: Vec<Json> = strings(g, "tokenizer.ggml.merges")?
+                .iter()
+                .map(|m| {
+                    // The space after the first character (which may itself be a space).
+                    let first = m.chars().next().map_or(0, char::len_utf8);
+                    match m[first..].find(' ') {
+                        Some(at) => Ok(json!([&m[..first + at], &m[first + at + 1..]])),
+                        None => bail!("tokenizer.ggml.merges: {m:?} is not two pieces"),
+                    }
+                })
+                .collect::<Result<_>>()?;
+            let unk = match id(g, "tokenizer.ggml.unknown_token_id") {
+                Some(u) => Some(token("tokenizer.ggml.unknown_token_id", u)?.clone()),
+                None => None,
+            };
+            Ok(json!({
+                "version": "1.0", "truncation": null, "padding": null,
+                "added_tokens": added(&|ty| match ty {
+                    CONTROL | UNKNOWN => Some(true),
+                    USER_DEFINED => Some(false),
+                    _ => None,
+                }),
+                "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"},
+                "pre_tokenizer": null,
+                "post_processor": post_processor,
+                "decoder": {"type": "Sequence", "decoders": [
+                    {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
+                    {"type": "ByteFallback"},
+                    {"type": "Fuse"}]},
+                "model": {"type": "BPE", "dropout": null, "unk_token": unk, "continuing_subword_prefix": null,
+                          "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true,
+                          "ignore_merges": false, "vocab": vocab, "merges": merges}
+            }))
+        }
+        other => bail!("GGUF tokenizer model '{other}' is not supported (supported: gpt2, llama, gemma4)"),
     }
 }
 

@@ -169,7 +169,7 @@ pub fn kv_for(m: &LoadedModel, n: usize) -> (KvCache, BlockTable) {
 /// [`kv_for`] with the KV cache element type `dtype` asks for.
 pub fn kv_as(m: &LoadedModel, n: usize, dtype: KvCacheDtype) -> (KvCache, BlockTable) {
     let c = &m.model.config;
-    let kv = KvCache::new(m.model.kv_dtype(dtype), c.num_layers, n.div_ceil(16), 16, c.num_kv_heads, c.head_dim);
+    let kv = KvCache::new(m.model.kv_dtype(dtype), &c.kv_shapes(), n.div_ceil(16), 16);
     let mut alloc = BlockAllocator::new(kv.num_blocks(), false);
     let mut table = BlockTable::default();
     table.reserve(&mut alloc, n, 16).unwrap();
@@ -298,6 +298,8 @@ pub const VARIANTS: &[(&str, &str)] = &[
     ("tiny-mixtral/tiny-mixtral.gguf", "tiny-mixtral"),
     ("tiny-gpt-oss", "tiny-gpt-oss"),
     ("tiny-gpt-oss/tiny-gpt-oss.gguf", "tiny-gpt-oss"),
+    ("tiny-gemma4", "tiny-gemma4"),
+    ("tiny-gemma4/tiny-gemma4.gguf", "tiny-gemma4"),
     // Ternary: every form of the same numbers against float activations (the int8 ones,
     // what transformers computes, are judged in tests/ternary.rs).
     ("tiny-bitnet", BITNET_FLOAT),

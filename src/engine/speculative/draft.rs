@@ -52,8 +52,7 @@ impl DraftModel {
         let c = &draft.model.config;
         let context = c.max_position_embeddings;
         let num_blocks = capacity_tokens.div_ceil(block_size).max(1);
-        let kv =
-            KvCache::new(draft.model.kv_dtype(kv), c.num_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim);
+        let kv = KvCache::new(draft.model.kv_dtype(kv), &c.kv_shapes(), num_blocks, block_size);
         Ok(DraftModel {
             model: draft,
             kv,

@@ -41,15 +41,20 @@ pub fn gguf_expert(hf: &str) -> Option<(String, usize)> {
 }
 
 /// (layer, expert, GGUF stem, kind) of one expert's matrix under Qwen3-MoE's
-/// (`mlp.experts.E.gate_proj`) or Mixtral's (`block_sparse_moe.experts.E.w1`) names.
+/// (`mlp.experts.E.gate_proj`), Mixtral's (`block_sparse_moe.experts.E.w1`) or Gemma 4's
+/// (`experts.E.gate_up_proj`, fused as its GGUF keeps them) names.
 fn expert_parts(hf: &str) -> Option<(usize, usize, &'static str, &str)> {
     let rest = hf.strip_prefix("model.layers.")?;
     let (layer, part) = rest.split_once('.')?;
-    let part = part.strip_prefix("mlp.experts.").or_else(|| part.strip_prefix("block_sparse_moe.experts."))?;
+    let part = part
+        .strip_prefix("mlp.experts.")
+        .or_else(|| part.strip_prefix("block_sparse_moe.experts."))
+        .or_else(|| part.strip_prefix("experts."))?;
     let (expert, part) = part.split_once('.')?;
     let (proj, kind) = part.split_once('.')?;
     let stem = match proj {
         "gate_proj" | "w1" => "ffn_gate_exps",
+        "gate_up_proj" => "ffn_gate_up_exps",
         "up_proj" | "w3" => "ffn_up_exps",
         "down_proj" | "w2" => "ffn_down_exps",
         _ => return None,
@@ -72,9 +77,17 @@ pub fn gguf_name(arch: Arch, hf: &str) -> Option<String> {
     }
     let rest = hf.strip_prefix("model.layers.")?;
     let (layer, part) = rest.split_once('.')?;
-    // gpt-oss's attention sinks: one logit per head, a tensor without a kind.
-    if part == "self_attn.sinks" {
-        return Some(format!("blk.{layer}.attn_sinks.weight"));
+    // Tensors without a kind: gpt-oss's attention sinks (one logit per head), Gemma 4's
+    // router scales and layer scalar.
+    let whole = match part {
+        "self_attn.sinks" => Some("attn_sinks.weight"),
+        "router.scale" => Some("ffn_gate_inp.scale"),
+        "router.per_expert_scale" => Some("ffn_down_exps.scale"),
+        "layer_scalar" => Some("layer_output_scale.weight"),
+        _ => None,
+    };
+    if let Some(w) = whole {
+        return Some(format!("blk.{layer}.{w}"));
     }
     let (stem, kind) = part.rsplit_once('.')?;
     let stem = match (arch, stem) {
@@ -82,9 +95,15 @@ pub fn gguf_name(arch: Arch, hf: &str) -> Option<String> {
         // Gemma 2's post-attention norm is applied to the attention output; its pre-MLP
         // norm is the one other families call post-attention.
         // (gpt-oss's pre-MLP norm has llama.cpp's name for Gemma's post-attention one.)
-        (Arch::Gemma2 | Arch::Gemma3 | Arch::GptOss, "post_attention_layernorm") => "post_attention_norm",
-        (Arch::Gemma2 | Arch::Gemma3, "pre_feedforward_layernorm") => "ffn_norm",
-        (Arch::Gemma2 | Arch::Gemma3, "post_feedforward_layernorm") => "post_ffw_norm",
+        (Arch::Gemma2 | Arch::Gemma3 | Arch::Gemma4 | Arch::GptOss, "post_attention_layernorm") => {
+            "post_attention_norm"
+        }
+        (Arch::Gemma2 | Arch::Gemma3 | Arch::Gemma4, "pre_feedforward_layernorm") => "ffn_norm",
+        (Arch::Gemma2 | Arch::Gemma3 | Arch::Gemma4, "post_feedforward_layernorm") => "post_ffw_norm",
+        // Gemma 4's dense MLP and experts side by side, each with its own norms.
+        (_, "post_feedforward_layernorm_1") => "post_ffw_norm_1",
+        (_, "post_feedforward_layernorm_2") => "post_ffw_norm_2",
+        (_, "pre_feedforward_layernorm_2") => "pre_ffw_norm_2",
         (_, "post_attention_layernorm") => "ffn_norm",
         (_, "self_attn.q_proj") => "attn_q",
         (_, "self_attn.k_proj") => "attn_k",
@@ -100,7 +119,7 @@ pub fn gguf_name(arch: Arch, hf: &str) -> Option<String> {
         (_, "mlp.up_proj" | "mlp.gate_up_proj") => "ffn_up",
         (_, "mlp.down_proj") => "ffn_down",
         // The router of a mixture of experts (Qwen3-MoE's name, Mixtral's, gpt-oss's).
-        (_, "mlp.gate" | "block_sparse_moe.gate" | "mlp.router") => "ffn_gate_inp",
+        (_, "mlp.gate" | "block_sparse_moe.gate" | "mlp.router" | "router.proj") => "ffn_gate_inp",
         _ => return None,
     };
     Some(format!("blk.{layer}.{stem}.{kind}"))
