@@ -54,10 +54,29 @@ pub fn hf_to_gguf(
     put("block_count", int(c.num_layers)?);
     put("feed_forward_length", int(c.intermediate_size)?);
     put("attention.head_count", int(c.num_heads)?);
-    put("attention.head_count_kv", int(c.num_kv_heads)?);
-    put("attention.key_length", int(c.head_dim)?);
-    put("attention.value_length", int(c.head_dim)?);
-    put("rope.dimension_count", int(c.head_dim)?);
+    match &c.global_attn {
+        // Gemma 4: the keys without a suffix describe the global layers, `_swa` the
+        // sliding ones; KV heads and the layer kinds per layer.
+        Some(g) => {
+            let kv: Vec<u32> = c.kv_shapes().iter().map(|s| s.kv_heads as u32).collect();
+            put("attention.head_count_kv", Meta::U32s(kv));
+            let sliding = (0..c.num_layers).map(|i| c.layer_window(i).is_some()).collect();
+            put("attention.sliding_window_pattern", Meta::Bools(sliding));
+            for (suffix, hd) in [("", g.head_dim), ("_swa", c.head_dim)] {
+                put(&format!("attention.key_length{suffix}"), int(hd)?);
+                put(&format!("attention.value_length{suffix}"), int(hd)?);
+                put(&format!("rope.dimension_count{suffix}"), int(hd)?);
+            }
+            put("attention.shared_kv_layers", Meta::U32(0));
+            put("embedding_length_per_layer_input", Meta::U32(0));
+        }
+        None => {
+            put("attention.head_count_kv", int(c.num_kv_heads)?);
+            put("attention.key_length", int(c.head_dim)?);
+            put("attention.value_length", int(c.head_dim)?);
+            put("rope.dimension_count", int(c.head_dim)?);
+        }
+    }
     put("attention.layer_norm_rms_epsilon", Meta::F32(c.rms_norm_eps));
     put("rope.freq_base", Meta::F32(c.rope_theta));
     put("vocab_size", int(c.vocab_size)?);
@@ -81,6 +100,11 @@ pub fn hf_to_gguf(
     let vector = |name: &str, v: Vec<f32>| {
         (OutTensor { name: name.into(), shape: vec![v.len()], dtype: GgmlType::F32 }, Source::Values(v))
     };
+    if let Some(g) = &c.global_attn {
+        // Proportional RoPE as llama.cpp writes it: the still frequencies divided by 1e30.
+        let divisors = (0..g.head_dim / 2).map(|i| if i < g.rotated_pairs { 1.0 } else { 1e30 }).collect();
+        tensors.push(vector("rope_freqs.weight", divisors));
+    }
     match &c.rope_scaling {
         RopeScaling::None => {}
         RopeScaling::Linear(factor) => {
@@ -129,7 +153,7 @@ pub fn hf_to_gguf(
             continue;
         }
         // One expert's matrix joins the tensor that stacks its layer's experts, written
-        // where the first of them comes.
+        // where the first of them comes (Gemma 4's come stacked, and are written whole).
         let (gname, shape, source) = match gguf_expert(hf_name) {
             Some((gname, e)) => {
                 let experts = c.moe.as_ref().map_or(0, |m| m.num_experts);
@@ -143,7 +167,8 @@ pub fn hf_to_gguf(
                 (gname, [&[experts][..], &shape].concat(), Source::Experts(names))
             }
             None => {
-                let gname = gguf_name(c.arch, hf_name).with_context(|| format!("tensor {hf_name} has no GGUF name"))?;
+                let gname = stacked_experts(hf_name).or_else(|| gguf_name(c.arch, hf_name));
+                let gname = gname.with_context(|| format!("tensor {hf_name} has no GGUF name"))?;
                 (gname, shape, Source::Hf(hf_name.to_string()))
             }
         };
@@ -194,10 +219,22 @@ pub fn hf_to_gguf(
     if matches!(want.rope_scaling, RopeScaling::Llama3 { .. }) {
         want.rope_scaling = RopeScaling::None; // carried by rope_freqs, applied at load
     }
+    if let Some(g) = &mut want.global_attn {
+        g.rotated_pairs = g.head_dim / 2; // the still ones carried by rope_freqs
+    }
     if read != want {
         bail!("{}: the written file would be read as {read:?}, not as {want:?}", out.display());
     }
     Ok((matrices, written))
+}
+
+/// The GGUF name of a layer's experts that the directory already holds stacked, in the
+/// GGUF's layout (Gemma 4's `experts.gate_up_proj` and `experts.down_proj`).
+fn stacked_experts(hf: &str) -> Option<String> {
+    let (layer, stem) = [(".experts.gate_up_proj", "ffn_gate_up_exps"), (".experts.down_proj", "ffn_down_exps")]
+        .into_iter()
+        .find_map(|(suffix, stem)| Some((hf.strip_suffix(suffix)?.strip_prefix("model.layers.")?, stem)))?;
+    Some(format!("blk.{layer}.{stem}.weight"))
 }
 
 /// llama.cpp's `general.architecture` for a model (Mixtral is `llama` with experts).
@@ -221,6 +258,7 @@ fn arch_name(c: &ModelConfig) -> &'static str {
 fn gguf_values(c: &ModelConfig, src: &SafetensorsWeights, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
     let t = src.load(name, shape)?;
     let mut v = t.data().to_vec();
+    // (Gemma 4's norms are plain.)
     let gemma = matches!(c.arch, Arch::Gemma2 | Arch::Gemma3);
     // Gemma 3's q/k norms too.
     if gemma && name.ends_with("norm.weight") {

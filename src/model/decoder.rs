@@ -308,12 +308,14 @@ fn add_and_norm(
 }
 
 impl Dense {
-    /// `out = down(act(gate_up(x)))` for the `t` rows of `x`; `gate_up` and `act` scratch.
+    /// `out = down(act(gate_up(x)))` for the `t` rows of `x`, of intermediate width `f`;
+    /// `gate_up` and `act` scratch.
     #[allow(clippy::too_many_arguments)]
     fn forward(
         &self,
         x: &[f32],
         t: usize,
+        f: usize,
         activation: moe::Activation,
         eps: f32,
         xq: &mut QActs,
@@ -321,7 +323,6 @@ impl Dense {
         act: &mut [f32],
         out: &mut [f32],
     ) {
-        let f = act.len() / t.max(1);
         self.gate_up.matmul(x, xq, gate_up, t);
         let sub_norm = self.sub_norm.as_ref().map(Tensor::data);
         rows_par(gate_up, 2 * f).zip(rows_par_mut(act, f)).for_each(|(gu, act)| {
@@ -709,10 +710,10 @@ impl Decoder {
                 Activation::SwigluOai => swiglu_oai_mul,
             };
             match &layer.mlp {
-                Mlp::Dense(m) => m.forward(xn, t, activation, eps, &mut ws.xq, gate_up, act, tmp),
+                Mlp::Dense(m) => m.forward(xn, t, f, activation, eps, &mut ws.xq, gate_up, act, tmp),
                 Mlp::Experts(x) => x.forward(xn, xn, t, activation, &mut ws.moe, &mut ws.xq, tmp),
                 Mlp::Beside { dense, experts, post_dense, pre_experts, post_experts } => {
-                    dense.forward(xn, t, activation, eps, &mut ws.xq, gate_up, act, tmp);
+                    dense.forward(xn, t, f, activation, eps, &mut ws.xq, gate_up, act, tmp);
                     // The experts read the residual stream: routed from it as it is, and
                     // computed on it through their own pre-norm.
                     let h_ro: &[f32] = h;

@@ -19,7 +19,9 @@ pub enum Meta {
     Str(String),
     Strs(Vec<String>),
     I32s(Vec<i32>),
+    U32s(Vec<u32>),
     F32s(Vec<f32>),
+    Bools(Vec<bool>),
 }
 
 fn put_str(out: &mut Vec<u8>, s: &str) {
@@ -60,9 +62,17 @@ pub fn put_entry(out: &mut Vec<u8>, key: &str, value: &Meta) {
             array(out, 5, v.len());
             v.iter().for_each(|x| out.extend(x.to_le_bytes()));
         }
+        Meta::U32s(v) => {
+            array(out, 4, v.len());
+            v.iter().for_each(|x| out.extend(x.to_le_bytes()));
+        }
         Meta::F32s(v) => {
             array(out, 6, v.len());
             v.iter().for_each(|x| out.extend(x.to_le_bytes()));
+        }
+        Meta::Bools(v) => {
+            array(out, 7, v.len());
+            out.extend(v.iter().map(|&b| b as u8));
         }
     }
 }

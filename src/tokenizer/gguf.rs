@@ -14,6 +14,7 @@ pub(super) mod token_type {
     pub const CONTROL: i32 = 3;
     pub const USER_DEFINED: i32 = 4;
     pub const UNUSED: i32 = 5;
+    pub const BYTE: i32 = 6;
 }
 use token_type::{CONTROL, NORMAL, UNKNOWN, UNUSED, USER_DEFINED};
 

@@ -2,7 +2,7 @@
 //! llama.cpp's converter writes it, so that a converted file tokenizes like the original in
 //! weft ([`super::gguf`] reads it back) and in llama.cpp.
 
-use super::gguf::token_type::{CONTROL, NORMAL, UNKNOWN, UNUSED, USER_DEFINED};
+use super::gguf::token_type::{BYTE, CONTROL, NORMAL, UNKNOWN, UNUSED, USER_DEFINED};
 use super::gguf::{gpt2_pre_tokenizer, GPT2_PRE_NAMES};
 use super::read_json;
 use super::spm::SpmModel;
@@ -45,9 +45,44 @@ pub fn gguf_metadata(dir: &Path, vocab_size: usize) -> Result<Vec<(String, Meta)
         })
         .unwrap_or_default();
 
+    let merges = || -> Result<Vec<String>> {
+        model["merges"]
+            .as_array()
+            .context("tokenizer.json has no merges")?
+            .iter()
+            .map(|m| match m {
+                Json::String(s) => Ok(s.clone()),
+                Json::Array(p) if p.len() == 2 => {
+                    Ok(format!("{} {}", p[0].as_str().unwrap_or(""), p[1].as_str().unwrap_or("")))
+                }
+                other => bail!("merge {other} is neither \"a b\" nor [\"a\", \"b\"]"),
+            })
+            .collect()
+    };
+    let gemma4 = cfg["model_type"].as_str().is_some_and(|t| t.starts_with("gemma4"));
+
     let mut meta: Vec<(String, Meta)> = Vec::new();
     let mut put = |k: &str, v: Meta| meta.push((format!("tokenizer.{k}"), v));
-    let tokens = if model["byte_fallback"] == true {
+    let tokens = if gemma4 {
+        // Gemma 4's SentencePiece-style BPE keeps its merges (llama.cpp's `gemma4`
+        // tokenizer): every score −1000, byte pieces typed as bytes, and the chat markers
+        // its parser reads user-defined, so that they are always rendered.
+        let (tokens, mut types) = bpe_vocab(model, &added, vocab_size)?;
+        for (t, ty) in tokens.iter().zip(types.iter_mut()) {
+            if GEMMA4_VISIBLE.contains(&t.as_str()) {
+                *ty = USER_DEFINED;
+            } else if *ty == NORMAL && is_byte_piece(t) {
+                *ty = BYTE;
+            }
+        }
+        put("ggml.model", Meta::Str("gemma4".into()));
+        put("ggml.tokens", Meta::Strs(tokens.clone()));
+        put("ggml.scores", Meta::F32s(vec![ADDED_SCORE; tokens.len()]));
+        put("ggml.token_type", Meta::I32s(types));
+        put("ggml.merges", Meta::Strs(merges()?));
+        put("ggml.add_space_prefix", Meta::Bool(false));
+        tokens
+    } else if model["byte_fallback"] == true {
         let path = dir.join("tokenizer.model");
         let bytes = std::fs::read(&path).with_context(|| {
             format!("{}: a SentencePiece vocabulary needs its tokenizer.model for the piece scores", path.display())
@@ -63,18 +98,7 @@ pub fn gguf_metadata(dir: &Path, vocab_size: usize) -> Result<Vec<(String, Meta)
         tokens
     } else {
         let (tokens, types) = bpe_vocab(model, &added, vocab_size)?;
-        let merges = model["merges"]
-            .as_array()
-            .context("tokenizer.json has no merges")?
-            .iter()
-            .map(|m| match m {
-                Json::String(s) => Ok(s.clone()),
-                Json::Array(p) if p.len() == 2 => {
-                    Ok(format!("{} {}", p[0].as_str().unwrap_or(""), p[1].as_str().unwrap_or("")))
-                }
-                other => bail!("merge {other} is neither \"a b\" nor [\"a\", \"b\"]"),
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let merges = merges()?;
         put("ggml.model", Meta::Str("gpt2".into()));
         put("ggml.pre", Meta::Str(pre_name(&doc)?.into()));
         put("ggml.tokens", Meta::Strs(tokens.clone()));
@@ -101,6 +125,8 @@ pub fn gguf_metadata(dir: &Path, vocab_size: usize) -> Result<Vec<(String, Meta)
     for what in ["bos", "eos"] {
         let stated = tok_cfg[format!("add_{what}_token")].as_bool();
         let add = stated.unwrap_or_else(|| what == "bos" && post_processor_adds_bos(&doc["post_processor"]));
+        // llama.cpp always adds Gemma 4's BOS.
+        let add = add || (gemma4 && what == "bos");
         put(&format!("ggml.add_{what}_token"), Meta::Bool(add));
     }
     let template = match &tok_cfg["chat_template"] {
@@ -114,6 +140,15 @@ pub fn gguf_metadata(dir: &Path, vocab_size: usize) -> Result<Vec<(String, Meta)
         put("chat_template", Meta::Str(t));
     }
     Ok(meta)
+}
+
+/// Gemma 4's chat markers that llama.cpp's converter types user-defined.
+const GEMMA4_VISIBLE: &[&str] =
+    &["<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<|tool_response>", "<tool_response|>", "<|\"|>"];
+
+/// A SentencePiece byte piece, `<0xAB>`.
+fn is_byte_piece(t: &str) -> bool {
+    t.len() == 6 && t.starts_with("<0x") && t.ends_with('>') && t[3..5].chars().all(|c| c.is_ascii_hexdigit())
 }
 
 /// Whether a `post_processor` puts a special token in front of a single sequence.

@@ -29,6 +29,7 @@ pub const FAMILIES: &[&str] = &[
     "tiny-gemma3",
     "tiny-qwen3moe",
     "tiny-mixtral",
+    "tiny-gemma4",
 ];
 
 /// gpt-oss, a family outside [`FAMILIES`]: `weft quantize` does not convert its fused
