@@ -35,12 +35,12 @@ pub enum GgmlType {
     /// computed as [`GgmlType::Tq2_0`].
     I2s,
     /// OCP microscaling FP4 (gpt-oss's experts): an E8M0 power-of-two scale byte, then 32
-    /// E2M1 values as 4-bit codes ([`MXFP4_VALUES`]). Read, and widened at load.
+    /// E2M1 values as 4-bit codes ([`MXFP4_VALUES`]). Computed in its format, not written.
     Mxfp4,
 }
 
 /// The block formats (quantized, computed with int8 activations), in a fixed order.
-pub const BLOCK_FORMATS: [GgmlType; 13] = [
+pub const BLOCK_FORMATS: [GgmlType; 14] = [
     GgmlType::Q8_0,
     GgmlType::Q4_0,
     GgmlType::Q4_1,
@@ -54,6 +54,7 @@ pub const BLOCK_FORMATS: [GgmlType; 13] = [
     GgmlType::Iq4Nl,
     GgmlType::Iq4Xs,
     GgmlType::Tq2_0,
+    GgmlType::Mxfp4,
 ];
 
 /// The ternary formats read from files and converted to [`GgmlType::Tq2_0`] at load.
@@ -71,17 +72,16 @@ pub const MXFP4_VALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, 
 /// 16 values, high nibbles the next 16).
 pub const MXFP4_BYTES: usize = 17;
 
-/// Every type this engine reads: the floats, [`BLOCK_FORMATS`], [`TERNARY_ONLY_READ`],
-/// then MXFP4.
-pub const TYPES: [GgmlType; 6 + BLOCK_FORMATS.len()] = {
-    let mut all = [GgmlType::F32; 6 + BLOCK_FORMATS.len()];
+/// Every type this engine reads: the floats, [`BLOCK_FORMATS`], then [`TERNARY_ONLY_READ`].
+pub const TYPES: [GgmlType; 5 + BLOCK_FORMATS.len()] = {
+    let mut all = [GgmlType::F32; 5 + BLOCK_FORMATS.len()];
     (all[1], all[2]) = (GgmlType::F16, GgmlType::Bf16);
     let mut i = 0;
     while i < BLOCK_FORMATS.len() {
         all[3 + i] = BLOCK_FORMATS[i];
         i += 1;
     }
-    (all[3 + i], all[4 + i], all[5 + i]) = (TERNARY_ONLY_READ[0], TERNARY_ONLY_READ[1], GgmlType::Mxfp4);
+    (all[3 + i], all[4 + i]) = (TERNARY_ONLY_READ[0], TERNARY_ONLY_READ[1]);
     all
 };
 

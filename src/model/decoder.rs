@@ -68,13 +68,16 @@ enum Mlp {
     /// Gemma 4: the dense MLP on the pre-MLP norm's output, normalised by `post_dense`;
     /// the experts on the residual stream normalised by `pre_experts` (routed from the
     /// residual stream itself), normalised by `post_experts`; the two added.
-    Beside {
-        dense: Dense,
-        experts: Experts,
-        post_dense: Tensor,
-        pre_experts: Tensor,
-        post_experts: Tensor,
-    },
+    Beside(Box<Beside>),
+}
+
+/// [`Mlp::Beside`]'s parts.
+struct Beside {
+    dense: Dense,
+    experts: Experts,
+    post_dense: Tensor,
+    pre_experts: Tensor,
+    post_experts: Tensor,
 }
 
 impl Layer {
@@ -89,9 +92,9 @@ impl Layer {
         match &self.mlp {
             Mlp::Dense(m) => all.extend([&m.gate_up, &m.down]),
             Mlp::Experts(x) => all.extend(x.matrices()),
-            Mlp::Beside { dense, experts, .. } => {
-                all.extend([&dense.gate_up, &dense.down]);
-                all.extend(experts.matrices());
+            Mlp::Beside(b) => {
+                all.extend([&b.dense.gate_up, &b.dense.down]);
+                all.extend(b.experts.matrices());
             }
         }
         all
@@ -103,9 +106,7 @@ impl Layer {
         attn + match &self.mlp {
             Mlp::Dense(m) => m.gate_up.bytes() + m.down.bytes(),
             Mlp::Experts(x) => x.bytes_per_token(),
-            Mlp::Beside { dense, experts, .. } => {
-                dense.gate_up.bytes() + dense.down.bytes() + experts.bytes_per_token()
-            }
+            Mlp::Beside(b) => b.dense.gate_up.bytes() + b.dense.down.bytes() + b.experts.bytes_per_token(),
         }
     }
 
@@ -117,9 +118,9 @@ impl Layer {
         match &self.mlp {
             Mlp::Dense(m) => all.extend(dense(m)),
             Mlp::Experts(x) => all.extend(x.products_per_token()),
-            Mlp::Beside { dense: m, experts, .. } => {
-                all.extend(dense(m));
-                all.extend(experts.products_per_token());
+            Mlp::Beside(b) => {
+                all.extend(dense(&b.dense));
+                all.extend(b.experts.products_per_token());
             }
         }
         all
@@ -413,13 +414,13 @@ impl Decoder {
                 Ok(Dense { gate_up, sub_norm, down: load(&[(&name("mlp.down_proj"), [d, f])])? })
             };
             let mlp = match c.layer_moe(i) {
-                Some(m) if m.dense_beside => Mlp::Beside {
+                Some(m) if m.dense_beside => Mlp::Beside(Box::new(Beside {
                     dense: dense()?,
                     experts: Experts::load(src, i, m, d, c.rms_norm_eps, dtype)?,
                     post_dense: norm(&name("post_feedforward_layernorm_1"), d)?,
                     pre_experts: norm(&name("pre_feedforward_layernorm_2"), d)?,
                     post_experts: norm(&name("post_feedforward_layernorm_2"), d)?,
-                },
+                })),
                 Some(m) => Mlp::Experts(Experts::load(src, i, m, d, c.rms_norm_eps, dtype)?),
                 None => Mlp::Dense(dense()?),
             };
@@ -635,7 +636,7 @@ impl Decoder {
         let gate_up = resize(&mut ws.gate_up, t * 2 * dense_f);
         let act = resize(&mut ws.act, t * dense_f);
         // The experts' input and output beside a dense MLP (Gemma 4).
-        let beside = if self.layers.iter().any(|l| matches!(l.mlp, Mlp::Beside { .. })) { t * d } else { 0 };
+        let beside = if self.layers.iter().any(|l| matches!(l.mlp, Mlp::Beside(_))) { t * d } else { 0 };
         let (xn2, tmp2) = (resize(&mut ws.xn2, beside), resize(&mut ws.tmp2, beside));
         let scoring = Scoring { scale: c.attn_scale, softcap: c.attn_softcap, sinks: None };
 
@@ -712,7 +713,8 @@ impl Decoder {
             match &layer.mlp {
                 Mlp::Dense(m) => m.forward(xn, t, f, activation, eps, &mut ws.xq, gate_up, act, tmp),
                 Mlp::Experts(x) => x.forward(xn, xn, t, activation, &mut ws.moe, &mut ws.xq, tmp),
-                Mlp::Beside { dense, experts, post_dense, pre_experts, post_experts } => {
+                Mlp::Beside(b) => {
+                    let Beside { dense, experts, post_dense, pre_experts, post_experts } = &**b;
                     dense.forward(xn, t, f, activation, eps, &mut ws.xq, gate_up, act, tmp);
                     // The experts read the residual stream: routed from it as it is, and
                     // computed on it through their own pre-norm.

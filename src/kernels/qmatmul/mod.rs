@@ -527,6 +527,10 @@ mod tests {
             GgmlType::Tq2_0 => &[64],
             _ => &[],
         };
+        if dtype == GgmlType::Mxfp4 {
+            // E8M0 exponents around 2^-7, never the NaN byte.
+            raw.chunks_exact_mut(bytes).enumerate().for_each(|(i, blk)| blk[0] = 118 + (i % 7) as u8);
+        }
         for (i, blk) in raw.chunks_exact_mut(bytes).enumerate() {
             if dtype == GgmlType::Tq2_0 {
                 // Ternary codes are 0, 1 or 2: a 3 becomes a 2.
@@ -540,7 +544,7 @@ mod tests {
         raw
     }
 
-    const TYPES: [GgmlType; 13] = crate::kernels::quant::BLOCK_FORMATS;
+    const TYPES: [GgmlType; 14] = crate::kernels::quant::BLOCK_FORMATS;
 
     /// Many products at once (a mixture's experts: every format, 0 to 40 rows each, some
     /// with none) give each product's [`qmatmul`] alone, bit for bit.

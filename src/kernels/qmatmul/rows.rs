@@ -3,7 +3,8 @@
 
 use super::{write, Part, QActs, SharedOut, QB, QH, TILE};
 use crate::kernels::quant::{
-    f16_at, iq4_indices_at, iq4_run_scale, scale_k3, scale_min_k4, GgmlType, BLOCK_FORMATS, IQ4_VALUES,
+    e8m0_half, f16_at, iq4_indices_at, iq4_run_scale, scale_k3, scale_min_k4, GgmlType, BLOCK_FORMATS, IQ4_VALUES,
+    MXFP4_VALUES,
 };
 
 pub(super) use portable::dot_rows as portable_dot_rows;
@@ -155,6 +156,13 @@ fn decode(dtype: GgmlType, blk: &[u8], sub: usize) -> Block {
             }
             same(iq4_run_scale(dtype, blk, sub), 0.0)
         }
+        GgmlType::Mxfp4 => {
+            for (j, &b) in blk[1..17].iter().enumerate() {
+                q[j] = MXFP4_VALUES[(b & 0xF) as usize];
+                q[j + 16] = MXFP4_VALUES[(b >> 4) as usize];
+            }
+            same(e8m0_half(blk[0]), 0.0)
+        }
         GgmlType::Tq2_0 => {
             // Values 32·sub.. are bits 2·(sub % 4) of the 32 bytes of half sub / 4.
             let (h, shift) = (sub / 4, 2 * (sub % 4));
@@ -163,7 +171,7 @@ fn decode(dtype: GgmlType, blk: &[u8], sub: usize) -> Block {
             }
             same(f16_at(blk, 64), 0.0)
         }
-        GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 | GgmlType::Tq1_0 | GgmlType::I2s | GgmlType::Mxfp4 => {
+        GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 | GgmlType::Tq1_0 | GgmlType::I2s => {
             unreachable!("{dtype} is not computed in blocks")
         }
     };
@@ -355,6 +363,11 @@ mod avx2 {
                     let (s, o) = same(iq4_run_scale(dtype, blk, sub), 0.0);
                     (_mm256_shuffle_epi8(table, nibbles(iq4_indices_at(dtype, sub))), s, o)
                 }
+                GgmlType::Mxfp4 => {
+                    let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(MXFP4_VALUES.as_ptr().cast()));
+                    let (s, o) = same(e8m0_half(blk[0]), 0.0);
+                    (_mm256_shuffle_epi8(table, nibbles(1)), s, o)
+                }
                 GgmlType::Tq2_0 => {
                     let (h, shift) = (sub / 4, _mm_cvtsi32_si128(2 * (sub % 4) as i32));
                     let v = _mm256_loadu_si256(p.add(32 * h).cast());
@@ -362,7 +375,7 @@ mod avx2 {
                     let (s, o) = same(f16_at(blk, 64), 0.0);
                     (_mm256_sub_epi8(codes, _mm256_set1_epi8(1)), s, o)
                 }
-                GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 | GgmlType::Tq1_0 | GgmlType::I2s | GgmlType::Mxfp4 => {
+                GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 | GgmlType::Tq1_0 | GgmlType::I2s => {
                     unreachable!("{dtype} is not computed in blocks")
                 }
             }
@@ -414,7 +427,8 @@ mod avx2 {
                 GgmlType::Iq4Nl => by_tile!(10),
                 GgmlType::Iq4Xs => by_tile!(11),
                 GgmlType::Tq2_0 => by_tile!(12),
-                GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 | GgmlType::Tq1_0 | GgmlType::I2s | GgmlType::Mxfp4 => {
+                GgmlType::Mxfp4 => by_tile!(13),
+                GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 | GgmlType::Tq1_0 | GgmlType::I2s => {
                     unreachable!("{dtype} is not computed in blocks")
                 }
             };

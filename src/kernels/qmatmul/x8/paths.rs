@@ -42,9 +42,9 @@ pub(super) fn pairs(dtype: GgmlType) -> bool {
 }
 
 /// Whether `dtype` runs on [`avx2::q8`]'s kernels, its values signed bytes: Q8_0's, and
-/// IQ4_NL's and IQ4_XS's looked up from their indices.
+/// IQ4_NL's, IQ4_XS's and MXFP4's looked up from their indices.
 pub(super) fn signed_bytes(dtype: GgmlType) -> bool {
-    matches!(dtype, GgmlType::Q8_0 | GgmlType::Iq4Nl | GgmlType::Iq4Xs)
+    matches!(dtype, GgmlType::Q8_0 | GgmlType::Iq4Nl | GgmlType::Iq4Xs | GgmlType::Mxfp4)
 }
 
 /// The coarsest activation scales `dtype`'s kernel needs (every kernel reads coarser

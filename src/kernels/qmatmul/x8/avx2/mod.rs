@@ -127,6 +127,7 @@ pub unsafe fn group(
             (GgmlType::Q8_0, v) => by_isa!(v, tile, q8_0 | q8_0_vnni, F_Q8_0),
             (GgmlType::Iq4Nl, v) => by_isa!(v, tile, q8_0 | q8_0_vnni, F_IQ4_NL),
             (GgmlType::Iq4Xs, v) => by_isa!(v, tile, q8_0 | q8_0_vnni, F_IQ4_XS),
+            (GgmlType::Mxfp4, v) => by_isa!(v, tile, q8_0 | q8_0_vnni, F_MXFP4),
             (GgmlType::Tq2_0, v) => by_isa!(v, tile, tq2_0 | tq2_0_vnni),
             // The K-quants' tiles of up to four rows read the records themselves. Q4_K's and
             // Q5_K's AVX2 copies ran faster there than VNNI ones; Q4_K's values are decoded
@@ -178,6 +179,7 @@ pub unsafe fn pair(
             let f = match dtype {
                 GgmlType::Q8_0 => by_tile!(tile, q8_two_vnni, F_Q8_0),
                 GgmlType::Iq4Nl => by_tile!(tile, q8_two_vnni, F_IQ4_NL),
+                GgmlType::Mxfp4 => by_tile!(tile, q8_two_vnni, F_MXFP4),
                 _ => by_tile!(tile, q8_two_vnni, F_IQ4_XS),
             };
             return f(src, xq, first, blocks, acc);
@@ -275,6 +277,7 @@ unsafe fn q8_two_vnni<const F: u8, const R: usize>(
 const F_Q8_0: u8 = 0;
 const F_IQ4_NL: u8 = 1;
 const F_IQ4_XS: u8 = 2;
+const F_MXFP4: u8 = 3;
 
 /// Asks for the record [`AHEAD`] bytes on from `rec` into L2: for the K-quant kernels
 /// that run one group's records from memory (tiles of one to four rows; also a paired

@@ -1,7 +1,8 @@
-//! Signed byte values: Q8_0's, and IQ4_NL's and IQ4_XS's looked up from their indices.
+//! Signed byte values: Q8_0's, and IQ4_NL's, IQ4_XS's and MXFP4's looked up from their
+//! indices.
 
 use super::*;
-use crate::kernels::quant::IQ4_VALUES;
+use crate::kernels::quant::{IQ4_VALUES, MXFP4_VALUES};
 
 /// Q8_0: signed weights, so `|w|` against `x` carrying `w`'s sign. Each chunk loads
 /// once for the tile's rows; a row's half-block sums gather in i32 and go straight
@@ -14,7 +15,8 @@ use crate::kernels::quant::IQ4_VALUES;
 /// IQ4_NL (`F`) and IQ4_XS run here too: each chunk of their 4-bit indices (as Q4_0's
 /// nibbles) becomes its signed values with one byte shuffle from [`IQ4_VALUES`], and
 /// IQ4_XS's weight scale of 32 values is `d · (ls − 32)` (`blocks` counts its 256-value
-/// blocks; the loop runs over 32).
+/// blocks; the loop runs over 32). So does MXFP4, its doubled E2M1 values looked up from
+/// [`MXFP4_VALUES`] and its scales f32 in the record (E8M0's half).
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be available (with `V`, what [`vnni`] checks too); `src`
@@ -32,11 +34,13 @@ pub(super) unsafe fn q8<const V: bool, const F: u8, const G: usize, const R: usi
         let dtype = match F {
             F_IQ4_NL => GgmlType::Iq4Nl,
             F_IQ4_XS => GgmlType::Iq4Xs,
+            F_MXFP4 => GgmlType::Mxfp4,
             _ => GgmlType::Q8_0,
         };
         let ((rec_bytes, head), subs, sc_at) = (record(dtype), dtype.block().0 / QB, shape(dtype).bytes_at());
         let blocks = blocks * subs;
-        let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(IQ4_VALUES.as_ptr().cast()));
+        let values = if F == F_MXFP4 { &MXFP4_VALUES } else { &IQ4_VALUES };
+        let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(values.as_ptr().cast()));
         let ones = _mm256_set1_epi16(1);
         let mut acc = [[_mm256_setzero_ps(); G]; R];
         for b in 0..blocks {
@@ -44,7 +48,11 @@ pub(super) unsafe fn q8<const V: bool, const F: u8, const G: usize, const R: usi
             let rec: [*const u8; G] = std::array::from_fn(|g| src[g].rec.add(b / subs * rec_bytes));
             let mut dw = [_mm256_setzero_ps(); G];
             for (dw, rec) in dw.iter_mut().zip(rec) {
-                *dw = _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()));
+                *dw = if F == F_MXFP4 {
+                    _mm256_loadu_ps(rec.cast())
+                } else {
+                    _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()))
+                };
                 if F == F_IQ4_XS {
                     let sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(rec.add(sc_at + GROUP * sub).cast()));
                     *dw = _mm256_mul_ps(*dw, _mm256_cvtepi32_ps(sc));
