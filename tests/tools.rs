@@ -210,3 +210,65 @@ async fn a_template_without_calls_gets_weft_s_format() {
     assert!(st == 200 && v["choices"][0]["message"].get("tool_calls").is_none(), "{v}");
     smol.assert_idle().await;
 }
+
+/// gpt-oss's harmony (its real template; a grammar makes the noise model write harmony):
+/// the analysis channel comes back as `reasoning_content` and the final one as content,
+/// and a commentary message to a function as a call, whole and streamed alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn harmony_channels_and_calls_come_back_apart() {
+    if common::shared_models().is_none() {
+        return;
+    }
+    let s = Server::start("tiny-gpt-oss", &[]).await;
+    let regex = r"<\|channel\|>analysis<\|message\|>[a-z]{3,8}<\|end\|><\|start\|>assistant<\|channel\|>final<\|message\|>[a-z]{3,8}";
+    let ask = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 200, "temperature": 0,
+        "guided_regex": regex});
+    let (st, whole) = s.post("/v1/chat/completions", ask.clone()).await;
+    assert_eq!(st, 200, "{whole}");
+    let message = &whole["choices"][0]["message"];
+    let word = |v: &Value| {
+        let w = v.as_str().unwrap_or_default().to_owned();
+        assert!((3..=8).contains(&w.len()) && w.chars().all(|c| c.is_ascii_lowercase()), "{whole}");
+        w
+    };
+    let (reasoning, content) = (word(&message["reasoning_content"]), word(&message["content"]));
+    assert_eq!(whole["choices"][0]["finish_reason"], "stop");
+    let mut streamed = ask;
+    streamed["stream"] = json!(true);
+    let events = s.stream("/v1/chat/completions", streamed).await;
+    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    let joined = |key: &str| -> String {
+        chunks.iter().map(|c| c["choices"][0]["delta"][key].as_str().unwrap_or("").to_owned()).collect()
+    };
+    assert_eq!((joined("reasoning_content"), joined("content")), (reasoning, content));
+
+    // A required call: a commentary message to the function, its body the arguments.
+    // (gpt-oss's template writes each tool's description, so the tool has one.)
+    let weather_only = json!([tools()[0]]);
+    let body = |extra: Value| {
+        let mut b = body(extra);
+        b["tools"] = weather_only.clone();
+        b
+    };
+    let call = json!({"tool_choice": "required", "seed": 1, "parallel_tool_calls": false});
+    let (st, v) = s.post("/v1/chat/completions", body(call.clone())).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{v}");
+    let calls = v["choices"][0]["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1, "{v}");
+    check_call(&calls[0]);
+    let mut streamed = call;
+    streamed["stream"] = json!(true);
+    let events = s.stream("/v1/chat/completions", body(streamed)).await;
+    let (mut name, mut args) = (String::new(), String::new());
+    for e in &events[..events.len() - 1] {
+        let c: Value = serde_json::from_str(e).unwrap();
+        for d in c["choices"][0]["delta"]["tool_calls"].as_array().cloned().unwrap_or_default() {
+            name += d["function"]["name"].as_str().unwrap_or("");
+            args += d["function"]["arguments"].as_str().unwrap_or("");
+        }
+    }
+    let f = &calls[0]["function"];
+    assert_eq!((f["name"].as_str().unwrap(), f["arguments"].as_str().unwrap()), (name.as_str(), args.as_str()));
+    s.assert_idle().await;
+}

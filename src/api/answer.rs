@@ -10,7 +10,8 @@ use serde_json::Value;
 #[derive(Debug, Clone, PartialEq)]
 pub enum Piece {
     Text(String),
-    /// A thinking model's reasoning (what it wrote inside `<think>…</think>`).
+    /// A thinking model's reasoning (what it wrote inside `<think>…</think>`, or in
+    /// harmony's analysis channel: the chunks' `reasoning_content`).
     Reasoning(String),
     /// A call opens: its index among the answer's calls, its id and name.
     CallStart {
@@ -39,6 +40,9 @@ pub fn pieces(chunk: &Value) -> Vec<Piece> {
         return out;
     };
     let delta = &choice["delta"];
+    if let Some(text) = delta["reasoning_content"].as_str().filter(|t| !t.is_empty()) {
+        out.push(Piece::Reasoning(text.to_owned()));
+    }
     if let Some(text) = delta["content"].as_str().filter(|t| !t.is_empty()) {
         out.push(Piece::Text(text.to_owned()));
     }
@@ -246,6 +250,9 @@ impl Answer {
         let mut a = Answer::default();
         let choice = &body["choices"][0];
         let message = &choice["message"];
+        if let Some(t) = message["reasoning_content"].as_str() {
+            a.apply(&Piece::Reasoning(t.to_owned()));
+        }
         if let Some(t) = message["content"].as_str() {
             let mut split = Vec::new();
             match thinks {
@@ -338,6 +345,23 @@ mod tests {
         assert_eq!(streamed, Answer::from_chat(&whole, false));
         assert_eq!((streamed.calls[0].arguments.as_str(), streamed.cached_tokens), ("{\"x\": 1}", 2));
         assert!(pieces(&chunks[0]).is_empty());
+    }
+
+    /// Reasoning the chat API already split off (`reasoning_content`, harmony's analysis
+    /// channel) reads the same whole and streamed.
+    #[test]
+    fn reasoning_content_is_reasoning() {
+        let whole = json!({"choices": [{"message": {"content": "4.", "reasoning_content": "2 + 2"},
+            "finish_reason": "stop"}], "usage": {}});
+        let chunks = [
+            json!({"choices": [{"delta": {"reasoning_content": "2 +"}, "finish_reason": null}]}),
+            json!({"choices": [{"delta": {"reasoning_content": " 2"}, "finish_reason": null}]}),
+            json!({"choices": [{"delta": {"content": "4."}, "finish_reason": "stop"}]}),
+        ];
+        let mut streamed = Answer::default();
+        chunks.iter().flat_map(pieces).for_each(|p| streamed.apply(&p));
+        assert_eq!(streamed, Answer::from_chat(&whole, false));
+        assert_eq!((streamed.reasoning.as_str(), streamed.text.as_str()), ("2 + 2", "4."));
     }
 
     /// A thinking model's text, cut anywhere, splits as it does whole; a text without a

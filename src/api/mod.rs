@@ -6,6 +6,7 @@ pub mod answer;
 pub mod chat;
 pub mod embeddings;
 pub mod fields;
+pub mod harmony;
 pub mod messages;
 pub mod openai;
 pub mod render;

@@ -21,6 +21,9 @@ pub enum ToolFormat {
     /// weft's own, for templates with no tool format: Hermes' call blocks, taught by a
     /// system message weft writes ([`GENERIC_INSTRUCTION`]) and enforced by a grammar.
     Generic,
+    /// gpt-oss's harmony: `<|channel|>commentary to=functions.NAME <|constrain|>json
+    /// <|message|>{...}<|call|>`, read by [`super::harmony`] with the channels.
+    Harmony,
 }
 
 /// The system message's part that teaches a model with no tool format of its own to call
@@ -32,7 +35,9 @@ nothing but\n<tool_call>\n{\"name\": \"<function name>\", \"arguments\": {<its a
 impl ToolFormat {
     /// The format a chat template writes assistant tool calls in, if it is one of these.
     pub fn detect(template: &str) -> Option<Self> {
-        if template.contains("<tool_call>") {
+        if template.contains("<|channel|>") && template.contains("<|message|>") {
+            Some(ToolFormat::Harmony)
+        } else if template.contains("<tool_call>") {
             Some(ToolFormat::Hermes)
         } else if template.contains("[TOOL_CALLS]") {
             Some(ToolFormat::Mistral)
@@ -49,6 +54,7 @@ impl ToolFormat {
             ToolFormat::Hermes | ToolFormat::Generic => "<tool_call>",
             ToolFormat::Mistral => "[TOOL_CALLS]",
             ToolFormat::Llama3Json => "<|python_tag|>",
+            ToolFormat::Harmony => "<|channel|>",
         }
     }
 
@@ -265,6 +271,20 @@ impl Tools {
                 }
             }
             ToolFormat::Llama3Json => format!("start: %json {call}"),
+            ToolFormat::Harmony => {
+                // A commentary message to one of the allowed functions, its body the
+                // arguments (the name is in the header, not in the JSON).
+                let one = |t: &&Tool| {
+                    let params = t.function.parameters.clone().unwrap_or_else(|| json!({"type": "object"}));
+                    let name = serde_json::to_string(&format!(
+                        "<|channel|>commentary to=functions.{} <|constrain|>json<|message|>",
+                        t.function.name
+                    ))
+                    .expect("a string serializes");
+                    format!("{name} %json {}", json!({"anyOf": [params], "x-guidance": layout}))
+                };
+                format!("start: {}", allowed.iter().map(one).collect::<Vec<_>>().join(" | "))
+            }
             ToolFormat::Mistral => {
                 let max = if many { json!(null) } else { json!(1) };
                 let mut list = json!({"type": "array", "items": call, "minItems": 1});
@@ -346,6 +366,8 @@ pub fn parse(format: ToolFormat, text: &str) -> Option<(String, Vec<ToolCall>)> 
         Some(ToolCall { name, arguments })
     };
     match format {
+        // Read with its channels by `api::harmony`, not here.
+        ToolFormat::Harmony => None,
         ToolFormat::Hermes | ToolFormat::Generic => {
             let start = text.find("<tool_call>")?;
             let mut calls = Vec::new();

@@ -4,6 +4,7 @@
 //! channel and then the engine streams are dropped, which aborts the sequences.
 
 use crate::api::answer::Translate;
+use crate::api::harmony::{self, HarmonyStream};
 use crate::api::openai::{
     chat_logprobs, completion_logprobs, finish_reason, prompt_scores, usage, ChatRequest, CompletionRequest,
 };
@@ -327,12 +328,20 @@ async fn chat_chunks(
     let tok: Arc<crate::loaded::LoadedModel> = engine.model_arc();
     let marker = format.and_then(|f| tok.tokenizer.token_id(f.marker()).map(|id| (id, f.marker())));
     let with_ids = req.gen.return_token_ids();
+    // A harmony model's every answer is read for its channels (and calls), tools or not.
+    let harmony = tok.tokenizer.chat_template.as_deref().and_then(ToolFormat::detect) == Some(ToolFormat::Harmony);
+    let harmony_markers = harmony::MARKERS.iter().filter_map(|m| Some((tok.tokenizer.token_id(m)?, *m))).collect();
     let mut events = ChatEvents {
         tok,
         chunk: Box::new(chunk.clone()),
         with_logprobs: r.sampling.logprobs.is_some(),
         with_ids,
-        tools: format.map(|f| (0..r.n).map(|_| ToolStream::new(f)).collect()).unwrap_or_default(),
+        tools: match (format, harmony) {
+            (Some(f), false) => (0..r.n).map(|_| ToolStream::new(f)).collect(),
+            _ => Vec::new(),
+        },
+        harmony: if harmony { (0..r.n).map(|_| HarmonyStream::default()).collect() } else { Vec::new() },
+        harmony_markers,
         marker,
         format,
     };
@@ -378,6 +387,10 @@ struct ChatEvents {
     /// Per sample, when tool calls are read; with the marker's token id (a special token
     /// is not in the text).
     tools: Vec<ToolStream>,
+    /// Per sample, for a harmony model (gpt-oss): its channels and calls; with the ids of
+    /// the markers that are special tokens.
+    harmony: Vec<HarmonyStream>,
+    harmony_markers: Vec<(u32, &'static str)>,
     marker: Option<(u32, &'static str)>,
     format: Option<ToolFormat>,
 }
@@ -386,6 +399,42 @@ impl ChatEvents {
     fn on(&mut self, ev: Event) -> Vec<Value> {
         let chunk = &self.chunk;
         match ev {
+            Event::Token { index, id, text, logprobs, .. } if !self.harmony.is_empty() => {
+                let piece = self.harmony_markers.iter().find(|(m, _)| *m == id).map_or(text.as_str(), |m| m.1);
+                let delta = self.harmony[index].push(piece);
+                if delta.is_empty() && !self.with_logprobs && !self.with_ids {
+                    return vec![];
+                }
+                let lp = match (self.with_logprobs, logprobs) {
+                    (true, Some(l)) => chat_logprobs(&self.tok.tokenizer, &[l]),
+                    _ => Value::Null,
+                };
+                let mut choice =
+                    json!({"index": index, "delta": harmony_delta(&delta), "logprobs": lp, "finish_reason": null});
+                if self.with_ids {
+                    choice["token_ids"] = json!([id]);
+                }
+                vec![chunk(choice)]
+            }
+            Event::Finished { index, reason, text, stop, .. } if !self.harmony.is_empty() => {
+                let piece = self.harmony[index].push(&text);
+                let (rest, called) = std::mem::take(&mut self.harmony[index]).finish();
+                let mut out: Vec<Value> = [piece, rest]
+                    .iter()
+                    .filter(|d| !d.is_empty())
+                    .map(|d| {
+                        chunk(
+                            json!({"index": index, "delta": harmony_delta(d), "logprobs": null, "finish_reason": null}),
+                        )
+                    })
+                    .collect();
+                let finish = match called && reason == crate::engine::FinishReason::Stop {
+                    true => json!("tool_calls"),
+                    false => finish_reason(Some(reason)),
+                };
+                out.push(chunk(json!({"index": index, "delta": {}, "logprobs": null, "finish_reason": finish, "stop_reason": stop})));
+                out
+            }
             Event::Token { index, id, text, logprobs, .. } => {
                 let delta = match self.tools.get_mut(index) {
                     Some(ts) => {
@@ -450,6 +499,22 @@ impl ChatEvents {
         }
         v
     }
+}
+
+/// A harmony answer's `delta`: its reasoning, content (also when empty, if there is
+/// nothing else) and the pieces of calls.
+fn harmony_delta(d: &harmony::Delta) -> Value {
+    let mut v = json!({});
+    if !d.reasoning.is_empty() {
+        v["reasoning_content"] = d.reasoning.clone().into();
+    }
+    if !d.content.is_empty() || (d.calls.is_empty() && d.reasoning.is_empty()) {
+        v["content"] = d.content.clone().into();
+    }
+    if !d.calls.is_empty() {
+        v["tool_calls"] = d.calls.iter().map(|c| c.to_json(ToolFormat::Harmony)).collect();
+    }
+    v
 }
 
 /// `/generate` with `stream: true`: `{"text": delta}` events, then one with the finish

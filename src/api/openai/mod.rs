@@ -3,6 +3,7 @@
 //! requests ([`requests`]); the non-streaming response bodies ([`responses`]).
 
 use super::chat::{ChatMessage, ROLES};
+use super::harmony;
 use super::tools::{self, Tool, ToolChoice, ToolFormat, Tools};
 use super::{off_runtime, parse_split, unix_time, ApiError};
 use crate::engine::{EngineHandle, Event, FinishReason, Request, RequestStream, Usage};

@@ -207,10 +207,32 @@ fn read_calls(tok: &Tokenizer, format: ToolFormat, c: &Choice) -> Option<(String
     tools::read_answer(format, &text)
 }
 
+/// A harmony sample's message (reasoning, content, calls), read from its text with special
+/// tokens kept and its closing stop token left out; and whether it called a tool.
+fn harmony_message(tok: &Tokenizer, c: &Choice) -> (Value, bool) {
+    let end = c.tokens.iter().rposition(|t| !tok.eos_ids.contains(t)).map_or(0, |i| i + 1);
+    let text = tok.decode(&c.tokens[..end], false).unwrap_or_else(|_| c.text.clone());
+    let (d, called) = harmony::read(&text);
+    let mut message = json!({"role": "assistant", "content": if d.content.is_empty() && called { Value::Null } else { d.content.into() }});
+    if !d.reasoning.is_empty() {
+        message["reasoning_content"] = d.reasoning.into();
+    }
+    if called {
+        let calls: Vec<tools::ToolCall> = d
+            .calls
+            .into_iter()
+            .filter_map(|c| Some(tools::ToolCall { name: c.name?, arguments: c.arguments }))
+            .collect();
+        message["tool_calls"] = tools::tool_calls_json(ToolFormat::Harmony, &calls);
+    }
+    (message, called)
+}
+
 /// A non-streaming `/v1/chat/completions` response.
 pub async fn chat_completions(engine: &EngineHandle, req: &ChatRequest, id: &str) -> Result<Value, ApiError> {
     let (r, format) = req.prepare(engine).await?;
     let tok = &engine.model().tokenizer;
+    let harmony = tok.chat_template.as_deref().and_then(ToolFormat::detect) == Some(ToolFormat::Harmony);
     let stream = engine.submit(r.clone())?;
     let g = gather(stream, r.n).await?;
     let choices: Vec<Value> = g
@@ -221,7 +243,13 @@ pub async fn chat_completions(engine: &EngineHandle, req: &ChatRequest, id: &str
             let logprobs = if r.sampling.logprobs.is_some() { chat_logprobs(tok, &c.logprobs) } else { Value::Null };
             let mut message = json!({"role": "assistant", "content": c.text});
             let mut finish = finish_reason(c.finish);
-            if let Some((f, (content, calls))) = format.and_then(|f| Some((f, read_calls(tok, f, &c)?))) {
+            if harmony {
+                let called;
+                (message, called) = harmony_message(tok, &c);
+                if called && c.finish == Some(FinishReason::Stop) {
+                    finish = json!("tool_calls");
+                }
+            } else if let Some((f, (content, calls))) = format.and_then(|f| Some((f, read_calls(tok, f, &c)?))) {
                 message["content"] = if content.is_empty() { Value::Null } else { content.into() };
                 message["tool_calls"] = tools::tool_calls_json(f, &calls);
                 if c.finish == Some(FinishReason::Stop) {
