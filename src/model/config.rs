@@ -11,7 +11,8 @@ use std::path::Path;
 pub enum Arch {
     /// Llama 1–3 and Mistral (GGUF arch `llama`; q/k rows permuted in GGUF files).
     Llama,
-    /// Qwen2 / Qwen2.5: q, k and v projection biases.
+    /// Qwen2 / Qwen2.5: q, k and v projection biases (Qwen2-MoE: with experts and a
+    /// shared expert).
     Qwen2,
     /// Qwen3: per-head RMSNorm of q and k before RoPE.
     Qwen3,
@@ -43,7 +44,8 @@ impl Arch {
         match (self, moe) {
             (Arch::Llama, false) => ("llama", "LlamaForCausalLM"),
             (Arch::Llama, true) => ("mixtral", "MixtralForCausalLM"),
-            (Arch::Qwen2, _) => ("qwen2", "Qwen2ForCausalLM"),
+            (Arch::Qwen2, false) => ("qwen2", "Qwen2ForCausalLM"),
+            (Arch::Qwen2, true) => ("qwen2_moe", "Qwen2MoeForCausalLM"),
             (Arch::Qwen3, false) => ("qwen3", "Qwen3ForCausalLM"),
             (Arch::Qwen3, true) => ("qwen3_moe", "Qwen3MoeForCausalLM"),
             (Arch::Phi3, _) => ("phi3", "Phi3ForCausalLM"),
@@ -60,7 +62,8 @@ impl Arch {
         Ok(match name {
             // Mixtral is Llama with experts (llama.cpp converts it as `llama`).
             "llama" | "mistral" | "mixtral" => Arch::Llama,
-            "qwen2" => Arch::Qwen2,
+            // Qwen2-MoE is Qwen2 with experts and a shared expert.
+            "qwen2" | "qwen2_moe" | "qwen2moe" => Arch::Qwen2,
             // Qwen3-MoE is Qwen3 with experts.
             "qwen3" | "qwen3_moe" | "qwen3moe" => Arch::Qwen3,
             "phi3" => Arch::Phi3,
@@ -213,6 +216,9 @@ pub struct MoeConfig {
     /// scale and hidden^-1/2, and each chosen expert's weight is multiplied by that
     /// expert's own scale.
     pub scaled_router: bool,
+    /// The intermediate size of a shared expert every row also goes through, its output
+    /// scaled by σ(gate · x) (Qwen2-MoE, Qwen3.5).
+    pub shared_ffn: Option<usize>,
 }
 
 impl MoeConfig {
@@ -245,6 +251,7 @@ impl MoeConfig {
             dense_layers,
             dense_beside: gemma4,
             scaled_router: gemma4,
+            shared_ffn: c.shared_expert_intermediate_size.filter(|&s| s > 0),
         }))
     }
 
@@ -255,14 +262,17 @@ impl MoeConfig {
         let Some(num_experts) = int("expert_count").filter(|&e| e > 0) else { return Ok(None) };
         let top_k = int("expert_used_count").with_context(|| format!("missing metadata {name}.expert_used_count"))?;
         let norm = g.get(&format!("{name}.expert_weights_norm")).and_then(Value::as_bool);
+        // llama.cpp renormalises every family's top-k but Qwen2-MoE's.
+        let renorm = arch != Arch::Qwen2;
         Ok(Some(MoeConfig {
             num_experts,
             top_k,
             expert_ffn: int("expert_feed_forward_length").unwrap_or(ffn),
-            norm_topk_prob: norm.unwrap_or(true),
+            norm_topk_prob: norm.unwrap_or(renorm),
             dense_layers: Vec::new(),
             dense_beside: arch == Arch::Gemma4,
             scaled_router: arch == Arch::Gemma4,
+            shared_ffn: int("expert_shared_feed_forward_length").filter(|&s| s > 0),
         }))
     }
 
@@ -280,6 +290,9 @@ impl MoeConfig {
             self.expert_ffn
         );
         ensure!(self.dense_layers.iter().all(|&l| l < layers), "a dense layer index is beyond the {layers} layers");
+        if let Some(s) = self.shared_ffn {
+            ensure!(s <= 1 << 24, "shared expert intermediate size {s} is not within 1..=2^24");
+        }
         Ok(())
     }
 }
@@ -615,7 +628,7 @@ struct HfConfig {
     norm_topk_prob: Option<bool>,
     decoder_sparse_step: Option<usize>,
     mlp_only_layers: Option<Vec<usize>>,
-    /// Qwen2-MoE's shared expert, which no supported family has.
+    /// Qwen2-MoE's and Qwen3.5's shared expert.
     shared_expert_intermediate_size: Option<usize>,
     /// gpt-oss's name for `num_experts_per_tok`.
     experts_per_token: Option<usize>,
@@ -662,7 +675,6 @@ impl ModelConfig {
         if let Some(q) = &c.quantization_config {
             check_quantization(arch, q)?;
         }
-        ensure!(c.shared_expert_intermediate_size.unwrap_or(0) == 0, "shared experts are not supported");
         // gpt-oss's SwiGLU is computed with its published constants.
         for (what, got, want) in [("swiglu_limit", c.swiglu_limit, 7.0), ("swiglu_alpha", c.swiglu_alpha, 1.702)] {
             ensure!(got.is_none_or(|g| g == want), "{what} {got:?} is not supported (only gpt-oss's {want})");
@@ -1101,7 +1113,10 @@ impl ModelConfig {
             d * (q + 2 * kv.kv_heads * kv.head_dim) + q * d
         };
         let mlp = |i| match self.layer_moe(i) {
-            Some(m) => m.top_k * 3 * d * m.expert_ffn + m.num_experts * d + if m.dense_beside { 3 * d * f } else { 0 },
+            Some(m) => {
+                let shared = m.shared_ffn.map_or(0, |s| 3 * d * s + d);
+                m.top_k * 3 * d * m.expert_ffn + m.num_experts * d + if m.dense_beside { 3 * d * f } else { 0 } + shared
+            }
             None => 3 * d * f,
         };
         (0..self.num_layers).map(|i| attn(i) + mlp(i)).sum::<usize>() + self.vocab_size * d

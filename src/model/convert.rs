@@ -137,6 +137,9 @@ pub fn hf_to_gguf(
         put("expert_used_count", int(m.top_k)?);
         put("expert_feed_forward_length", int(m.expert_ffn)?);
         put("expert_weights_norm", Meta::Bool(m.norm_topk_prob));
+        if let Some(s) = m.shared_ffn {
+            put("expert_shared_feed_forward_length", int(s)?);
+        }
     }
     if c.activation == Activation::Relu2 {
         put("hidden_activation", Meta::Str("relu2".into()));
@@ -241,6 +244,7 @@ fn stacked_experts(hf: &str) -> Option<String> {
 fn arch_name(c: &ModelConfig) -> &'static str {
     match c.arch {
         Arch::Llama => "llama",
+        Arch::Qwen2 if c.moe.is_some() => "qwen2moe",
         Arch::Qwen2 => "qwen2",
         Arch::Qwen3 if c.moe.is_some() => "qwen3moe",
         Arch::Qwen3 => "qwen3",

@@ -23,6 +23,17 @@ struct Expert {
     down_bias: Option<Vec<f32>>,
 }
 
+/// A shared expert every row goes through beside its routed ones, its output scaled by
+/// σ(gate · x) (Qwen2-MoE, Qwen3.5).
+struct SharedExpert {
+    /// gate and up projections stacked: `[2 ffn, hidden]`.
+    gate_up: Weight,
+    down: Weight,
+    /// The gate's weights, `[hidden]`, f32.
+    gate: Vec<f32>,
+    ffn: usize,
+}
+
 pub struct Experts {
     /// `[experts, hidden]`, always f32: the gap between the k-th and the next router
     /// logit falls to 1e-5 on real inputs, so rounded activations would flip choices
@@ -31,6 +42,7 @@ pub struct Experts {
     router_bias: Option<Vec<f32>>,
     /// Gemma 4's router scales ([`MoeConfig::scaled_router`]).
     scales: Option<RouterScales>,
+    shared: Option<SharedExpert>,
     experts: Vec<Expert>,
     top_k: usize,
     norm_topk_prob: bool,
@@ -83,6 +95,10 @@ pub struct Scratch {
     routes: Vec<(usize, f32)>,
     /// The router's input where it is not the experts' (Gemma 4's, scaled).
     router_x: Vec<f32>,
+    /// The shared expert's gate and up projections, its activation and its output.
+    shared_gu: Vec<f32>,
+    shared_act: Vec<f32>,
+    shared_y: Vec<f32>,
     /// Per route, where its row sits among the rows gathered by expert.
     slots: Vec<usize>,
     /// Per gathered row, the step's row it is a copy of.
@@ -154,7 +170,22 @@ impl Experts {
             }
             experts
         };
-        Ok(Self::new(router, router_bias, None, experts, c, d))
+        let mut x = Self::new(router, router_bias, None, experts, c, d);
+        if let Some(sf) = c.shared_ffn {
+            // Qwen's names (a GGUF file reads any family's router as Mixtral's).
+            let name = |p: &str| at(&format!("mlp.shared_expert.{p}.weight"));
+            let parts = [(name("gate_proj"), [sf, d]), (name("up_proj"), [sf, d])];
+            let gate_name = at("mlp.shared_expert_gate.weight");
+            // A `[1, hidden]` matrix, or the `[hidden]` vector GGUF files keep.
+            let gate = src.load(&gate_name, &[1, d]).or_else(|_| src.load(&gate_name, &[d]))?;
+            x.shared = Some(SharedExpert {
+                gate_up: Weight::load(src, &parts.each_ref().map(|(n, s)| (n.as_str(), *s)), dtype)?,
+                down: Weight::load(src, &[(&name("down_proj"), [d, sf])], dtype)?,
+                gate: gate.data().to_vec(),
+                ffn: sf,
+            });
+        }
+        Ok(x)
     }
 
     fn new(
@@ -167,7 +198,7 @@ impl Experts {
     ) -> Self {
         let blocks = experts.iter().all(|x| matches!((&x.gate_up, &x.down), (Weight::Quant(_), Weight::Quant(_))));
         let (top_k, norm_topk_prob, ffn) = (c.top_k, c.norm_topk_prob, c.expert_ffn);
-        Experts { router, router_bias, scales, experts, top_k, norm_topk_prob, blocks, hidden: d, ffn }
+        Experts { router, router_bias, scales, shared: None, experts, top_k, norm_topk_prob, blocks, hidden: d, ffn }
     }
 
     /// Gemma 4's router (`router.proj`, `.scale`, `.per_expert_scale`) and experts: fused
@@ -210,15 +241,18 @@ impl Experts {
         Ok(Self::new(router, None, Some(scales), experts, c, d))
     }
 
-    /// Every matrix: the router, then each expert's.
+    /// Every matrix: the router, each expert's, then the shared expert's.
     pub fn matrices(&self) -> impl Iterator<Item = &Weight> {
-        std::iter::once(&self.router).chain(self.experts.iter().flat_map(|x| [&x.gate_up, &x.down]))
+        let shared = self.shared.iter().flat_map(|s| [&s.gate_up, &s.down]);
+        std::iter::once(&self.router).chain(self.experts.iter().flat_map(|x| [&x.gate_up, &x.down])).chain(shared)
     }
 
-    /// Bytes of weights one token reads: the router and, on average, `top_k` experts.
+    /// Bytes of weights one token reads: the router, on average `top_k` experts, and the
+    /// shared expert.
     pub fn bytes_per_token(&self) -> usize {
         let experts: usize = self.experts.iter().map(|x| x.gate_up.bytes() + x.down.bytes()).sum();
-        self.router.bytes() + experts * self.top_k / self.experts.len()
+        let shared = self.shared.as_ref().map_or(0, |s| s.gate_up.bytes() + s.down.bytes() + 4 * s.gate.len());
+        self.router.bytes() + experts * self.top_k / self.experts.len() + shared
     }
 
     /// Multiply-adds per token by block format: the router's and `top_k` experts' worth.
@@ -234,6 +268,9 @@ impl Experts {
         }
         by.iter_mut().for_each(|(_, n)| *n = *n * self.top_k / self.experts.len());
         by.extend(self.router.products());
+        if let Some(s) = &self.shared {
+            by.extend(s.gate_up.products().into_iter().chain(s.down.products()));
+        }
         by
     }
 
@@ -319,6 +356,23 @@ impl Experts {
                 o.iter_mut().zip(&y[slot * d..(slot + 1) * d]).for_each(|(o, v)| *o += w * v);
             }
         });
+        if let Some(sh) = &self.shared {
+            // As transformers: the routed sum, plus σ(gate · x) times the shared expert's output.
+            let gu = resize(&mut s.shared_gu, t * 2 * sh.ffn);
+            sh.gate_up.matmul(x, xq, gu, t);
+            let act = resize(&mut s.shared_act, t * sh.ffn);
+            gu.par_chunks(2 * sh.ffn * 8)
+                .zip(act.par_chunks_mut(sh.ffn * 8))
+                .for_each(|(g, a)| activation(g, sh.ffn, a));
+            let ys = resize(&mut s.shared_y, t * d);
+            sh.down.matmul(act, xq, ys, t);
+            let ys: &[f32] = ys;
+            out[..t * d].par_chunks_mut(d).zip(x.par_chunks(d)).zip(ys.par_chunks(d)).for_each(|((o, x), y)| {
+                let logit: f32 = x.iter().zip(&sh.gate).map(|(x, g)| x * g).sum();
+                let gate = 1.0 / (1.0 + (-logit).exp());
+                o.iter_mut().zip(y).for_each(|(o, y)| *o += gate * y);
+            });
+        }
         s.stats.time += start.elapsed();
     }
 
@@ -571,8 +625,10 @@ mod tests {
         assert_eq!(out.iter().map(|r| r.0).collect::<Vec<_>>(), [1, 2]);
     }
 
-    /// Random experts with biases in Q8_0 blocks, or in f32 from the same dequantized
-    /// values, with their `[gate_up, down, gate_up bias, down bias]` for a naive check.
+    /// Random experts with biases and a shared expert in Q8_0 blocks, or in f32 from the same
+    /// dequantized values, with their `[gate_up, down, gate_up bias, down bias]` (the shared
+    /// expert's last, with its gate in place of the first bias and no second) for a naive
+    /// check.
     fn experts(n: usize, top_k: usize, d: usize, f: usize, blocks: bool) -> (Experts, Vec<[Vec<f32>; 4]>) {
         let mut all = Vec::new();
         let mut values = Vec::new();
@@ -593,13 +649,18 @@ mod tests {
             all.push(Expert { gate_up, down, gate_up_bias: Some(gb.clone()), down_bias: Some(db.clone()) });
             values.push([gu, dn, gb, db]);
         }
+        let shared =
+            all.pop().map(|e| SharedExpert { gate_up: e.gate_up, down: e.down, gate: random_vec(d, 400), ffn: f });
         // Logits spread wider than the activations' rounding, so that no choice is a tie.
-        let router: Vec<f32> = random_vec(n * d, 7).iter().map(|x| 4.0 * x).collect();
-        let router = Weight::F32(PackedMatrix::pack(&router, n, d));
+        let router: Vec<f32> = random_vec((n - 1) * d, 7).iter().map(|x| 4.0 * x).collect();
+        let router = Weight::F32(PackedMatrix::pack(&router, n - 1, d));
+        let last = values.len() - 1;
+        values[last][2] = shared.as_ref().unwrap().gate.clone();
         let experts = Experts {
             router,
             router_bias: None,
             scales: None,
+            shared,
             experts: all,
             top_k,
             norm_topk_prob: true,
@@ -617,13 +678,15 @@ mod tests {
     }
 
     /// Every row count from 0, block-format and float experts: each row as computed alone
-    /// (bit for bit), the float experts as a naive sum over the chosen experts, and the
-    /// block-format ones within the int8 activations' rounding of it.
+    /// (bit for bit), the float experts as a naive sum over the chosen experts and the
+    /// gated shared expert, and the block-format ones within the int8 activations'
+    /// rounding of it.
     #[test]
     fn experts_compute_each_row_alone_and_as_the_naive_sum() {
         let (n, k, d, f) = (6, 2, 64, 32);
-        let (float, values) = experts(n, k, d, f, false);
-        let (quant, _) = experts(n, k, d, f, true);
+        // One more made than routed to: the shared expert.
+        let (float, values) = experts(n + 1, k, d, f, false);
+        let (quant, _) = experts(n + 1, k, d, f, true);
         let input = random_vec(13 * d, 3);
         let mut logits = vec![0.0; n];
         for t in 0..=13 {
@@ -640,20 +703,27 @@ mod tests {
                 let mut chosen = vec![(0, 0.0); k];
                 route(&logits, true, &mut Default::default(), &mut chosen);
                 let mut want = vec![0f64; d];
-                for (e, w) in chosen {
-                    let [gu, dn, gb, db] = &values[e];
-                    let dot = |m: &[f32], i: usize, v: &[f64]| {
-                        (0..v.len()).map(|c| m[i * v.len() + c] as f64 * v[c]).sum::<f64>()
-                    };
-                    let xr: Vec<f64> = row.iter().map(|&v| v as f64).collect();
+                let dot = |m: &[f32], i: usize, v: &[f64]| {
+                    (0..v.len()).map(|c| m[i * v.len() + c] as f64 * v[c]).sum::<f64>()
+                };
+                let xr: Vec<f64> = row.iter().map(|&v| v as f64).collect();
+                let mlp = |gu: &[f32], dn: &[f32], gb: Option<&[f32]>, db: Option<&[f32]>, o: usize| {
+                    let bias = |b: Option<&[f32]>, i: usize| b.map_or(0.0, |b| b[i] as f64);
                     let act: Vec<f64> = (0..f)
                         .map(|i| {
-                            let (g, u) = (dot(gu, i, &xr) + gb[i] as f64, dot(gu, f + i, &xr) + gb[f + i] as f64);
+                            let (g, u) = (dot(gu, i, &xr) + bias(gb, i), dot(gu, f + i, &xr) + bias(gb, f + i));
                             g / (1.0 + (-g).exp()) * u
                         })
                         .collect();
-                    (0..d).for_each(|o| want[o] += w as f64 * (dot(dn, o, &act) + db[o] as f64));
+                    dot(dn, o, &act) + bias(db, o)
+                };
+                for (e, w) in chosen {
+                    let [gu, dn, gb, db] = &values[e];
+                    (0..d).for_each(|o| want[o] += w as f64 * mlp(gu, dn, Some(gb), Some(db), o));
                 }
+                let [gu, dn, gate, _] = &values[n];
+                let g = 1.0 / (1.0 + (-dot(gate, 0, &xr)).exp());
+                (0..d).for_each(|o| want[o] += g * mlp(gu, dn, None, None, o));
                 let scale = want.iter().fold(0f64, |m, v| m.max(v.abs()));
                 for o in 0..d {
                     let (fa, qa) = (a[r * d + o] as f64, b[r * d + o] as f64);

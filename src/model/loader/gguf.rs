@@ -120,6 +120,11 @@ pub fn gguf_name(arch: Arch, hf: &str) -> Option<String> {
         (_, "mlp.down_proj") => "ffn_down",
         // The router of a mixture of experts (Qwen3-MoE's name, Mixtral's, gpt-oss's).
         (_, "mlp.gate" | "block_sparse_moe.gate" | "mlp.router" | "router.proj") => "ffn_gate_inp",
+        // A shared expert and its gate (Qwen2-MoE, Qwen3.5).
+        (_, "mlp.shared_expert.gate_proj") => "ffn_gate_shexp",
+        (_, "mlp.shared_expert.up_proj") => "ffn_up_shexp",
+        (_, "mlp.shared_expert.down_proj") => "ffn_down_shexp",
+        (_, "mlp.shared_expert_gate") => "ffn_gate_inp_shexp",
         _ => return None,
     };
     Some(format!("blk.{layer}.{stem}.{kind}"))
