@@ -3,7 +3,7 @@
 //! file's layout for the portable path and the tests.
 
 use super::*;
-use crate::kernels::quant::{e8m0_half, iq4_xs_scale, pack_iq4_xs_scales, scale_k3, scale_min_k4};
+use crate::kernels::quant::{iq4_xs_scale, pack_iq4_xs_scales, scale_k3, scale_min_k4};
 use rayon::prelude::*;
 
 /// Where a block format keeps its fields, for repacking.
@@ -38,8 +38,8 @@ pub(super) enum Unpacked {
     /// IQ4_XS's eight scales (`scales_h` at 2, `scales_l` at 4), unpacked to `ls − 32` as
     /// i8, `sc[8][8 rows]`.
     Xs,
-    /// MXFP4's E8M0 scale byte (at 0), kept as the f32 it halves to ([`e8m0_half`]),
-    /// `d[8 rows]`: eight scales in one load, exact at every exponent.
+    /// MXFP4's E8M0 scale byte (at 0), `e[8 rows]`, then eight bytes of padding so that
+    /// the values start aligned (the kernel turns the bytes into f32 scales).
     E8m0,
 }
 
@@ -50,7 +50,7 @@ impl Unpacked {
             Unpacked::None => 0,
             Unpacked::K | Unpacked::Q3 => 16,
             Unpacked::Xs => 8,
-            Unpacked::E8m0 => 4,
+            Unpacked::E8m0 => 2,
         }
     }
 }
@@ -149,8 +149,8 @@ pub(super) const RECORD_BYTES: [(GgmlType, usize); 14] = [
     (GgmlType::Q2K, 672),
     // `d[8]`, 2-bit codes (as the file).
     (GgmlType::Tq2_0, 528),
-    // `d[8]` as f32 from the E8M0 bytes, codes (+24).
-    (GgmlType::Mxfp4, 160),
+    // `e[8]`, padding, codes (+8).
+    (GgmlType::Mxfp4, 144),
 ];
 
 const _: () = {
@@ -210,7 +210,7 @@ pub(super) fn fill_record<'a>(s: &Shape, head: usize, rec: &mut [u8], block: imp
                     rec[base + sub * GROUP + r] = (iq4_xs_scale(blk, sub) - 32) as u8;
                 }
             }
-            Unpacked::E8m0 => rec[base + 4 * r..][..4].copy_from_slice(&e8m0_half(blk[0]).to_le_bytes()),
+            Unpacked::E8m0 => rec[base + r] = blk[0],
         }
         for j in 0..s.bytes.1 {
             rec[base + j * GROUP + r] = blk[s.bytes.0 + j];
@@ -250,15 +250,6 @@ pub(super) fn pack_q3_k_scales(sc: [i8; 16]) -> [u8; 12] {
     p
 }
 
-/// The E8M0 byte whose half is `d` ([`e8m0_half`]'s inverse, for its values).
-fn e8m0_of_half(d: f32) -> u8 {
-    let bits = d.to_bits();
-    match bits >> 23 {
-        0 => (bits >> 22) as u8,
-        e => (e + 1) as u8,
-    }
-}
-
 /// Row `r` of interleaved `data` back in the file's layout.
 pub fn raw_row(dtype: GgmlType, data: &[u8], r: usize, k: usize) -> Vec<u8> {
     let (per, block_bytes) = dtype.block();
@@ -291,10 +282,7 @@ pub fn raw_row(dtype: GgmlType, data: &[u8], r: usize, k: usize) -> Vec<u8> {
                 let ls = std::array::from_fn(|sub| (unpacked(sub) as i8 + 32) as u8);
                 blk[2..8].copy_from_slice(&pack_iq4_xs_scales(ls));
             }
-            Unpacked::E8m0 => {
-                let d = f32::from_le_bytes(rec[base + 4 * r..][..4].try_into().unwrap());
-                blk[0] = e8m0_of_half(d);
-            }
+            Unpacked::E8m0 => blk[0] = unpacked(0),
         }
         for j in 0..s.bytes.1 {
             blk[s.bytes.0 + j] = rec[base + j * GROUP + r];

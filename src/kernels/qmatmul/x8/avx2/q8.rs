@@ -16,7 +16,7 @@ use crate::kernels::quant::{IQ4_VALUES, MXFP4_VALUES};
 /// nibbles) becomes its signed values with one byte shuffle from [`IQ4_VALUES`], and
 /// IQ4_XS's weight scale of 32 values is `d · (ls − 32)` (`blocks` counts its 256-value
 /// blocks; the loop runs over 32). So does MXFP4, its doubled E2M1 values looked up from
-/// [`MXFP4_VALUES`] and its scales f32 in the record (E8M0's half).
+/// [`MXFP4_VALUES`] and its eight E8M0 bytes made the f32 scales they halve to ([`e8m0x8`]).
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be available (with `V`, what [`vnni`] checks too); `src`
@@ -49,7 +49,7 @@ pub(super) unsafe fn q8<const V: bool, const F: u8, const G: usize, const R: usi
             let mut dw = [_mm256_setzero_ps(); G];
             for (dw, rec) in dw.iter_mut().zip(rec) {
                 *dw = if F == F_MXFP4 {
-                    _mm256_loadu_ps(rec.cast())
+                    e8m0x8(rec)
                 } else {
                     _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()))
                 };
@@ -105,6 +105,52 @@ pub(super) unsafe fn q8<const V: bool, const F: u8, const G: usize, const R: usi
                 *col = acc[g];
             }
             store(&col, out);
+        }
+    }
+}
+
+/// Eight E8M0 bytes at `p` as the f32s they halve to, exactly as [`crate::kernels::quant::e8m0_half`]:
+/// `2^(e − 128)`, whose bits are `(e − 1) << 23` from `e = 2` and the subnormal
+/// `0x0020_0000 << e` below.
+///
+/// # Safety
+/// AVX2 must be available and `p` hold eight bytes.
+#[inline(always)]
+unsafe fn e8m0x8(p: *const u8) -> __m256 {
+    unsafe {
+        let e = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.cast()));
+        let normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+        let small = _mm256_sllv_epi32(_mm256_set1_epi32(0x0020_0000), e);
+        let below = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+        _mm256_castsi256_ps(_mm256_blendv_epi8(normal, small, below))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::quant::e8m0_half;
+
+    #[target_feature(enable = "avx2")]
+    unsafe fn halves(bytes: &[u8; 8]) -> [f32; 8] {
+        let mut out = [0f32; 8];
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), e8m0x8(bytes.as_ptr())) };
+        out
+    }
+
+    /// Every E8M0 byte but the NaN one, subnormal halves included, gives `e8m0_half`'s bits.
+    #[test]
+    fn e8m0_bytes_become_their_halves_exactly() {
+        if !crate::kernels::matmul::avx2::available() {
+            return;
+        }
+        for first in (0..=254usize).step_by(8) {
+            let bytes: [u8; 8] = std::array::from_fn(|i| (first + i).min(254) as u8);
+            // SAFETY: AVX2 was detected.
+            let got = unsafe { halves(&bytes) };
+            for (b, g) in bytes.iter().zip(got) {
+                assert_eq!(g.to_bits(), e8m0_half(*b).to_bits(), "byte {b}");
+            }
         }
     }
 }
