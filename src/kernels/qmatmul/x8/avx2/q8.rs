@@ -48,11 +48,7 @@ pub(super) unsafe fn q8<const V: bool, const F: u8, const G: usize, const R: usi
             let rec: [*const u8; G] = std::array::from_fn(|g| src[g].rec.add(b / subs * rec_bytes));
             let mut dw = [_mm256_setzero_ps(); G];
             for (dw, rec) in dw.iter_mut().zip(rec) {
-                *dw = if F == F_MXFP4 {
-                    e8m0x8(rec)
-                } else {
-                    _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()))
-                };
+                *dw = if F == F_MXFP4 { e8m0x8(rec) } else { _mm256_cvtph_ps(_mm_loadu_si128(rec.cast())) };
                 if F == F_IQ4_XS {
                     let sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(rec.add(sc_at + GROUP * sub).cast()));
                     *dw = _mm256_mul_ps(*dw, _mm256_cvtepi32_ps(sc));
