@@ -144,6 +144,25 @@ impl Thinking {
         }
     }
 
+    /// `text` split into (reasoning, answer) as far as it can be yet; with `last`, all of
+    /// it, nothing held back (this splitter is then spent).
+    pub fn split(&mut self, text: &str, last: bool) -> (String, String) {
+        let mut pieces = Vec::new();
+        self.push(text, &mut pieces);
+        if last {
+            self.finish(&mut pieces);
+        }
+        let (mut reasoning, mut answer) = (String::new(), String::new());
+        for p in pieces {
+            match p {
+                Piece::Reasoning(r) => reasoning += &r,
+                Piece::Text(t) => answer += &t,
+                _ => {}
+            }
+        }
+        (reasoning, answer)
+    }
+
     /// What is still held back, at the end.
     pub fn finish(&mut self, out: &mut Vec<Piece>) {
         let held = std::mem::take(&mut self.held);

@@ -3,7 +3,7 @@
 //! stream forwards events into the response. When the client goes away the response, the
 //! channel and then the engine streams are dropped, which aborts the sequences.
 
-use crate::api::answer::Translate;
+use crate::api::answer::{thinks, Thinking, Translate};
 use crate::api::harmony::{self, HarmonyStream};
 use crate::api::openai::{
     chat_logprobs, completion_logprobs, finish_reason, prompt_scores, usage, ChatRequest, CompletionRequest,
@@ -331,6 +331,10 @@ async fn chat_chunks(
     // A harmony model's every answer is read for its channels (and calls), tools or not.
     let harmony = tok.tokenizer.chat_template.as_deref().and_then(ToolFormat::detect) == Some(ToolFormat::Harmony);
     let harmony_markers = harmony::MARKERS.iter().filter_map(|m| Some((tok.tokenizer.token_id(m)?, *m))).collect();
+    let thinking = match thinks(tok.tokenizer.chat_template.as_deref()) && !harmony {
+        true => (0..r.n).map(|_| Thinking::default()).collect(),
+        false => Vec::new(),
+    };
     let mut events = ChatEvents {
         tok,
         chunk: Box::new(chunk.clone()),
@@ -341,6 +345,7 @@ async fn chat_chunks(
             _ => Vec::new(),
         },
         harmony: if harmony { (0..r.n).map(|_| HarmonyStream::default()).collect() } else { Vec::new() },
+        thinking,
         harmony_markers,
         marker,
         format,
@@ -391,6 +396,8 @@ struct ChatEvents {
     /// the markers that are special tokens.
     harmony: Vec<HarmonyStream>,
     harmony_markers: Vec<(u32, &'static str)>,
+    /// Per sample, for a model that thinks in `<think>…</think>`: its reasoning split off.
+    thinking: Vec<Thinking>,
     marker: Option<(u32, &'static str)>,
     format: Option<ToolFormat>,
 }
@@ -436,25 +443,24 @@ impl ChatEvents {
                 out
             }
             Event::Token { index, id, text, logprobs, .. } => {
-                let delta = match self.tools.get_mut(index) {
-                    Some(ts) => {
-                        let piece = match self.marker {
-                            Some((m, marker)) if m == id => marker,
-                            _ => text.as_str(),
-                        };
-                        ts.push(piece)
-                    }
-                    None => Delta { content: text, calls: Vec::new() },
+                let piece = match self.marker {
+                    Some((m, marker)) if m == id => marker.to_owned(),
+                    _ => text,
                 };
-                if delta == Delta::default() && !self.with_logprobs && !self.with_ids {
+                let (reasoning, content) = think(&mut self.thinking, index, &piece, false);
+                let delta = match self.tools.get_mut(index) {
+                    Some(ts) => ts.push(&content),
+                    None => Delta { content, calls: Vec::new() },
+                };
+                if delta == Delta::default() && reasoning.is_empty() && !self.with_logprobs && !self.with_ids {
                     return vec![];
                 }
                 let lp = match (self.with_logprobs, logprobs) {
                     (true, Some(l)) => chat_logprobs(&self.tok.tokenizer, &[l]),
                     _ => Value::Null,
                 };
-                let mut choice =
-                    json!({"index": index, "delta": self.delta_json(&delta), "logprobs": lp, "finish_reason": null});
+                let mut choice = json!({"index": index, "delta": self.delta_json(&delta, &reasoning), "logprobs": lp,
+                    "finish_reason": null});
                 if self.with_ids {
                     choice["token_ids"] = json!([id]);
                 }
@@ -464,18 +470,24 @@ impl ChatEvents {
                 let mut finish = finish_reason(Some(reason));
                 let mut out = Vec::new();
                 let mut last = json!({});
+                let (reasoning, content) = think(&mut self.thinking, index, &text, true);
                 match (self.tools.get_mut(index), self.format) {
                     (Some(ts), Some(format)) => {
-                        let piece = ts.push(&text);
+                        let piece = ts.push(&content);
                         let (rest, called) = std::mem::replace(ts, ToolStream::new(format)).finish();
+                        if !reasoning.is_empty() {
+                            out.push(chunk(json!({"index": index, "delta": {"reasoning_content": reasoning}, "logprobs": null, "finish_reason": null})));
+                        }
                         for d in [piece, rest].iter().filter(|d| **d != Delta::default()) {
-                            out.push(chunk(json!({"index": index, "delta": self.delta_json(d), "logprobs": null, "finish_reason": null})));
+                            out.push(chunk(json!({"index": index, "delta": self.delta_json(d, ""), "logprobs": null, "finish_reason": null})));
                         }
                         if called && reason == crate::engine::FinishReason::Stop {
                             finish = json!("tool_calls");
                         }
                     }
-                    _ if !text.is_empty() => last = json!({"content": text}),
+                    _ if !content.is_empty() || !reasoning.is_empty() => {
+                        last = self.delta_json(&Delta { content, calls: Vec::new() }, &reasoning)
+                    }
                     _ => {}
                 }
                 out.push(chunk(
@@ -487,17 +499,30 @@ impl ChatEvents {
         }
     }
 
-    /// A chunk's `delta`: the content (also when empty, if there is nothing else) and the
-    /// pieces of calls.
-    fn delta_json(&self, d: &Delta) -> Value {
+    /// A chunk's `delta`: the reasoning, the content (also when empty, if there is nothing
+    /// else) and the pieces of calls.
+    fn delta_json(&self, d: &Delta, reasoning: &str) -> Value {
         let mut v = json!({});
-        if !d.content.is_empty() || d.calls.is_empty() {
+        if !reasoning.is_empty() {
+            v["reasoning_content"] = reasoning.into();
+        }
+        if !d.content.is_empty() || (d.calls.is_empty() && reasoning.is_empty()) {
             v["content"] = d.content.clone().into();
         }
         if let (false, Some(format)) = (d.calls.is_empty(), self.format) {
             v["tool_calls"] = d.calls.iter().map(|c| c.to_json(format)).collect();
         }
         v
+    }
+}
+
+/// Sample `index`'s next text split into (reasoning, answer) for a model that thinks (its
+/// splitter in `thinking`; all of it answer otherwise); `last`: the answer's end, so
+/// nothing is held back.
+fn think(thinking: &mut [Thinking], index: usize, text: &str, last: bool) -> (String, String) {
+    match thinking.get_mut(index) {
+        Some(th) => th.split(text, last),
+        None => (String::new(), text.to_owned()),
     }
 }
 

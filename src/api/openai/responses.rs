@@ -233,6 +233,7 @@ pub async fn chat_completions(engine: &EngineHandle, req: &ChatRequest, id: &str
     let (r, format) = req.prepare(engine).await?;
     let tok = &engine.model().tokenizer;
     let harmony = tok.chat_template.as_deref().and_then(ToolFormat::detect) == Some(ToolFormat::Harmony);
+    let thinks = !harmony && crate::api::answer::thinks(tok.chat_template.as_deref());
     let stream = engine.submit(r.clone())?;
     let g = gather(stream, r.n).await?;
     let choices: Vec<Value> = g
@@ -254,6 +255,14 @@ pub async fn chat_completions(engine: &EngineHandle, req: &ChatRequest, id: &str
                 message["tool_calls"] = tools::tool_calls_json(f, &calls);
                 if c.finish == Some(FinishReason::Stop) {
                     finish = json!("tool_calls");
+                }
+            }
+            if let (true, Some(text)) = (thinks, message["content"].as_str()) {
+                // A thinking model's reasoning split off as the stream splits it.
+                let (reasoning, content) = crate::api::answer::Thinking::default().split(text, true);
+                message["content"] = content.into();
+                if !reasoning.is_empty() {
+                    message["reasoning_content"] = reasoning.into();
                 }
             }
             let mut choice = json!({"index": j, "message": message, "logprobs": logprobs, "finish_reason": finish,
