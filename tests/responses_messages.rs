@@ -250,25 +250,6 @@ async fn reasoning_comes_back_apart_from_the_answer() {
         return;
     }
     let s = Server::start("tiny-qwen3", &[]).await;
-    let regex = r"<think>[a-z]{3,8}</think>[a-z]{3,8}";
-    let ask = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 100, "temperature": 0,
-        "guided_regex": regex});
-    let (st, whole) = s.post("/v1/chat/completions", ask.clone()).await;
-    assert_eq!(st, 200, "{whole}");
-    let message = &whole["choices"][0]["message"];
-    let word = |v: &Value| {
-        let w = v.as_str().unwrap_or_default().to_owned();
-        assert!((3..=8).contains(&w.len()) && w.chars().all(|c| c.is_ascii_lowercase()), "{whole}");
-        w
-    };
-    let (reasoning, content) = (word(&message["reasoning_content"]), word(&message["content"]));
-    let mut streamed = ask;
-    streamed["stream"] = json!(true);
-    let events = s.stream("/v1/chat/completions", streamed).await;
-    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
-    let joined = |key: &str| -> String {
-        chunks.iter().map(|c| c["choices"][0]["delta"][key].as_str().unwrap_or("").to_owned()).collect()
-    };
-    assert_eq!((joined("reasoning_content"), joined("content")), (reasoning, content));
+    s.chat_reasoning_apart(r"<think>[a-z]{3,8}</think>[a-z]{3,8}").await;
     s.assert_idle().await;
 }

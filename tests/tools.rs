@@ -220,27 +220,10 @@ async fn harmony_channels_and_calls_come_back_apart() {
         return;
     }
     let s = Server::start("tiny-gpt-oss", &[]).await;
-    let regex = r"<\|channel\|>analysis<\|message\|>[a-z]{3,8}<\|end\|><\|start\|>assistant<\|channel\|>final<\|message\|>[a-z]{3,8}";
-    let ask = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 200, "temperature": 0,
-        "guided_regex": regex});
-    let (st, whole) = s.post("/v1/chat/completions", ask.clone()).await;
-    assert_eq!(st, 200, "{whole}");
-    let message = &whole["choices"][0]["message"];
-    let word = |v: &Value| {
-        let w = v.as_str().unwrap_or_default().to_owned();
-        assert!((3..=8).contains(&w.len()) && w.chars().all(|c| c.is_ascii_lowercase()), "{whole}");
-        w
-    };
-    let (reasoning, content) = (word(&message["reasoning_content"]), word(&message["content"]));
-    assert_eq!(whole["choices"][0]["finish_reason"], "stop");
-    let mut streamed = ask;
-    streamed["stream"] = json!(true);
-    let events = s.stream("/v1/chat/completions", streamed).await;
-    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
-    let joined = |key: &str| -> String {
-        chunks.iter().map(|c| c["choices"][0]["delta"][key].as_str().unwrap_or("").to_owned()).collect()
-    };
-    assert_eq!((joined("reasoning_content"), joined("content")), (reasoning, content));
+    s.chat_reasoning_apart(
+        r"<\|channel\|>analysis<\|message\|>[a-z]{3,8}<\|end\|><\|start\|>assistant<\|channel\|>final<\|message\|>[a-z]{3,8}",
+    )
+    .await;
 
     // A required call: a commentary message to the function, its body the arguments.
     // (gpt-oss's template writes each tool's description, so the tool has one.)

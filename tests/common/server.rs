@@ -76,6 +76,33 @@ impl Server {
         text.lines().filter_map(|l| l.strip_prefix("data: ").map(str::to_owned)).collect()
     }
 
+    /// A greedy chat request whose `regex` makes the model write a reasoning and an answer
+    /// of 3 to 8 lowercase letters each: the (reasoning_content, content) it gets whole,
+    /// checked to be those words and to equal the same request's streamed deltas.
+    pub async fn chat_reasoning_apart(&self, regex: &str) -> (String, String) {
+        let ask = serde_json::json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 200,
+            "temperature": 0, "guided_regex": regex});
+        let (st, whole) = self.post("/v1/chat/completions", ask.clone()).await;
+        assert_eq!(st, 200, "{whole}");
+        assert_eq!(whole["choices"][0]["finish_reason"], "stop", "{whole}");
+        let message = &whole["choices"][0]["message"];
+        let word = |v: &Value| {
+            let w = v.as_str().unwrap_or_default().to_owned();
+            assert!((3..=8).contains(&w.len()) && w.chars().all(|c| c.is_ascii_lowercase()), "{whole}");
+            w
+        };
+        let apart = (word(&message["reasoning_content"]), word(&message["content"]));
+        let mut streamed = ask;
+        streamed["stream"] = serde_json::json!(true);
+        let events = self.stream("/v1/chat/completions", streamed).await;
+        let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+        let joined = |key: &str| -> String {
+            chunks.iter().map(|c| c["choices"][0]["delta"][key].as_str().unwrap_or("").to_owned()).collect()
+        };
+        assert_eq!((joined("reasoning_content"), joined("content")), apart);
+        apart
+    }
+
     pub async fn metric(&self, name: &str) -> f64 {
         let (_, text) = self.get("/metrics").await;
         text.lines()
