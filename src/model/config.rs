@@ -488,7 +488,7 @@ fn yarn_mscale(factor: f32, m: f64) -> f64 {
 fn sliding_pattern(arch: Arch) -> Option<usize> {
     match arch {
         Arch::Gemma2 | Arch::GptOss => Some(2),
-        Arch::Gemma3 | Arch::Gemma4 => Some(6),
+        Arch::Gemma3 => Some(6),
         _ => None,
     }
 }

@@ -489,21 +489,6 @@ impl Decoder {
     /// The rotary tables the configuration (and, in GGUF files of Llama 3.x, the
     /// `rope_freqs` tensor) asks for.
     fn rotary(c: &ModelConfig, src: &dyn WeightSource) -> Result<Rotary> {
-        if let Some(g) = &c.global_attn {
-            // Gemma 4's global layers: proportional RoPE, the frequencies past
-            // `rotated_pairs` still (GGUF: divided by `rope_freqs`' 1e30 instead).
-            let mut inv_freq = crate::kernels::rope::inv_freq(g.head_dim, g.rope_theta);
-            inv_freq[g.rotated_pairs..].fill(0.0);
-            if src.contains("rope_freqs.weight") {
-                let divisors = src.load("rope_freqs.weight", &[g.head_dim / 2])?;
-                for (f, &d) in inv_freq.iter_mut().zip(divisors.data()) {
-                    ensure!(d.is_finite() && d > 0.0, "rope_freqs holds {d}, not a positive divisor");
-                    *f /= d;
-                }
-            }
-            return Ok(Rotary::One(Rope::with_inv_freq(inv_freq, 1.0, c.max_position_embeddings)));
-        }
-        let base = crate::kernels::rope::inv_freq(c.head_dim, c.rope_theta);
         if let RopeScaling::LongRope { short, long, original_max_position_embeddings, attention_factor } =
             &c.rope_scaling
         {
@@ -516,11 +501,24 @@ impl Decoder {
             };
             return Ok(Rotary::LongRope(table(short), table(long), *original_max_position_embeddings));
         }
-        let mut inv_freq = base;
-        c.rope_scaling.apply(&mut inv_freq, c.rope_theta);
-        // GGUF files of Llama 3.x carry the scaling as per-frequency divisors.
+        let (head_dim, mut inv_freq) = match &c.global_attn {
+            // Gemma 4's global layers: proportional RoPE, the frequencies past
+            // `rotated_pairs` still.
+            Some(g) => {
+                let mut inv_freq = crate::kernels::rope::inv_freq(g.head_dim, g.rope_theta);
+                inv_freq[g.rotated_pairs..].fill(0.0);
+                (g.head_dim, inv_freq)
+            }
+            None => {
+                let mut inv_freq = crate::kernels::rope::inv_freq(c.head_dim, c.rope_theta);
+                c.rope_scaling.apply(&mut inv_freq, c.rope_theta);
+                (c.head_dim, inv_freq)
+            }
+        };
+        // GGUF files carry Llama 3.x's scaling, and Gemma 4's still frequencies (1e30), as
+        // per-frequency divisors.
         if src.contains("rope_freqs.weight") {
-            let divisors = src.load("rope_freqs.weight", &[c.head_dim / 2])?;
+            let divisors = src.load("rope_freqs.weight", &[head_dim / 2])?;
             for (f, &d) in inv_freq.iter_mut().zip(divisors.data()) {
                 ensure!(d.is_finite() && d > 0.0, "rope_freqs holds {d}, not a positive divisor");
                 *f /= d;

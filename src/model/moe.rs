@@ -8,6 +8,7 @@ use super::loader::WeightSource;
 use super::weight::{Weight, WeightDtype};
 use crate::kernels::qmatmul::{qmatmul_each, quantize_rows, Product, QActs, QMatrix};
 use crate::kernels::quant::GgmlType;
+use crate::kernels::rmsnorm;
 use anyhow::{Context, Result};
 use rayon::prelude::*;
 
@@ -299,9 +300,8 @@ impl Experts {
                 let root = (d as f64).powf(-0.5) as f32;
                 let rx = resize(&mut s.router_x, t * d);
                 rx.par_chunks_mut(d).zip(router_in.par_chunks(d)).for_each(|(o, x)| {
-                    let ss: f32 = x.iter().map(|v| v * v).sum();
-                    let inv = 1.0 / (ss / d as f32 + sc.eps).sqrt();
-                    o.iter_mut().zip(x).zip(&sc.input).for_each(|((o, &v), &g)| *o = v * inv * g * root);
+                    rmsnorm(x, &sc.input, sc.eps, o);
+                    o.iter_mut().for_each(|o| *o *= root);
                 });
                 self.router.matmul(rx, xq, logits, t);
             }
