@@ -8,7 +8,7 @@ use crate::api::harmony::{self, HarmonyStream};
 use crate::api::openai::{
     chat_logprobs, completion_logprobs, finish_reason, prompt_scores, usage, ChatRequest, CompletionRequest,
 };
-use crate::api::tools::{Delta, ToolFormat, ToolStream};
+use crate::api::tools::{CallDelta, Delta, ToolFormat, ToolStream};
 use crate::api::{unix_time, ApiError};
 use crate::engine::{EngineHandle, Event, Request, RequestStream, Usage};
 use crate::tokenizer::Tokenizer;
@@ -406,18 +406,35 @@ impl ChatEvents {
     fn on(&mut self, ev: Event) -> Vec<Value> {
         let chunk = &self.chunk;
         match ev {
-            Event::Token { index, id, text, logprobs, .. } if !self.harmony.is_empty() => {
-                let piece = self.harmony_markers.iter().find(|(m, _)| *m == id).map_or(text.as_str(), |m| m.1);
-                let delta = self.harmony[index].push(piece);
-                if delta.is_empty() && !self.with_logprobs && !self.with_ids {
+            Event::Token { index, id, text, logprobs, .. } => {
+                // The delta this token brings (None: nothing yet).
+                let delta = if let Some(hs) = self.harmony.get_mut(index) {
+                    let piece = self.harmony_markers.iter().find(|(m, _)| *m == id).map_or(text.as_str(), |m| m.1);
+                    let d = hs.push(piece);
+                    (!d.is_empty()).then(|| chat_delta(&d.reasoning, &d.content, &d.calls, Some(ToolFormat::Harmony)))
+                } else {
+                    let piece = match self.marker {
+                        Some((m, marker)) if m == id => marker.to_owned(),
+                        _ => text,
+                    };
+                    let (reasoning, content) = think(&mut self.thinking, index, &piece, false);
+                    let d = match self.tools.get_mut(index) {
+                        Some(ts) => ts.push(&content),
+                        None => Delta { content, calls: Vec::new() },
+                    };
+                    (d != Delta::default() || !reasoning.is_empty())
+                        .then(|| chat_delta(&reasoning, &d.content, &d.calls, self.format))
+                };
+                if delta.is_none() && !self.with_logprobs && !self.with_ids {
                     return vec![];
                 }
                 let lp = match (self.with_logprobs, logprobs) {
                     (true, Some(l)) => chat_logprobs(&self.tok.tokenizer, &[l]),
                     _ => Value::Null,
                 };
-                let mut choice =
-                    json!({"index": index, "delta": harmony_delta(&delta), "logprobs": lp, "finish_reason": null});
+                // A token with nothing to send yet still carries its logprobs or id.
+                let delta = delta.unwrap_or_else(|| chat_delta("", "", &[], None));
+                let mut choice = json!({"index": index, "delta": delta, "logprobs": lp, "finish_reason": null});
                 if self.with_ids {
                     choice["token_ids"] = json!([id]);
                 }
@@ -430,9 +447,8 @@ impl ChatEvents {
                     .iter()
                     .filter(|d| !d.is_empty())
                     .map(|d| {
-                        chunk(
-                            json!({"index": index, "delta": harmony_delta(d), "logprobs": null, "finish_reason": null}),
-                        )
+                        let delta = chat_delta(&d.reasoning, &d.content, &d.calls, Some(ToolFormat::Harmony));
+                        chunk(json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": null}))
                     })
                     .collect();
                 let finish = match called && reason == crate::engine::FinishReason::Stop {
@@ -441,30 +457,6 @@ impl ChatEvents {
                 };
                 out.push(chunk(json!({"index": index, "delta": {}, "logprobs": null, "finish_reason": finish, "stop_reason": stop})));
                 out
-            }
-            Event::Token { index, id, text, logprobs, .. } => {
-                let piece = match self.marker {
-                    Some((m, marker)) if m == id => marker.to_owned(),
-                    _ => text,
-                };
-                let (reasoning, content) = think(&mut self.thinking, index, &piece, false);
-                let delta = match self.tools.get_mut(index) {
-                    Some(ts) => ts.push(&content),
-                    None => Delta { content, calls: Vec::new() },
-                };
-                if delta == Delta::default() && reasoning.is_empty() && !self.with_logprobs && !self.with_ids {
-                    return vec![];
-                }
-                let lp = match (self.with_logprobs, logprobs) {
-                    (true, Some(l)) => chat_logprobs(&self.tok.tokenizer, &[l]),
-                    _ => Value::Null,
-                };
-                let mut choice = json!({"index": index, "delta": self.delta_json(&delta, &reasoning), "logprobs": lp,
-                    "finish_reason": null});
-                if self.with_ids {
-                    choice["token_ids"] = json!([id]);
-                }
-                vec![chunk(choice)]
             }
             Event::Finished { index, reason, text, stop, .. } => {
                 let mut finish = finish_reason(Some(reason));
@@ -479,14 +471,14 @@ impl ChatEvents {
                             out.push(chunk(json!({"index": index, "delta": {"reasoning_content": reasoning}, "logprobs": null, "finish_reason": null})));
                         }
                         for d in [piece, rest].iter().filter(|d| **d != Delta::default()) {
-                            out.push(chunk(json!({"index": index, "delta": self.delta_json(d, ""), "logprobs": null, "finish_reason": null})));
+                            out.push(chunk(json!({"index": index, "delta": chat_delta("", &d.content, &d.calls, self.format), "logprobs": null, "finish_reason": null})));
                         }
                         if called && reason == crate::engine::FinishReason::Stop {
                             finish = json!("tool_calls");
                         }
                     }
                     _ if !content.is_empty() || !reasoning.is_empty() => {
-                        last = self.delta_json(&Delta { content, calls: Vec::new() }, &reasoning)
+                        last = chat_delta(&reasoning, &content, &[], None)
                     }
                     _ => {}
                 }
@@ -497,22 +489,6 @@ impl ChatEvents {
             }
             Event::Error { .. } | Event::PromptLogprobs { .. } | Event::Embedding { .. } => vec![],
         }
-    }
-
-    /// A chunk's `delta`: the reasoning, the content (also when empty, if there is nothing
-    /// else) and the pieces of calls.
-    fn delta_json(&self, d: &Delta, reasoning: &str) -> Value {
-        let mut v = json!({});
-        if !reasoning.is_empty() {
-            v["reasoning_content"] = reasoning.into();
-        }
-        if !d.content.is_empty() || (d.calls.is_empty() && reasoning.is_empty()) {
-            v["content"] = d.content.clone().into();
-        }
-        if let (false, Some(format)) = (d.calls.is_empty(), self.format) {
-            v["tool_calls"] = d.calls.iter().map(|c| c.to_json(format)).collect();
-        }
-        v
     }
 }
 
@@ -526,18 +502,18 @@ fn think(thinking: &mut [Thinking], index: usize, text: &str, last: bool) -> (St
     }
 }
 
-/// A harmony answer's `delta`: its reasoning, content (also when empty, if there is
-/// nothing else) and the pieces of calls.
-fn harmony_delta(d: &harmony::Delta) -> Value {
+/// A chat chunk's `delta`: the reasoning, the content (also when empty, if there is
+/// nothing else) and the pieces of calls, in `format`.
+fn chat_delta(reasoning: &str, content: &str, calls: &[CallDelta], format: Option<ToolFormat>) -> Value {
     let mut v = json!({});
-    if !d.reasoning.is_empty() {
-        v["reasoning_content"] = d.reasoning.clone().into();
+    if !reasoning.is_empty() {
+        v["reasoning_content"] = reasoning.into();
     }
-    if !d.content.is_empty() || (d.calls.is_empty() && d.reasoning.is_empty()) {
-        v["content"] = d.content.clone().into();
+    if !content.is_empty() || (calls.is_empty() && reasoning.is_empty()) {
+        v["content"] = content.into();
     }
-    if !d.calls.is_empty() {
-        v["tool_calls"] = d.calls.iter().map(|c| c.to_json(ToolFormat::Harmony)).collect();
+    if let (false, Some(format)) = (calls.is_empty(), format) {
+        v["tool_calls"] = calls.iter().map(|c| c.to_json(format)).collect();
     }
     v
 }

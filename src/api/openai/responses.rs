@@ -202,16 +202,19 @@ pub async fn completions(engine: &EngineHandle, req: &CompletionRequest, id: &st
 /// The calls in a sample, read from its text with special tokens kept (Mistral's and Llama's
 /// markers are special tokens) and its closing stop token left out.
 fn read_calls(tok: &Tokenizer, format: ToolFormat, c: &Choice) -> Option<(String, Vec<tools::ToolCall>)> {
+    tools::read_answer(format, &text_with_specials(tok, c)?)
+}
+
+/// A sample's text with its special tokens kept and its closing stop tokens left out.
+fn text_with_specials(tok: &Tokenizer, c: &Choice) -> Option<String> {
     let end = c.tokens.iter().rposition(|t| !tok.eos_ids.contains(t)).map_or(0, |i| i + 1);
-    let text = tok.decode(&c.tokens[..end], false).ok()?;
-    tools::read_answer(format, &text)
+    tok.decode(&c.tokens[..end], false).ok()
 }
 
 /// A harmony sample's message (reasoning, content, calls), read from its text with special
 /// tokens kept and its closing stop token left out; and whether it called a tool.
 fn harmony_message(tok: &Tokenizer, c: &Choice) -> (Value, bool) {
-    let end = c.tokens.iter().rposition(|t| !tok.eos_ids.contains(t)).map_or(0, |i| i + 1);
-    let text = tok.decode(&c.tokens[..end], false).unwrap_or_else(|_| c.text.clone());
+    let text = text_with_specials(tok, c).unwrap_or_else(|| c.text.clone());
     let (d, called) = harmony::read(&text);
     let mut message = json!({"role": "assistant", "content": if d.content.is_empty() && called { Value::Null } else { d.content.into() }});
     if !d.reasoning.is_empty() {
