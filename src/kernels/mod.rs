@@ -3,6 +3,7 @@
 
 pub mod attention;
 pub mod buffer;
+pub mod delta;
 mod dot;
 mod exp;
 pub mod matmul;

@@ -46,7 +46,14 @@ impl Rope {
 
     /// Rotates every head (width `2 * half`) of `x` in place for position `pos`.
     pub fn apply(&self, x: &mut [f32], pos: usize) {
+        self.apply_partial(x, pos, 2 * self.half);
+    }
+
+    /// Rotates the first `2 * half` dimensions of every head of width `head_dim` of `x`,
+    /// leaving the rest (partial RoPE, Qwen3.5).
+    pub fn apply_partial(&self, x: &mut [f32], pos: usize, head_dim: usize) {
         let h = self.half;
+        assert!(2 * h <= head_dim, "{} rotated dimensions of a {head_dim}-dim head", 2 * h);
         let (mut cos_buf, mut sin_buf) = (Vec::new(), Vec::new());
         let (cos, sin) = if (pos + 1) * h <= self.cos.len() {
             (&self.cos[pos * h..(pos + 1) * h], &self.sin[pos * h..(pos + 1) * h])
@@ -55,8 +62,8 @@ impl Rope {
             sin_buf.extend(self.inv_freq.iter().map(|f| (pos as f32 * f).sin() * self.mscale));
             (&cos_buf[..], &sin_buf[..])
         };
-        for head in x.chunks_exact_mut(2 * h) {
-            let (a, b) = head.split_at_mut(h);
+        for head in x.chunks_exact_mut(head_dim) {
+            let (a, b) = head[..2 * h].split_at_mut(h);
             for i in 0..h {
                 let (x0, x1) = (a[i], b[i]);
                 a[i] = x0 * cos[i] - x1 * sin[i];
@@ -111,6 +118,23 @@ mod tests {
             small.apply(&mut a, pos);
             big.apply(&mut b, pos);
             assert_eq!(a, b, "position {pos}");
+        }
+    }
+
+    /// Partial RoPE turns the first dimensions of each head as a full RoPE of their width
+    /// would, and leaves the rest as they are.
+    #[test]
+    fn partial_turns_only_the_leading_dimensions() {
+        let (hd, rot, heads) = (12, 4, 3);
+        let partial = Rope::new(rot, 1e7, 64);
+        let x = random_vec(hd * heads, 5);
+        let mut got = x.clone();
+        partial.apply_partial(&mut got, 29, hd);
+        for h in 0..heads {
+            let mut want = x[h * hd..h * hd + rot].to_vec();
+            partial.apply(&mut want, 29);
+            assert_eq!(&got[h * hd..h * hd + rot], &want[..]);
+            assert_eq!(&got[h * hd + rot..(h + 1) * hd], &x[h * hd + rot..(h + 1) * hd]);
         }
     }
 }
