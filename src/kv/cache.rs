@@ -6,6 +6,7 @@
 //! what the reference does) or f16 (half the memory, and half the bytes a decode step reads
 //! from the cache).
 
+use super::StateCache;
 use crate::kernels::attention::{KvElem, PagedKv, Pools};
 use crate::kernels::buffer::Buf;
 
@@ -95,6 +96,8 @@ pub struct KvCache {
     num_blocks: usize,
     block_size: usize,
     shapes: Vec<KvShape>,
+    /// The recurrent layers' per-sequence state (none for a model that attends everywhere).
+    pub states: StateCache,
 }
 
 impl KvCache {
@@ -111,7 +114,13 @@ impl KvCache {
             KvDtype::F32 => Layers::F32(pools(&lens)),
             KvDtype::F16 => Layers::F16(pools(&lens)),
         };
-        KvCache { layers, num_blocks, block_size, shapes: shapes.to_vec() }
+        KvCache { layers, num_blocks, block_size, shapes: shapes.to_vec(), states: StateCache::new(0) }
+    }
+
+    /// With a recurrent state of `floats` per sequence slot (hybrid models).
+    pub fn with_states(mut self, floats: usize) -> Self {
+        self.states = StateCache::new(floats);
+        self
     }
 
     /// Bytes one block takes over all layers, K and V.
