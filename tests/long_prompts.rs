@@ -7,8 +7,8 @@ mod common;
 
 use common::naive::Naive;
 use common::{
-    assert_all_blocks_free, collect, greedy, kv_for, model_as, shared_models, Lcg, FAMILIES, GPT_OSS, MARGIN, SMOL,
-    STORIES,
+    assert_all_blocks_free, collect, greedy, kv_for, model_as, shared_models, Lcg, FAMILIES, GPT_OSS, MARGIN, QWEN35,
+    SMOL, STORIES,
 };
 use weft::engine::{EngineConfig, EngineHandle, Request};
 use weft::loaded::LoadedModel;
@@ -35,6 +35,8 @@ fn forward_chunked(m: &LoadedModel, prompt: &[u32], generated: &[u32], chunk: us
             num_tokens: end - start,
             seq_len: prompt.len(),
             block_table: table.blocks(),
+            state_slot: 0,
+            captures: &[],
             logits: usize::from(last),
             hidden: 0,
         }];
@@ -102,7 +104,7 @@ fn long_prompts_in_a_busy_batch_on_every_format_and_family() {
     }
     let quantized =
         ["Q8_0", "Q4_0", "Q4_1", "Q4_K_M", "Q5_K_M", "Q6_K"].map(|t| format!("tiny-llama3-q/tiny-llama3-q.{t}.gguf"));
-    let families = FAMILIES.iter().chain([&GPT_OSS]).map(|f| format!("{f}/{f}.gguf"));
+    let families = FAMILIES.iter().chain([&GPT_OSS, &QWEN35]).map(|f| format!("{f}/{f}.gguf"));
     for rel in quantized.into_iter().chain(families).chain([SMOL.to_string()]) {
         let m = model_as(&rel, WeightDtype::Auto);
         let c = &m.model.config;
@@ -147,6 +149,8 @@ fn steps_without_logits_compute_none() {
                 num_tokens: 40,
                 seq_len: 64,
                 block_table: table.blocks(),
+                state_slot: 0,
+                captures: &[],
                 logits: 0,
                 hidden: 0,
             }];
@@ -164,7 +168,7 @@ fn f32_chunked_prefill_is_bit_identical_on_every_family() {
     if shared_models().is_none() {
         return;
     }
-    for dir in FAMILIES.iter().chain([&STORIES, &GPT_OSS]) {
+    for dir in FAMILIES.iter().chain([&STORIES, &GPT_OSS, &QWEN35]) {
         let m = model_as(dir, WeightDtype::F32);
         let c = &m.model.config;
         let len = 1500.min(c.max_position_embeddings - 8);

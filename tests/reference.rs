@@ -240,6 +240,8 @@ fn sixteen_bit_weights_stay_16_bit_and_exact() {
                         num_tokens: n,
                         seq_len: n,
                         block_table: table.blocks(),
+                        state_slot: 0,
+                        captures: &[],
                         logits: 1,
                         hidden: 0,
                     }];

@@ -6,7 +6,9 @@
 
 mod common;
 
-use common::{assert_all_blocks_free, collect, greedy, model_as, shared_models, Lcg, FAMILIES, GPT_OSS, SMOL, STORIES};
+use common::{
+    assert_all_blocks_free, collect, greedy, model_as, shared_models, Lcg, FAMILIES, GPT_OSS, QWEN35, SMOL, STORIES,
+};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -116,7 +118,9 @@ fn schedule(rng: &mut Lcg, model: &LoadedModel, blocks: &[usize]) -> (EngineConf
     let vocab = c.vocab_size.min(30_000) as u32;
     let budget = pick(rng, &BUDGETS);
     let block_size = pick(rng, blocks);
-    let speculative = (rng.next(2) == 0).then(|| NGRAM.parse().unwrap());
+    // Drafts are not verified against a recurrent state (hybrid models).
+    let recurrent = c.state_floats() > 0;
+    let speculative = (rng.next(2) == 0 && !recurrent).then(|| NGRAM.parse().unwrap());
     let longest = (3 * budget + budget / 2).clamp(4, LONGEST).min(c.max_position_embeddings - 40);
     let mut first = Vec::new();
     for _ in 0..3 + rng.next(4) {
@@ -161,10 +165,14 @@ fn schedule(rng: &mut Lcg, model: &LoadedModel, blocks: &[usize]) -> (EngineConf
     let pool = if rng.next(3) == 0 { largest + rng.next(8) as usize } else { total + 8 };
     let kv_dtype = model.model.kv_dtype(Default::default());
     let per_block = weft::kv::KvCache::bytes_per_block(kv_dtype, &c.kv_shapes(), block_size);
+    // A hybrid model's state slots and a few prefix snapshots beside the blocks.
+    let snapshots = if recurrent { pick(rng, &[0, 2, 64]) } else { 0 };
+    let states = (EngineConfig::default().max_num_seqs + snapshots) * 4 * c.state_floats();
     let cfg = EngineConfig {
         max_num_batched_tokens: budget,
         block_size,
-        kv_cache_memory: per_block * pool,
+        kv_cache_memory: per_block * pool + states,
+        state_snapshots: Some(snapshots),
         speculative,
         ..EngineConfig::default()
     };
@@ -261,7 +269,7 @@ fn every_family() {
     if shared_models().is_none() {
         return;
     }
-    let files = FAMILIES.iter().chain([&GPT_OSS]).map(|f| format!("{f}/{f}.gguf"));
+    let files = FAMILIES.iter().chain([&GPT_OSS, &QWEN35]).map(|f| format!("{f}/{f}.gguf"));
     let files = files.chain([SMOL.to_string(), STORIES.to_string()]);
     for (i, rel) in files.enumerate() {
         // SmolLM2 is 135M parameters: one schedule, on the AVX2 attention's blocks.

@@ -113,6 +113,11 @@ pub struct EngineArgs {
     /// seen before.
     #[arg(long)]
     pub no_enable_prefix_caching: bool,
+    /// Hybrid models (Qwen3.5): recurrent-state snapshots kept at block boundaries of cached
+    /// prefixes, each one sequence's state [default: as many as an eighth of
+    /// --kv-cache-memory holds, at most 256].
+    #[arg(long)]
+    pub state_snapshots: Option<usize>,
     /// Target time of a step that carries decodes, ms: prefill beside them is limited so a
     /// joining prompt cannot stall the streams [default: 3x a decode-only step, as measured].
     #[arg(long)]
@@ -176,6 +181,7 @@ impl EngineArgs {
             max_model_len: self.max_model_len,
             limits: self.limits.limits(),
             prefix_caching: !self.no_enable_prefix_caching,
+            state_snapshots: self.state_snapshots,
             max_step_ms: self.max_step_ms,
             speculative: self.speculative_config.clone(),
             kv_events: None,

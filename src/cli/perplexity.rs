@@ -60,7 +60,8 @@ struct Lane<'m> {
 impl<'m> Lane<'m> {
     fn new(model: &'m LoadedModel, chunks: usize, ctx: usize, kv: KvCacheDtype) -> Self {
         let c = &model.model.config;
-        let kv = KvCache::new(model.model.kv_dtype(kv), &c.kv_shapes(), chunks * ctx.div_ceil(BLOCK), BLOCK);
+        let kv = KvCache::new(model.model.kv_dtype(kv), &c.kv_shapes(), chunks * ctx.div_ceil(BLOCK), BLOCK)
+            .with_states(c.state_floats());
         let mut alloc = BlockAllocator::new(kv.num_blocks(), false);
         let tables = (0..chunks)
             .map(|_| {
@@ -75,7 +76,9 @@ impl<'m> Lane<'m> {
     /// Feeds token `pos` of every chunk; log-probabilities of the next token, per chunk.
     fn step(&mut self, chunks: &[&[u32]], pos: usize) -> Vec<Vec<f64>> {
         let tokens: Vec<u32> = chunks.iter().map(|c| c[pos]).collect();
-        let seqs: Vec<SeqStep> = self.tables.iter().map(|t| SeqStep::sampled(pos, 1, t.blocks())).collect();
+        let seqs: Vec<SeqStep> = (self.tables.iter().enumerate())
+            .map(|(i, t)| SeqStep { state_slot: i, ..SeqStep::sampled(pos, 1, t.blocks()) })
+            .collect();
         let logits = self.model.model.forward(&StepInput { tokens: &tokens, seqs: &seqs }, &mut self.kv, &mut self.ws);
         logits.chunks_exact(self.model.model.config.vocab_size).map(log_softmax).collect()
     }

@@ -10,7 +10,7 @@ use crate::grammar::{Constraint, TokenMask};
 use crate::kv::KvCache;
 use crate::model::{Pooling, SeqStep, StepInput, Workspace};
 use crate::sampling::{PromptLogprob, Sampled, Sampler};
-use crate::scheduler::{Scheduled, Scheduler, SchedulerConfig, SeqId, Sequence};
+use crate::scheduler::{CacheCopy, Scheduled, Scheduler, SchedulerConfig, SeqId, Sequence};
 use crate::tokenizer::Detokenizer;
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
@@ -142,6 +142,7 @@ impl EngineLoop {
             num_blocks: kv.num_blocks(),
             prefix_caching: cfg.prefix_caching,
             kv_events: cfg.kv_events.is_some(),
+            state_snapshots: (kv.states.slot_len() > 0).then_some(shared.state_snapshots),
         })
     }
 
@@ -371,6 +372,14 @@ impl EngineLoop {
             .filter(|s| s.sample)
             .filter_map(|s| Some((s.id, self.sched.get_mut(s.id)?.state.constraint.take()?)))
             .collect();
+        // Sequences resuming after a cached prefix start from its state snapshot.
+        for s in &plan {
+            if let Some(seq) = self.sched.get_mut(s.id) {
+                if let (Some(snap), Some(slot)) = (seq.restore.take(), seq.state_slot) {
+                    self.kv.states.restore(snap as usize, slot as usize);
+                }
+            }
+        }
         let (tokens, steps) = batch_input(&self.sched, &plan);
         // Per sequence, the first position and count of its kept hidden rows.
         let kept: Vec<(usize, usize)> =
@@ -636,7 +645,10 @@ impl EngineLoop {
                 self.requests.get_mut(&req_id).expect("checked").seqs.push(child_id);
                 let first = child.state.sampler.sample_masked(logits, mask.as_ref());
                 let kv = &mut self.kv;
-                self.sched.fork(seq, child, first.id, &mut |src, dst| kv.copy_block(src, dst));
+                self.sched.fork(seq, child, first.id, &mut |copy| match copy {
+                    CacheCopy::Block { src, dst } => kv.copy_block(src, dst),
+                    CacheCopy::State { src, dst } => kv.states.copy_slot(src as usize, dst as usize),
+                });
                 self.emit(child_id, first, false);
             }
         }
@@ -755,6 +767,8 @@ fn batch_input<'a>(sched: &'a Scheduler<SeqState>, plan: &[Scheduled]) -> (Vec<u
             num_tokens: s.num_tokens,
             seq_len: seq.tokens.len() + s.draft,
             block_table: seq.block_table.blocks(),
+            state_slot: seq.state_slot.expect("scheduled sequences hold a state slot") as usize,
+            captures: &seq.captures,
             logits: s.logit_rows(),
             hidden: match seq.state.pool.as_ref().map(|p| p.kind) {
                 Some(Pooling::Mean) => own,

@@ -71,7 +71,34 @@ impl EngineHandle {
         let c = model.model.config.clone();
         let kv_dtype = model.model.kv_dtype(config.kv_cache_dtype);
         let per_block = KvCache::bytes_per_block(kv_dtype, &c.kv_shapes(), config.block_size);
-        let num_blocks = config.kv_cache_memory / per_block;
+        // A hybrid model's recurrent state: one slot per running sequence, and the prefix
+        // cache's snapshots, off the top.
+        let per_state = 4 * c.state_floats();
+        let snapshots = match (per_state, config.prefix_caching, config.state_snapshots) {
+            (0, _, _) | (_, false, _) => 0,
+            (_, true, Some(n)) => n,
+            (_, true, None) => (config.kv_cache_memory / 8 / per_state).min(super::MAX_AUTO_SNAPSHOTS),
+        };
+        let state_bytes = (config.max_num_seqs.saturating_add(snapshots)).saturating_mul(per_state);
+        anyhow::ensure!(
+            state_bytes < config.kv_cache_memory,
+            "--kv-cache-memory {} bytes does not hold the recurrent state of {} sequences and {snapshots} snapshots ({state_bytes} bytes); lower --max-num-seqs or --state-snapshots",
+            config.kv_cache_memory,
+            config.max_num_seqs
+        );
+        if per_state > 0 {
+            eprintln!(
+                "weft: recurrent state {:.2} MB per sequence: {} slots and {snapshots} prefix snapshots, {} MB",
+                per_state as f64 / 1e6,
+                config.max_num_seqs,
+                state_bytes / 1_000_000
+            );
+        }
+        anyhow::ensure!(
+            state_bytes == 0 || config.speculative.is_none(),
+            "speculative decoding is not supported for models with recurrent (DeltaNet) layers"
+        );
+        let num_blocks = (config.kv_cache_memory - state_bytes) / per_block;
         anyhow::ensure!(
             num_blocks > 0,
             "--kv-cache-memory {} bytes is less than one KV block ({per_block} bytes)",
@@ -87,12 +114,13 @@ impl EngineHandle {
             alive: AtomicBool::new(true),
             stats: Mutex::new(EngineStats::default()),
             capacity_tokens: num_blocks * config.block_size,
+            state_snapshots: snapshots,
             observer,
             kv_events: Mutex::new(None),
         });
         // The pools are allocated (and their pages mapped) before the handle exists, so the
         // first requests do not wait for them.
-        let kv = KvCache::new(kv_dtype, &c.kv_shapes(), num_blocks, config.block_size);
+        let kv = KvCache::new(kv_dtype, &c.kv_shapes(), num_blocks, config.block_size).with_states(c.state_floats());
         let spec = match &shared.config.speculative {
             Some(cfg) => Some(Speculator::new(
                 cfg,

@@ -47,6 +47,9 @@ pub struct EngineConfig {
     pub limits: RequestLimits,
     /// Reuse the KV blocks of prompt prefixes seen before (automatic prefix caching).
     pub prefix_caching: bool,
+    /// Recurrent-state snapshots kept for the prefix cache of a hybrid model (`None`: as
+    /// many as an eighth of `kv_cache_memory` holds, at most [`MAX_AUTO_SNAPSHOTS`]).
+    pub state_snapshots: Option<usize>,
     /// Target time of a step that carries decodes, in milliseconds: prefill tokens beside
     /// them are limited to fit. `None`: a few times a decode-only step, as measured.
     pub max_step_ms: Option<f64>,
@@ -70,12 +73,16 @@ impl Default for EngineConfig {
             max_model_len: 0,
             limits: RequestLimits::default(),
             prefix_caching: true,
+            state_snapshots: None,
             max_step_ms: None,
             speculative: None,
             kv_events: None,
         }
     }
 }
+
+/// The most state snapshots kept when `state_snapshots` is not given.
+pub const MAX_AUTO_SNAPSHOTS: usize = 256;
 
 /// A rayon pool of `threads` workers (0: one per core) that all model work runs inside.
 pub fn thread_pool(threads: usize) -> anyhow::Result<rayon::ThreadPool> {

@@ -26,6 +26,8 @@ pub(super) struct Shared {
     pub alive: AtomicBool,
     pub stats: Mutex<EngineStats>,
     pub capacity_tokens: usize,
+    /// Recurrent-state snapshots the prefix cache keeps (hybrid models; 0 otherwise).
+    pub state_snapshots: usize,
     pub observer: Arc<dyn Observer>,
     /// The receiving end of the KV-event queue, until someone takes it.
     pub kv_events: Mutex<Option<tokio::sync::mpsc::Receiver<super::KvEventBatch>>>,

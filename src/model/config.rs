@@ -35,6 +35,10 @@ pub enum Arch {
     /// BitNet b1.58: ternary projections (computed as TQ2_0 with per-row int8
     /// activations, as trained), relu² MLP, RMSNorms before o_proj and down_proj.
     BitNet,
+    /// Qwen3.5 / 3.6: gated DeltaNet layers ([`LinearAttn`]) with full-attention layers
+    /// between them whose output is gated and whose RoPE is partial, (1 + w) norms, and
+    /// experts with a gated shared expert.
+    Qwen35,
 }
 
 impl Arch {
@@ -54,6 +58,8 @@ impl Arch {
             (Arch::Gemma4, _) => ("gemma4_text", "Gemma4ForCausalLM"),
             (Arch::GptOss, _) => ("gpt_oss", "GptOssForCausalLM"),
             (Arch::BitNet, _) => ("bitnet", "BitNetForCausalLM"),
+            (Arch::Qwen35, false) => ("qwen3_5_text", "Qwen3_5ForCausalLM"),
+            (Arch::Qwen35, true) => ("qwen3_5_moe_text", "Qwen3_5MoeForCausalLM"),
         }
     }
 
@@ -73,9 +79,11 @@ impl Arch {
             "gpt_oss" | "gpt-oss" => Arch::GptOss,
             // llama.cpp's name, and bitnet.cpp's for its I2_S files.
             "bitnet" | "bitnet-b1.58" => Arch::BitNet,
+            // The text models (llama.cpp: `qwen35`, `qwen35moe`).
+            "qwen3_5_text" | "qwen3_5_moe_text" | "qwen35" | "qwen35moe" => Arch::Qwen35,
             other => {
                 bail!(
-                    "unsupported architecture '{other}' (supported: llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, phi3, gemma2, gemma3_text, gemma4_text, gpt_oss, bitnet)"
+                    "unsupported architecture '{other}' (supported: llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, phi3, gemma2, gemma3_text, gemma4_text, gpt_oss, bitnet, qwen3_5_text, qwen3_5_moe_text)"
                 )
             }
         })
@@ -152,6 +160,14 @@ pub struct ModelConfig {
     pub moe: Option<MoeConfig>,
     /// The global (full-attention) layers' own attention shape (Gemma 4).
     pub global_attn: Option<GlobalAttn>,
+    /// Dimensions of each head that RoPE turns, the first ones (Qwen3.5: a quarter);
+    /// `head_dim` for every other family.
+    pub rope_dims: usize,
+    /// q_proj also emits a gate per head; the attention output is multiplied by its
+    /// sigmoid (Qwen3.5).
+    pub attn_gate: bool,
+    /// The gated DeltaNet layers and their shape (Qwen3.5); `None`: every layer attends.
+    pub linear: Option<LinearAttn>,
     /// How an embedding model pools its hidden states (sentence-transformers'
     /// `1_Pooling/config.json`, GGUF's `pooling_type`); `None`: not an embedding model.
     pub pooling: Option<Pooling>,
@@ -171,6 +187,66 @@ pub struct GlobalAttn {
     /// Frequency pairs that rotate, of `head_dim / 2`; the rest stay still. GGUF files say
     /// it with a `rope_freqs` tensor instead (the still ones divided by 1e30).
     pub rotated_pairs: usize,
+}
+
+/// Qwen3.5's gated DeltaNet layers: linear attention whose per-sequence state is a
+/// `key_dim × value_dim` matrix per value head plus a short convolution's last inputs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LinearAttn {
+    /// Per layer: gated DeltaNet (true) or full attention.
+    pub layers: Vec<bool>,
+    pub key_heads: usize,
+    pub value_heads: usize,
+    pub key_dim: usize,
+    pub value_dim: usize,
+    /// The causal depthwise convolution's width over the q, k and v channels.
+    pub conv_kernel: usize,
+    /// Value heads in llama.cpp's tiled order (value head `j` reads key head
+    /// `j % key_heads`) rather than Hugging Face's grouped one (`j / (value_heads /
+    /// key_heads)`): GGUF files reorder every value-head axis so.
+    pub tiled: bool,
+}
+
+impl LinearAttn {
+    /// Channels of the q, k and v projections, which the convolution runs over.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
+    }
+
+    /// Floats of one layer's state for one sequence: the convolution's last
+    /// `conv_kernel - 1` inputs, then each value head's matrix.
+    pub fn state_floats(&self) -> usize {
+        (self.conv_kernel - 1) * self.conv_dim() + self.value_heads * self.key_dim * self.value_dim
+    }
+
+    /// The key head value head `v` reads.
+    pub fn key_head(&self, v: usize) -> usize {
+        if self.tiled {
+            v % self.key_heads
+        } else {
+            v / (self.value_heads / self.key_heads)
+        }
+    }
+
+    fn validate(&self, layers: usize) -> Result<()> {
+        ensure!(self.layers.len() == layers, "{} layer types for {layers} layers", self.layers.len());
+        for (what, v) in [
+            ("linear key heads", self.key_heads),
+            ("linear value heads", self.value_heads),
+            ("linear key head size", self.key_dim),
+            ("linear value head size", self.value_dim),
+        ] {
+            ensure!((1..=1 << 12).contains(&v), "{what} {v} is not within 1..=4096");
+        }
+        ensure!((2..=16).contains(&self.conv_kernel), "convolution width {} is not within 2..=16", self.conv_kernel);
+        ensure!(
+            self.value_heads.is_multiple_of(self.key_heads),
+            "{} linear value heads is not a multiple of {} key heads",
+            self.value_heads,
+            self.key_heads
+        );
+        Ok(())
+    }
 }
 
 /// Which hidden states an embedding is made of.
@@ -244,10 +320,15 @@ impl MoeConfig {
         Ok(Some(MoeConfig {
             num_experts,
             top_k,
-            expert_ffn: c.moe_intermediate_size.unwrap_or(c.intermediate_size),
+            expert_ffn: c
+                .moe_intermediate_size
+                .or(c.intermediate_size)
+                .context("a mixture of experts needs moe_intermediate_size")?,
             // Mixtral always renormalises, and gpt-oss's softmax over the top-k logits gives
             // the same weights; Qwen3-MoE says so in its config (transformers' default: false).
-            norm_topk_prob: c.norm_topk_prob.unwrap_or(matches!(arch, Arch::Llama | Arch::GptOss | Arch::Gemma4)),
+            norm_topk_prob: c
+                .norm_topk_prob
+                .unwrap_or(matches!(arch, Arch::Llama | Arch::GptOss | Arch::Gemma4 | Arch::Qwen35)),
             dense_layers,
             dense_beside: gemma4,
             scaled_router: gemma4,
@@ -590,7 +671,8 @@ struct HfConfig {
     is_matryoshka: bool,
     matryoshka_dimensions: Option<Vec<usize>>,
     hidden_size: usize,
-    intermediate_size: usize,
+    /// Absent from configs whose every MLP is a mixture (Qwen3.5-MoE): the experts' then.
+    intermediate_size: Option<usize>,
     num_hidden_layers: usize,
     num_attention_heads: usize,
     num_key_value_heads: Option<usize>,
@@ -648,6 +730,12 @@ struct HfConfig {
     hidden_size_per_layer_input: usize,
     swiglu_limit: Option<f32>,
     swiglu_alpha: Option<f32>,
+    /// Qwen3.5's gated DeltaNet layers.
+    linear_conv_kernel_dim: Option<usize>,
+    linear_key_head_dim: Option<usize>,
+    linear_value_head_dim: Option<usize>,
+    linear_num_key_heads: Option<usize>,
+    linear_num_value_heads: Option<usize>,
 }
 
 fn default_theta() -> f32 {
@@ -684,9 +772,44 @@ impl ModelConfig {
             Some(v) => RopeScaling::from_hf(&v, (c.max_position_embeddings, c.original_max_position_embeddings))?,
             None => RopeScaling::None,
         };
-        if let Some(p) = c.partial_rotary_factor {
+        let head_dim = c.head_dim.unwrap_or(c.hidden_size / c.num_attention_heads.max(1));
+        let qwen35 = arch == Arch::Qwen35;
+        // Qwen3.5 keeps its RoPE settings in `rope_parameters`, its partial share 0.25 by
+        // default; its M-RoPE sections place text positions as plain RoPE does.
+        let qwen35_rope = |k: &str| c.rope_parameters.as_ref().and_then(|p| p.get(k)).and_then(|x| x.as_f64());
+        let partial = if qwen35 { qwen35_rope("partial_rotary_factor").unwrap_or(0.25) as f32 } else { 1.0 };
+        if let Some(p) = c.partial_rotary_factor.filter(|_| !qwen35) {
             ensure!(p == 1.0, "partial_rotary_factor {p} is not supported (only 1.0)");
         }
+        ensure!(partial > 0.0 && partial <= 1.0, "partial_rotary_factor {partial} is not within (0, 1]");
+        // As transformers: int(head_dim · partial), of which pairs turn.
+        let rope_dims = ((head_dim as f32 * partial) as usize) & !1;
+        let linear = if qwen35 {
+            if let Some(kind) = c.rope_parameters.as_ref().and_then(|p| p.get("rope_type")).and_then(|t| t.as_str()) {
+                ensure!(kind == "default", "Qwen3.5 rope_type '{kind}' is not supported (only default)");
+            }
+            let types = c.layer_types.as_ref().context("Qwen3.5 needs layer_types")?;
+            let layers = types
+                .iter()
+                .map(|t| match t.as_str() {
+                    "linear_attention" => Ok(true),
+                    "full_attention" => Ok(false),
+                    other => bail!("layer type '{other}' is not supported (linear_attention, full_attention)"),
+                })
+                .collect::<Result<Vec<bool>>>()?;
+            let need = |v: Option<usize>, k: &str| v.with_context(|| format!("Qwen3.5 needs {k}"));
+            Some(LinearAttn {
+                layers,
+                key_heads: need(c.linear_num_key_heads, "linear_num_key_heads")?,
+                value_heads: need(c.linear_num_value_heads, "linear_num_value_heads")?,
+                key_dim: need(c.linear_key_head_dim, "linear_key_head_dim")?,
+                value_dim: need(c.linear_value_head_dim, "linear_value_head_dim")?,
+                conv_kernel: need(c.linear_conv_kernel_dim, "linear_conv_kernel_dim")?,
+                tiled: false,
+            })
+        } else {
+            None
+        };
         ensure!(!c.use_sliding_window, "Qwen2's use_sliding_window is not supported");
         let sliding_window = match arch {
             // Qwen's `sliding_window` is inert unless `use_sliding_window` is set (refused above).
@@ -710,10 +833,10 @@ impl ModelConfig {
                 ensure!(t == want, "layer {i} is '{t}'; only {} sliding layers to one full are supported", p - 1);
             }
         }
-        let head_dim = c.head_dim.unwrap_or(c.hidden_size / c.num_attention_heads.max(1));
         let num_kv_heads = c.num_key_value_heads.unwrap_or(c.num_attention_heads);
+        let theta = if qwen35 { qwen35_rope("rope_theta").map_or(c.rope_theta, |t| t as f32) } else { c.rope_theta };
         let (mut rope_theta, mut rope_local_theta) =
-            (c.rope_theta, (arch == Arch::Gemma3).then(|| c.rope_local_base_freq.unwrap_or(10000.0)));
+            (theta, (arch == Arch::Gemma3).then(|| c.rope_local_base_freq.unwrap_or(10000.0)));
         let global_attn = if arch == Arch::Gemma4 {
             ensure!(c.num_kv_shared_layers == 0, "Gemma 4's shared KV layers are not supported");
             ensure!(c.hidden_size_per_layer_input == 0, "Gemma 4's per-layer inputs are not supported");
@@ -738,7 +861,11 @@ impl ModelConfig {
         let cfg = ModelConfig {
             arch,
             hidden_size: c.hidden_size,
-            intermediate_size: c.intermediate_size,
+            intermediate_size: match (c.intermediate_size, &moe) {
+                (Some(f), _) => f,
+                (None, Some(m)) => m.expert_ffn,
+                (None, None) => bail!("missing field `intermediate_size`"),
+            },
             num_layers: c.num_hidden_layers,
             num_heads: c.num_attention_heads,
             num_kv_heads,
@@ -767,6 +894,9 @@ impl ModelConfig {
             rope_local_theta,
             moe,
             global_attn,
+            rope_dims,
+            attn_gate: qwen35,
+            linear,
             pooling: None,
             matryoshka: false,
         };
@@ -802,9 +932,40 @@ impl ModelConfig {
         // carry `_swa`.
         let swa = if gemma4 { "_swa" } else { "" };
         let head_dim = int(&format!("attention.key_length{swa}")).unwrap_or(hidden / heads.max(1));
-        if let Ok(n) = int(&format!("rope.dimension_count{swa}")) {
-            ensure!(n == head_dim, "partial rotary embedding ({n} of {head_dim} dimensions) is not supported");
+        let qwen35 = arch == Arch::Qwen35;
+        let rope_dims = int(&format!("rope.dimension_count{swa}")).unwrap_or(head_dim);
+        if !qwen35 {
+            ensure!(
+                rope_dims == head_dim,
+                "partial rotary embedding ({rope_dims} of {head_dim} dimensions) is not supported"
+            );
         }
+        let linear = if qwen35 {
+            let layers = int("block_count")?;
+            let list = g.get(&format!("{name}.attention.recurrent_layers")).and_then(Value::as_array);
+            let layers: Vec<bool> = match list {
+                Some(l) => l.iter().map(|v| v.as_bool() == Some(true)).collect(),
+                None => {
+                    let every = int("full_attention_interval").unwrap_or(4).max(1);
+                    (0..layers).map(|i| !(i + 1).is_multiple_of(every)).collect()
+                }
+            };
+            // llama.cpp's names: groups are key heads, the time-step rank is the value
+            // heads, the state size both head sizes, the inner size all value channels.
+            let value_heads = int("ssm.time_step_rank")?;
+            let value_dim = int("ssm.inner_size")? / value_heads.max(1);
+            Some(LinearAttn {
+                layers,
+                key_heads: int("ssm.group_count")?,
+                value_heads,
+                key_dim: int("ssm.state_size")?,
+                value_dim,
+                conv_kernel: int("ssm.conv_kernel")?,
+                tiled: true,
+            })
+        } else {
+            None
+        };
         let sliding_pattern = if gemma4 {
             let list = g.get(&format!("{name}.attention.sliding_window_pattern")).and_then(Value::as_array);
             let list: Vec<bool> = list
@@ -945,6 +1106,9 @@ impl ModelConfig {
             rope_local_theta: float("rope.freq_base_swa").filter(|_| matches!(arch, Arch::Gemma3 | Arch::Gemma4)),
             moe,
             global_attn,
+            rope_dims,
+            attn_gate: qwen35,
+            linear,
             // llama.cpp's enum: 0 none, 1 mean, 2 cls, 3 last, 4 rank.
             pooling: match int("pooling_type") {
                 Err(_) | Ok(0) => None,
@@ -1038,6 +1202,15 @@ impl ModelConfig {
         if let Some(m) = &self.moe {
             m.validate(self.num_layers)?;
         }
+        if let Some(l) = &self.linear {
+            l.validate(self.num_layers)?;
+        }
+        ensure!(
+            self.rope_dims > 0 && self.rope_dims <= self.head_dim && self.rope_dims.is_multiple_of(2),
+            "{} rotated dimensions of a {}-dim head",
+            self.rope_dims,
+            self.head_dim
+        );
         if let Some(g) = &self.global_attn {
             ensure!(g.kv_heads > 0 && g.kv_heads <= 1 << 16, "global KV heads {} out of range", g.kv_heads);
             ensure!(
@@ -1107,10 +1280,17 @@ impl ModelConfig {
     /// routers and the LM head): a token costs twice this many FLOPs in matrix multiplies.
     pub fn matmul_params(&self) -> usize {
         let (d, f) = (self.hidden_size, self.intermediate_size);
-        let attn = |i| {
-            let kv = self.layer_kv(i);
-            let q = self.num_heads * kv.head_dim;
-            d * (q + 2 * kv.kv_heads * kv.head_dim) + q * d
+        let attn = |i| match &self.linear {
+            // q, k, v, the output gate, β and the decay's input; the output projection.
+            Some(l) if self.layer_linear(i) => {
+                let v = l.value_heads * l.value_dim;
+                d * (l.conv_dim() + v + 2 * l.value_heads) + v * d
+            }
+            _ => {
+                let kv = self.layer_kv(i);
+                let q = self.num_heads * kv.head_dim * if self.attn_gate { 2 } else { 1 };
+                d * (q + 2 * kv.kv_heads * kv.head_dim) + self.num_heads * kv.head_dim * d
+            }
         };
         let mlp = |i| match self.layer_moe(i) {
             Some(m) => {
@@ -1137,6 +1317,10 @@ impl ModelConfig {
 
     /// Layer `i`'s KV heads and head size.
     pub fn layer_kv(&self, i: usize) -> KvShape {
+        if self.layer_linear(i) {
+            // A DeltaNet layer keeps a fixed-size state per sequence instead.
+            return KvShape { kv_heads: 0, head_dim: self.head_dim };
+        }
         match self.layer_global(i) {
             Some(g) => KvShape { kv_heads: g.kv_heads, head_dim: g.head_dim },
             None => KvShape { kv_heads: self.num_kv_heads, head_dim: self.head_dim },
@@ -1146,5 +1330,16 @@ impl ModelConfig {
     /// Every layer's [`Self::layer_kv`]: the KV cache's geometry.
     pub fn kv_shapes(&self) -> Vec<KvShape> {
         (0..self.num_layers).map(|i| self.layer_kv(i)).collect()
+    }
+
+    /// Whether layer `i` is a gated DeltaNet layer (Qwen3.5) rather than attention.
+    pub fn layer_linear(&self, i: usize) -> bool {
+        self.linear.as_ref().is_some_and(|l| l.layers.get(i) == Some(&true))
+    }
+
+    /// Floats of one sequence's recurrent state over every DeltaNet layer (0 for a model
+    /// that attends in every layer).
+    pub fn state_floats(&self) -> usize {
+        self.linear.as_ref().map_or(0, |l| l.layers.iter().filter(|&&x| x).count() * l.state_floats())
     }
 }

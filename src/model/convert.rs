@@ -38,6 +38,10 @@ pub fn hf_to_gguf(
     let tokenizer = tokenizer(config.vocab_size)?;
     let src = SafetensorsWeights::open_dir(dir)?;
     let c = &config;
+    anyhow::ensure!(
+        c.linear.is_none(),
+        "writing a model with gated DeltaNet layers (Qwen3.5) as GGUF is not supported; llama.cpp's converter writes one that weft reads"
+    );
     let arch = arch_name(c);
     let name = dir.canonicalize()?.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
 
@@ -254,6 +258,8 @@ fn arch_name(c: &ModelConfig) -> &'static str {
         Arch::Gemma4 => "gemma4",
         Arch::GptOss => "gpt-oss",
         Arch::BitNet => "bitnet",
+        Arch::Qwen35 if c.moe.is_some() => "qwen35moe",
+        Arch::Qwen35 => "qwen35",
     }
 }
 

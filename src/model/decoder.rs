@@ -5,6 +5,7 @@
 //! of optional pieces of a layer, present only where the family has them.
 
 use super::config::{Activation, Arch, ModelConfig, RopeScaling};
+use super::delta_net::{self, DeltaNet};
 use super::loader::WeightSource;
 use super::moe::{self, Experts};
 use super::tensor::Tensor;
@@ -21,12 +22,34 @@ use anyhow::{ensure, Result};
 use rayon::prelude::*;
 
 struct Layer {
+    attn_norm: Tensor,
+    mixer: Mixer,
+    /// Normalizes the attention output before the residual add (Gemma 2).
+    post_attn_norm: Option<Tensor>,
+    ffn_norm: Tensor,
+    mlp: Mlp,
+    /// Normalizes the MLP output before the residual add (Gemma 2).
+    post_ffn_norm: Option<Tensor>,
+    /// Multiplies the hidden state at the end of the layer (Gemma 4's `layer_scalar`).
+    out_scale: Option<f32>,
+}
+
+/// What mixes a layer's positions: attention over the paged KV cache, or a gated DeltaNet
+/// over a recurrent state (Qwen3.5's linear layers).
+enum Mixer {
+    Attention(Box<Attention>),
+    Delta(Box<DeltaNet>),
+}
+
+struct Attention {
     /// Its KV heads and head size (Gemma 4's global layers have their own).
     kv: KvShape,
-    attn_norm: Tensor,
     /// q, k and v projections stacked: `[q_dim + 2 kv_dim, hidden]` (where V is K's
-    /// projection, Gemma 4's `attention_k_eq_v`, k's rows twice).
+    /// projection, Gemma 4's `attention_k_eq_v`, k's rows twice). With an output gate, q's
+    /// rows are twice as many, each head's query then its gate (Qwen3.5).
     wqkv: Weight,
+    /// The output is multiplied by σ of a gate q_proj emits per head (Qwen3.5).
+    gated: bool,
     /// Their biases, stacked the same way (Qwen2).
     qkv_bias: Option<Tensor>,
     /// Per-head RMSNorm weights of q and k, applied before RoPE (Qwen3).
@@ -40,16 +63,8 @@ struct Layer {
     o_bias: Option<Tensor>,
     /// One learned logit per query head in each softmax's denominator (gpt-oss).
     sinks: Option<Tensor>,
-    /// Normalizes the attention output before the residual add (Gemma 2).
-    post_attn_norm: Option<Tensor>,
-    ffn_norm: Tensor,
-    mlp: Mlp,
-    /// Normalizes the MLP output before the residual add (Gemma 2).
-    post_ffn_norm: Option<Tensor>,
     /// Attention sees only the last `W` positions.
     window: Option<usize>,
-    /// Multiplies the hidden state at the end of the layer (Gemma 4's `layer_scalar`).
-    out_scale: Option<f32>,
 }
 
 /// A dense gated MLP.
@@ -88,7 +103,10 @@ impl Layer {
 
     /// The layer's weight matrices.
     fn matrices(&self) -> Vec<&Weight> {
-        let mut all = vec![&self.wqkv, &self.wo];
+        let mut all = match &self.mixer {
+            Mixer::Attention(a) => vec![&a.wqkv, &a.wo],
+            Mixer::Delta(d) => d.matrices(),
+        };
         match &self.mlp {
             Mlp::Dense(m) => all.extend([&m.gate_up, &m.down]),
             Mlp::Experts(x) => all.extend(x.matrices()),
@@ -102,7 +120,10 @@ impl Layer {
 
     /// Bytes of weights one token reads (of a mixture's experts, the share it is routed to).
     fn bytes_per_token(&self) -> usize {
-        let attn = self.wqkv.bytes() + self.wo.bytes();
+        let attn = match &self.mixer {
+            Mixer::Attention(a) => a.wqkv.bytes() + a.wo.bytes(),
+            Mixer::Delta(d) => d.matrices().iter().map(|w| w.bytes()).sum(),
+        };
         attn + match &self.mlp {
             Mlp::Dense(m) => m.gate_up.bytes() + m.down.bytes(),
             Mlp::Experts(x) => x.bytes_per_token(),
@@ -112,8 +133,12 @@ impl Layer {
 
     /// Multiply-adds per token by block format (`None`: f32).
     fn products_per_token(&self) -> Vec<(Option<GgmlType>, usize)> {
-        let mut all = self.wqkv.products();
-        all.extend(self.wo.products());
+        let mut all = Vec::new();
+        let mixer = match &self.mixer {
+            Mixer::Attention(a) => vec![&a.wqkv, &a.wo],
+            Mixer::Delta(d) => d.matrices(),
+        };
+        mixer.into_iter().for_each(|w| all.extend(w.products()));
         let dense = |m: &Dense| m.gate_up.products().into_iter().chain(m.down.products()).collect::<Vec<_>>();
         match &self.mlp {
             Mlp::Dense(m) => all.extend(dense(m)),
@@ -196,6 +221,11 @@ pub struct SeqStep<'a> {
     /// its factors by it, as transformers does by the length of the input it is given.
     pub seq_len: usize,
     pub block_table: &'a [u32],
+    /// Its slot in the recurrent state cache ([`crate::kv::StateCache`]; hybrid models).
+    pub state_slot: usize,
+    /// Snapshots of the recurrent state to take: after the token at position `p`, into
+    /// snapshot slot `s` (block boundaries of a prefix the prefix cache keeps).
+    pub captures: &'a [(usize, u32)],
     /// How many of this part's last rows want logits: 1 for the token to sample, 1 + k when
     /// k draft tokens are verified, 0 for a prefill chunk that does not end the prompt.
     pub logits: usize,
@@ -209,7 +239,16 @@ impl<'a> SeqStep<'a> {
     /// sampled after the last: a plain generation loop (benchmarks, perplexity, reference
     /// checks).
     pub fn sampled(context_len: usize, num_tokens: usize, block_table: &'a [u32]) -> Self {
-        SeqStep { context_len, num_tokens, seq_len: context_len + num_tokens, block_table, logits: 1, hidden: 0 }
+        SeqStep {
+            context_len,
+            num_tokens,
+            seq_len: context_len + num_tokens,
+            block_table,
+            state_slot: 0,
+            captures: &[],
+            logits: 1,
+            hidden: 0,
+        }
     }
 }
 
@@ -239,6 +278,7 @@ pub struct Workspace {
     /// Activations quantized for block-format weights.
     xq: QActs,
     moe: moe::Scratch,
+    delta: delta_net::Scratch,
 }
 
 impl Workspace {
@@ -347,6 +387,8 @@ impl Decoder {
         let c = &config;
         let (d, f) = (c.hidden_size, c.intermediate_size);
         let gemma = matches!(c.arch, Arch::Gemma2 | Arch::Gemma3);
+        // Qwen3.5's norms are (1 + w) too, but for its DeltaNet layers' gated one.
+        let one_plus = gemma || c.arch == Arch::Qwen35;
         // Gemma 4 has Gemma's scaled embeddings and post-norms, but plain (w) norms.
         let gemma_layout = gemma || c.arch == Arch::Gemma4;
         let bitnet = c.arch == Arch::BitNet;
@@ -359,7 +401,7 @@ impl Decoder {
             }
         };
         // Gemma's norms multiply by (1 + w); llama.cpp's converter stores the sum.
-        let add_one = gemma && !src.norms_include_one();
+        let add_one = one_plus && !src.norms_include_one();
         let norm = |name: &str, len: usize| -> Result<Tensor> {
             let t = src.load(name, &[len])?;
             Ok(if add_one { Tensor::owned(vec![len], t.data().iter().map(|w| 1.0 + w).collect()) } else { t })
@@ -367,43 +409,76 @@ impl Decoder {
         // Grown layer by layer: a layer count from an untrusted file allocates nothing
         // until that layer's tensors are found in it.
         let mut layers = Vec::new();
+        // Where each DeltaNet layer's state starts in a sequence's slot.
+        let mut state_at = 0;
         for i in 0..c.num_layers {
             let name = |s: &str| format!("model.layers.{i}.{s}.weight");
             let attn = |p: &str, kind: &str| format!("model.layers.{i}.self_attn.{p}.{kind}");
-            let kv = c.layer_kv(i);
-            let (hd, q_dim, kv_dim) = (kv.head_dim, c.num_heads * kv.head_dim, kv.kv_heads * kv.head_dim);
-            // Where V is K's projection (Gemma 4's global layers), k's rows come twice.
-            let k_eq_v = c.layer_global(i).is_some_and(|g| g.k_eq_v);
-            let qkv_parts = [
-                (attn("q_proj", "weight"), [q_dim, d]),
-                (attn("k_proj", "weight"), [kv_dim, d]),
-                (attn(if k_eq_v { "k_proj" } else { "v_proj" }, "weight"), [kv_dim, d]),
-            ];
-            let wqkv = if c.arch == Arch::Phi3 {
-                load(&[(&attn("qkv_proj", "weight"), [q_dim + 2 * kv_dim, d])])?
-            } else {
-                load(&qkv_parts.each_ref().map(|(n, s)| (n.as_str(), *s)))?
-            };
-            let qkv_bias = if c.qkv_bias {
-                let mut all = Vec::with_capacity(q_dim + 2 * kv_dim);
-                for (p, len) in [("q_proj", q_dim), ("k_proj", kv_dim), ("v_proj", kv_dim)] {
-                    all.extend_from_slice(src.load(&attn(p, "bias"), &[len])?.data());
+            let mixer = match &c.linear {
+                Some(l) if c.layer_linear(i) => {
+                    let delta = DeltaNet::load(src, i, l, d, state_at, dtype)?;
+                    state_at += l.state_floats();
+                    Mixer::Delta(Box::new(delta))
                 }
-                Some(Tensor::owned(vec![all.len()], all))
-            } else {
-                None
-            };
-            let qk_norm = match c.arch {
-                Arch::Qwen3 => {
-                    Some((src.load(&attn("q_norm", "weight"), &[hd])?, src.load(&attn("k_norm", "weight"), &[hd])?))
+                _ => {
+                    let kv = c.layer_kv(i);
+                    let (hd, q_dim, kv_dim) = (kv.head_dim, c.num_heads * kv.head_dim, kv.kv_heads * kv.head_dim);
+                    // Where V is K's projection (Gemma 4's global layers), k's rows come twice.
+                    let k_eq_v = c.layer_global(i).is_some_and(|g| g.k_eq_v);
+                    let qkv_parts = [
+                        (attn("q_proj", "weight"), [q_dim * if c.attn_gate { 2 } else { 1 }, d]),
+                        (attn("k_proj", "weight"), [kv_dim, d]),
+                        (attn(if k_eq_v { "k_proj" } else { "v_proj" }, "weight"), [kv_dim, d]),
+                    ];
+                    let wqkv = if c.arch == Arch::Phi3 {
+                        load(&[(&attn("qkv_proj", "weight"), [q_dim + 2 * kv_dim, d])])?
+                    } else {
+                        load(&qkv_parts.each_ref().map(|(n, s)| (n.as_str(), *s)))?
+                    };
+                    let qkv_bias = if c.qkv_bias {
+                        let mut all = Vec::with_capacity(q_dim + 2 * kv_dim);
+                        for (p, len) in [("q_proj", q_dim), ("k_proj", kv_dim), ("v_proj", kv_dim)] {
+                            all.extend_from_slice(src.load(&attn(p, "bias"), &[len])?.data());
+                        }
+                        Some(Tensor::owned(vec![all.len()], all))
+                    } else {
+                        None
+                    };
+                    let qk_norm = match c.arch {
+                        Arch::Qwen3 => Some((
+                            src.load(&attn("q_norm", "weight"), &[hd])?,
+                            src.load(&attn("k_norm", "weight"), &[hd])?,
+                        )),
+                        // Gemma's (1 + w) form, as its other norms (Gemma 4's are plain).
+                        Arch::Gemma3 | Arch::Gemma4 | Arch::Qwen35 => {
+                            Some((norm(&attn("q_norm", "weight"), hd)?, norm(&attn("k_norm", "weight"), hd)?))
+                        }
+                        _ => None,
+                    };
+                    let v_norm = (c.arch == Arch::Gemma4).then(|| Tensor::owned(vec![hd], vec![1.0; hd]));
+                    let o_bias = if c.o_bias { Some(src.load(&attn("o_proj", "bias"), &[d])?) } else { None };
+                    let sinks = if c.arch == Arch::GptOss {
+                        Some(src.load(&format!("model.layers.{i}.self_attn.sinks"), &[c.num_heads])?)
+                    } else {
+                        None
+                    };
+                    let attn_sub_norm =
+                        if bitnet { Some(norm(&name("self_attn.attn_sub_norm"), c.q_dim())?) } else { None };
+                    Mixer::Attention(Box::new(Attention {
+                        kv,
+                        wqkv,
+                        gated: c.attn_gate,
+                        qkv_bias,
+                        qk_norm,
+                        v_norm,
+                        attn_sub_norm,
+                        wo: load(&[(&attn("o_proj", "weight"), [d, q_dim])])?,
+                        o_bias,
+                        sinks,
+                        window: c.layer_window(i),
+                    }))
                 }
-                // Gemma's (1 + w) form, as its other norms (Gemma 4's are plain).
-                Arch::Gemma3 | Arch::Gemma4 => {
-                    Some((norm(&attn("q_norm", "weight"), hd)?, norm(&attn("k_norm", "weight"), hd)?))
-                }
-                _ => None,
             };
-            let v_norm = (c.arch == Arch::Gemma4).then(|| Tensor::owned(vec![hd], vec![1.0; hd]));
             let dense = || -> Result<Dense> {
                 let gate_up = if c.arch == Arch::Phi3 {
                     load(&[(&name("mlp.gate_up_proj"), [2 * f, d])])?
@@ -431,13 +506,6 @@ impl Decoder {
             } else {
                 None
             };
-            let o_bias = if c.o_bias { Some(src.load(&attn("o_proj", "bias"), &[d])?) } else { None };
-            let sinks = if c.arch == Arch::GptOss {
-                Some(src.load(&format!("model.layers.{i}.self_attn.sinks"), &[c.num_heads])?)
-            } else {
-                None
-            };
-            let attn_sub_norm = if bitnet { Some(norm(&name("self_attn.attn_sub_norm"), c.q_dim())?) } else { None };
             let (post_attn_norm, ffn_norm, post_ffn_norm) = if gemma_layout {
                 (
                     Some(norm(&name("post_attention_layernorm"), d)?),
@@ -448,21 +516,12 @@ impl Decoder {
                 (None, norm(&name("post_attention_layernorm"), d)?, None)
             };
             layers.push(Layer {
-                kv,
                 attn_norm: norm(&name("input_layernorm"), d)?,
-                wqkv,
-                qkv_bias,
-                qk_norm,
-                v_norm,
-                attn_sub_norm,
-                wo: load(&[(&attn("o_proj", "weight"), [d, q_dim])])?,
-                o_bias,
-                sinks,
+                mixer,
                 post_attn_norm,
                 ffn_norm,
                 mlp,
                 post_ffn_norm,
-                window: c.layer_window(i),
                 out_scale,
             });
         }
@@ -509,10 +568,11 @@ impl Decoder {
                 inv_freq[g.rotated_pairs..].fill(0.0);
                 (g.head_dim, inv_freq)
             }
+            // Partial RoPE (Qwen3.5) turns the first `rope_dims` as a RoPE of that width.
             None => {
-                let mut inv_freq = crate::kernels::rope::inv_freq(c.head_dim, c.rope_theta);
+                let mut inv_freq = crate::kernels::rope::inv_freq(c.rope_dims, c.rope_theta);
                 c.rope_scaling.apply(&mut inv_freq, c.rope_theta);
-                (c.head_dim, inv_freq)
+                (c.rope_dims, inv_freq)
             }
         };
         // GGUF files carry Llama 3.x's scaling, and Gemma 4's still frequencies (1e30), as
@@ -595,9 +655,13 @@ impl Decoder {
         let c = &self.config;
         let (d, f) = (c.hidden_size, c.intermediate_size);
         // The widest layer's q and (q, k, v) rows size the buffers.
-        let q_width = |l: &Layer| c.num_heads * l.kv.head_dim;
-        let qkv_width = |l: &Layer| q_width(l) + 2 * l.kv.kv_heads * l.kv.head_dim;
-        let (max_q, max_qkv) = self.layers.iter().fold((0, 0), |(q, w), l| (q.max(q_width(l)), w.max(qkv_width(l))));
+        let attentions = self.layers.iter().filter_map(|l| match &l.mixer {
+            Mixer::Attention(a) => Some(a),
+            Mixer::Delta(_) => None,
+        });
+        let q_width = |a: &Attention| c.num_heads * a.kv.head_dim;
+        let qkv_width = |a: &Attention| q_width(a) * if a.gated { 2 } else { 1 } + 2 * a.kv.kv_heads * a.kv.head_dim;
+        let (max_q, max_qkv) = attentions.fold((0, 0), |(q, w), a| (q.max(q_width(a)), w.max(qkv_width(a))));
         let t = input.tokens.len();
         let total: usize = input.seqs.iter().map(|s| s.num_tokens).sum();
         assert_eq!(total, t, "step has {t} tokens but its sequences cover {total}");
@@ -611,6 +675,12 @@ impl Decoder {
             assert!(s.block_table.len() * kv.block_size() >= end, "block table too short for {end} tokens");
             rows.extend((s.context_len..end).map(|p| (si, p)));
         }
+
+        // The DeltaNet layers' view of the step: each sequence's start and rows, and slot.
+        let spans: Vec<delta_net::Span> = (input.seqs.iter())
+            .map(|s| delta_net::Span { context_len: s.context_len, rows: s.num_tokens, captures: s.captures })
+            .collect();
+        let state_slots: Vec<usize> = input.seqs.iter().map(|s| s.state_slot).collect();
 
         let h = resize(&mut ws.h, t * d);
         for (row, &tok) in h.chunks_exact_mut(d).zip(input.tokens) {
@@ -643,61 +713,89 @@ impl Decoder {
             .zip(rows_par_mut(xn, d))
             .for_each(|(h, xn)| rmsnorm(h, self.layers[0].attn_norm.data(), eps, xn));
         for (li, layer) in self.layers.iter().enumerate() {
-            let (hd, kv_heads) = (layer.kv.head_dim, layer.kv.kv_heads);
-            let (qd, kvd) = (c.num_heads * hd, kv_heads * hd);
-            let width = qd + 2 * kvd;
-            let qkv = &mut qkv_buf[..t * width];
-            let attn = &mut attn_buf[..t * qd];
-            layer.wqkv.matmul(xn, &mut ws.xq, qkv, t);
-            rows_par_mut(qkv, width).zip(rows.par_chunks(ROWS_PER_TASK)).for_each(|(chunk, rows)| {
-                for (row, &(si, pos)) in chunk.chunks_exact_mut(width).zip(rows) {
-                    if let Some(b) = &layer.qkv_bias {
-                        row.iter_mut().zip(b.data()).for_each(|(x, b)| *x += b);
-                    }
-                    let (qk, v) = row.split_at_mut(qd + kvd);
-                    let (q, k) = qk.split_at_mut(qd);
-                    if let Some((qn, kn)) = &layer.qk_norm {
-                        q.chunks_exact_mut(hd).for_each(|head| rmsnorm_in_place(head, qn.data(), eps));
-                        k.chunks_exact_mut(hd).for_each(|head| rmsnorm_in_place(head, kn.data(), eps));
-                    }
-                    if let Some(vn) = &layer.v_norm {
-                        v.chunks_exact_mut(hd).for_each(|head| rmsnorm_in_place(head, vn.data(), eps));
-                    }
-                    let rope = match (&self.rope_local, layer.window) {
-                        (Some(local), Some(_)) => local,
-                        _ => self.rope.for_len(input.seqs[si].seq_len),
-                    };
-                    rope.apply(q, pos);
-                    rope.apply(k, pos);
+            match &layer.mixer {
+                Mixer::Delta(delta) => {
+                    let states = &mut kv.states;
+                    let slots = states.slots.many_mut(&state_slots);
+                    delta.forward(xn, &spans, slots, &mut states.snapshots, eps, &mut ws.xq, &mut ws.delta, tmp);
                 }
-            });
-            for (row, &(si, pos)) in qkv.chunks_exact(width).zip(&rows) {
-                let (k, v) = row[qd..].split_at(kvd);
-                kv.write(li, input.seqs[si].block_table, pos, k, v);
-            }
-            let view = kv.layer(li);
-            let qkv_ro: &[f32] = qkv;
-            // One task per row and run of `heads` kv heads (with their query heads).
-            let heads = attention_task_heads(t, kv_heads);
-            let (group_width, tasks_per_row) = (qd / kv_heads, kv_heads / heads);
-            let group = c.num_heads / kv_heads;
-            let sinks = layer.sinks.as_ref().map(Tensor::data);
-            let task_width = group_width * heads;
-            attn.par_chunks_mut(task_width).enumerate().for_each_init(Scratch::default, |scratch, (i, out)| {
-                let (r, g) = (i / tasks_per_row, i % tasks_per_row * heads);
-                let (si, pos) = rows[r];
-                let first_pos = layer.window.map_or(0, |w| (pos + 1).saturating_sub(w));
-                let span = KvSpan { block_table: input.seqs[si].block_table, first_pos, last_pos: pos };
-                let q = &qkv_ro[r * width + g * group_width..][..task_width];
-                let scoring = Scoring { sinks: sinks.map(|s| &s[g * group..(g + heads) * group]), ..scoring };
-                attend(q, view.heads(g, heads), span, scoring, scratch, out);
-            });
-            if let Some(w) = &layer.attn_sub_norm {
-                rows_par_mut(attn, qd).for_each(|rows| rmsnorm_in_place(rows, w.data(), eps));
-            }
-            layer.wo.matmul(attn, &mut ws.xq, tmp, t);
-            if let Some(b) = &layer.o_bias {
-                rows_par_mut(tmp, d).for_each(|rows| moe::add_bias(rows, b.data()));
+                Mixer::Attention(a) => {
+                    let (hd, kv_heads) = (a.kv.head_dim, a.kv.kv_heads);
+                    let (qd, kvd) = (c.num_heads * hd, kv_heads * hd);
+                    // With an output gate, the row is then rearranged to [q | k | v | gate].
+                    let width = qd * if a.gated { 2 } else { 1 } + 2 * kvd;
+                    let qkv = &mut qkv_buf[..t * width];
+                    let attn = &mut attn_buf[..t * qd];
+                    a.wqkv.matmul(xn, &mut ws.xq, qkv, t);
+                    rows_par_mut(qkv, width).zip(rows.par_chunks(ROWS_PER_TASK)).for_each(|(chunk, rows)| {
+                        let mut gated = Vec::new();
+                        for (row, &(si, pos)) in chunk.chunks_exact_mut(width).zip(rows) {
+                            if a.gated {
+                                // Per head, q_proj gave its query then its gate.
+                                gated.clear();
+                                gated.extend_from_slice(&row[..2 * qd]);
+                                row.copy_within(2 * qd.., qd);
+                                for (h, qg) in gated.chunks_exact(2 * hd).enumerate() {
+                                    row[h * hd..(h + 1) * hd].copy_from_slice(&qg[..hd]);
+                                    row[qd + 2 * kvd + h * hd..][..hd].copy_from_slice(&qg[hd..]);
+                                }
+                            }
+                            if let Some(b) = &a.qkv_bias {
+                                row.iter_mut().zip(b.data()).for_each(|(x, b)| *x += b);
+                            }
+                            let (qk, v) = row[..qd + 2 * kvd].split_at_mut(qd + kvd);
+                            let (q, k) = qk.split_at_mut(qd);
+                            if let Some((qn, kn)) = &a.qk_norm {
+                                q.chunks_exact_mut(hd).for_each(|head| rmsnorm_in_place(head, qn.data(), eps));
+                                k.chunks_exact_mut(hd).for_each(|head| rmsnorm_in_place(head, kn.data(), eps));
+                            }
+                            if let Some(vn) = &a.v_norm {
+                                v.chunks_exact_mut(hd).for_each(|head| rmsnorm_in_place(head, vn.data(), eps));
+                            }
+                            let rope = match (&self.rope_local, a.window) {
+                                (Some(local), Some(_)) => local,
+                                _ => self.rope.for_len(input.seqs[si].seq_len),
+                            };
+                            rope.apply_partial(q, pos, hd);
+                            rope.apply_partial(k, pos, hd);
+                        }
+                    });
+                    for (row, &(si, pos)) in qkv.chunks_exact(width).zip(&rows) {
+                        let (k, v) = row[qd..qd + 2 * kvd].split_at(kvd);
+                        kv.write(li, input.seqs[si].block_table, pos, k, v);
+                    }
+                    let view = kv.layer(li);
+                    let qkv_ro: &[f32] = qkv;
+                    // One task per row and run of `heads` kv heads (with their query heads).
+                    let heads = attention_task_heads(t, kv_heads);
+                    let (group_width, tasks_per_row) = (qd / kv_heads, kv_heads / heads);
+                    let group = c.num_heads / kv_heads;
+                    let sinks = a.sinks.as_ref().map(Tensor::data);
+                    let task_width = group_width * heads;
+                    attn.par_chunks_mut(task_width).enumerate().for_each_init(Scratch::default, |scratch, (i, out)| {
+                        let (r, g) = (i / tasks_per_row, i % tasks_per_row * heads);
+                        let (si, pos) = rows[r];
+                        let first_pos = a.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                        let span = KvSpan { block_table: input.seqs[si].block_table, first_pos, last_pos: pos };
+                        let q = &qkv_ro[r * width + g * group_width..][..task_width];
+                        let scoring = Scoring { sinks: sinks.map(|s| &s[g * group..(g + heads) * group]), ..scoring };
+                        attend(q, view.heads(g, heads), span, scoring, scratch, out);
+                    });
+                    if a.gated {
+                        rows_par_mut(attn, qd).zip(rows_par(qkv_ro, width)).for_each(|(out, rows)| {
+                            for (o, row) in out.chunks_exact_mut(qd).zip(rows.chunks_exact(width)) {
+                                o.iter_mut().zip(&row[qd + 2 * kvd..]).for_each(|(x, &g)| *x /= 1.0 + (-g).exp());
+                            }
+                        });
+                    }
+                    if let Some(w) = &a.attn_sub_norm {
+                        rows_par_mut(attn, qd).for_each(|rows| rmsnorm_in_place(rows, w.data(), eps));
+                    }
+                    a.wo.matmul(attn, &mut ws.xq, tmp, t);
+                    if let Some(b) = &a.o_bias {
+                        rows_par_mut(tmp, d).for_each(|rows| moe::add_bias(rows, b.data()));
+                    }
+                }
             }
             let post = layer.post_attn_norm.as_ref().map(Tensor::data);
             add_and_norm(h, tmp, post, None, Some(layer.ffn_norm.data()), eps, xn, d);

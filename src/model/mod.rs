@@ -4,6 +4,7 @@
 pub mod config;
 pub mod convert;
 pub mod decoder;
+mod delta_net;
 pub mod file_type;
 pub mod gguf;
 pub mod gguf_write;

@@ -123,7 +123,7 @@ impl Experts {
     /// `mlp.experts.E.gate_proj`), Mixtral's (`block_sparse_moe.gate`, `…experts.E.w1`),
     /// gpt-oss's (`mlp.router`, with biases) or Gemma 4's (`router.proj`, `experts`),
     /// whichever the source holds; gpt-oss's and Gemma 4's Hugging Face experts come fused
-    /// ([`fused_gpt_oss`], [`fused_gemma4`]).
+    /// ([`fused_gpt_oss`], [`fused_stacked`]).
     pub fn load(
         src: &dyn WeightSource,
         layer: usize,
@@ -149,8 +149,11 @@ impl Experts {
         let bias_name = at(&format!("{block}.{router_stem}.bias"));
         let router_bias =
             if src.contains(&bias_name) { Some(src.load(&bias_name, &[c.num_experts])?.data().to_vec()) } else { None };
-        let experts = if src.contains(&at("mlp.experts.gate_up_proj")) {
+        let experts = if src.contains(&at("mlp.experts.gate_up_proj_bias")) {
             fused_gpt_oss(src, layer, c, d, dtype)?
+        } else if src.contains(&at("mlp.experts.gate_up_proj")) {
+            // Qwen3.5's, stacked as Gemma 4's.
+            fused_stacked(src, &at("mlp.experts"), c, d, dtype)?
         } else {
             let mut experts = Vec::with_capacity(c.num_experts);
             for e in 0..c.num_experts {
@@ -223,7 +226,7 @@ impl Experts {
             eps,
         };
         let experts = if src.contains(&at("experts.gate_up_proj")) {
-            fused_gemma4(src, layer, c, d, dtype)?
+            fused_stacked(src, &at("experts"), c, d, dtype)?
         } else {
             (0..n)
                 .map(|e| {
@@ -497,18 +500,18 @@ fn fused_gpt_oss(
     Ok(experts)
 }
 
-/// Gemma 4's experts as its Hugging Face checkpoints hold them: `experts.gate_up_proj`
-/// `[experts, 2 ffn, hidden]` and `experts.down_proj` `[experts, hidden, ffn]`, each
-/// expert's matrices already in `[out, in]` rows.
-fn fused_gemma4(
+/// Gemma 4's and Qwen3.5's experts as their Hugging Face checkpoints hold them, under
+/// `prefix`: `gate_up_proj` `[experts, 2 ffn, hidden]` and `down_proj` `[experts, hidden,
+/// ffn]`, each expert's matrices already in `[out, in]` rows.
+fn fused_stacked(
     src: &dyn WeightSource,
-    layer: usize,
+    prefix: &str,
     c: &MoeConfig,
     d: usize,
     dtype: WeightDtype,
 ) -> Result<Vec<Expert>> {
     let (n, f) = (c.num_experts, c.expert_ffn);
-    let at = |s: &str| format!("model.layers.{layer}.experts.{s}");
+    let at = |s: &str| format!("{prefix}.{s}");
     let gate_up = src.load(&at("gate_up_proj"), &[n, 2 * f, d])?;
     let down = src.load(&at("down_proj"), &[n, d, f])?;
     (0..n)

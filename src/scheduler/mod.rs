@@ -13,7 +13,7 @@ mod sequence;
 
 pub use sequence::{SeqId, Sequence};
 
-use crate::kv::{BlockAllocator, BlockTable, KvEvent};
+use crate::kv::{block_hash, BlockAllocator, BlockTable, KvEvent, SnapshotIndex};
 use std::collections::{HashMap, HashSet};
 
 #[derive(Debug, Clone, Copy)]
@@ -26,6 +26,18 @@ pub struct SchedulerConfig {
     pub prefix_caching: bool,
     /// Log the blocks stored in and evicted from the prefix cache ([`Scheduler::take_kv_events`]).
     pub kv_events: bool,
+    /// A model with recurrent layers keeps this many state snapshots for the prefix cache,
+    /// and resumes only after a cached block whose snapshot it holds (`None`: no recurrent
+    /// state, every cached block is a place to resume).
+    pub state_snapshots: Option<usize>,
+}
+
+/// A copy a fork asks of the caches: the parent's partially filled last block, or its
+/// recurrent state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheCopy {
+    Block { src: u32, dst: u32 },
+    State { src: u32, dst: u32 },
 }
 
 /// One sequence's share of a step.
@@ -81,22 +93,67 @@ pub struct Scheduler<S = ()> {
     prefix_hits: u64,
     /// Prefill tokens allowed in a step that carries decodes (the step-time budget).
     prefill_limit: Option<usize>,
+    /// State slots no running sequence holds.
+    free_slots: Vec<u32>,
+    /// Whose state after which cached block is kept (recurrent models).
+    snapshots: Option<SnapshotIndex>,
 }
 
 /// Gives an empty sequence the longest chain of cached blocks of its tokens (leaving at
-/// least its last token to compute, so it gets logits); returns the tokens reused.
-fn reuse_prefix<S>(alloc: &mut BlockAllocator, seq: &mut Sequence<S>, bs: usize) -> usize {
+/// least its last token to compute, so it gets logits); returns the tokens reused. With
+/// `snapshots` (a recurrent model), the chain ends at the last block whose state after it
+/// is kept, and the sequence is to resume from that snapshot.
+fn reuse_prefix<S>(
+    alloc: &mut BlockAllocator,
+    seq: &mut Sequence<S>,
+    bs: usize,
+    snapshots: Option<&mut SnapshotIndex>,
+) -> usize {
     debug_assert!(seq.num_computed == 0 && seq.block_table.blocks().is_empty());
     seq.block_hashes.clear();
+    let mut chain = Vec::new();
     for i in 0..(seq.tokens.len() - 1) / bs {
-        let hash = seq.hash_block(i, bs);
+        let parent = chain.last().map(|&(_, h)| h);
+        let hash = block_hash(parent, seq.cache_salt.as_deref(), &seq.tokens[i * bs..(i + 1) * bs]);
         let Some(block) = alloc.lookup(hash) else { break };
+        chain.push((block, hash));
+    }
+    seq.restore = None;
+    if let Some(ix) = snapshots {
+        // The deepest block with a snapshot: its chain is kept, its state restored.
+        let n = chain.len();
+        let resume = chain.iter().rev().enumerate().find_map(|(back, &(_, h))| Some((n - back, ix.lookup(h)?)));
+        chain.truncate(resume.map_or(0, |(keep, _)| keep));
+        seq.restore = resume.map(|(_, slot)| slot);
+    }
+    for (block, hash) in chain {
         alloc.retain(block);
         seq.block_table.push(block);
         seq.block_hashes.push(hash);
     }
     seq.num_computed = seq.block_hashes.len() * bs;
     seq.num_computed
+}
+
+/// The snapshots a step of `n` tokens after `seq.num_computed` takes: at the last token of
+/// each block it completes (the last `most` of them), into slots claimed from `ix`.
+fn plan_captures<S>(ix: &mut SnapshotIndex, seq: &mut Sequence<S>, n: usize, bs: usize, most: usize) {
+    seq.captures.clear();
+    let (done, end) = (seq.num_computed / bs, (seq.num_computed + n) / bs);
+    let mut parent = seq.block_hashes.last().copied();
+    let mut hashes = Vec::new();
+    for i in seq.block_hashes.len()..end {
+        let hash = block_hash(parent, seq.cache_salt.as_deref(), &seq.tokens[i * bs..(i + 1) * bs]);
+        if i >= done {
+            hashes.push((i, hash));
+        }
+        parent = Some(hash);
+    }
+    for &(i, hash) in &hashes[hashes.len().saturating_sub(most)..] {
+        if let Some(slot) = ix.claim(hash) {
+            seq.captures.push(((i + 1) * bs - 1, slot));
+        }
+    }
 }
 
 /// Registers the sequence's blocks that became full (and written) in the prefix cache.
@@ -145,6 +202,8 @@ impl<S> Scheduler<S> {
             prefix_queries: 0,
             prefix_hits: 0,
             prefill_limit: None,
+            free_slots: (0..cfg.max_num_seqs as u32).rev().collect(),
+            snapshots: cfg.state_snapshots.map(SnapshotIndex::new),
         }
     }
 
@@ -287,12 +346,14 @@ impl<S> Scheduler<S> {
             let seq = self.seqs.get_mut(&id).expect("waiting sequences exist");
             // A prompt to be scored or mean-pooled computes every row: none comes from the cache.
             let reuse = self.cfg.prefix_caching && !seq.prompt_logits && !seq.whole_prompt;
-            let reused = if reuse { reuse_prefix(&mut self.alloc, seq, bs) } else { 0 };
+            seq.restore = None;
+            let reused = if reuse { reuse_prefix(&mut self.alloc, seq, bs, self.snapshots.as_mut()) } else { 0 };
             let n = seq.remaining().min(budget);
             let target = seq.num_computed + n;
             if seq.block_table.reserve(&mut self.alloc, target, bs).is_err() {
                 seq.block_table.release(&mut self.alloc);
                 seq.num_computed = 0;
+                seq.restore = None;
                 break;
             }
             if self.cfg.prefix_caching {
@@ -303,12 +364,20 @@ impl<S> Scheduler<S> {
                 seq.cached_tokens = reused;
             }
             seq.requeued = false;
+            seq.state_slot = Some(self.free_slots.pop().expect("a state slot per running sequence"));
             out.push(Scheduled::chunk(seq, n));
             budget -= n;
             self.waiting.remove(0);
             insert_sorted(&mut self.running, &self.seqs, id);
         }
         self.add_drafts(&mut out);
+        if let Some(ix) = self.snapshots.as_mut().filter(|_| self.cfg.prefix_caching) {
+            let most = ix.capacity();
+            for s in &out {
+                let seq = self.seqs.get_mut(&s.id).expect("scheduled sequences exist");
+                plan_captures(ix, seq, s.num_tokens - s.draft, bs, most);
+            }
+        }
         out
     }
 
@@ -339,6 +408,8 @@ impl<S> Scheduler<S> {
         let id = self.running.remove(index);
         let seq = self.seqs.get_mut(&id).expect("running sequences exist");
         seq.block_table.release(&mut self.alloc);
+        self.free_slots.extend(seq.state_slot.take());
+        seq.restore = None;
         seq.block_hashes.clear();
         seq.num_computed = 0;
         seq.draft.clear();
@@ -391,20 +462,16 @@ impl<S> Scheduler<S> {
             }
         }
         seq.block_table.release(&mut self.alloc);
+        self.free_slots.extend(seq.state_slot.take());
         Some(seq)
     }
 
     /// Starts `child` (holding the same prompt) after running sequence `parent`'s prefill,
     /// with `first_token` appended. It shares the parent's full blocks; the partially
-    /// filled last block is copied with `copy_block(src, dst)`. Without room (no free block,
-    /// or `max_num_seqs` reached) the child waits and recomputes its prompt instead.
-    pub fn fork(
-        &mut self,
-        parent: SeqId,
-        mut child: Sequence<S>,
-        first_token: u32,
-        copy_block: &mut dyn FnMut(u32, u32),
-    ) {
+    /// filled last block and the parent's recurrent state are copied with `copy`. Without
+    /// room (no free block, or `max_num_seqs` reached) the child waits and recomputes its
+    /// prompt instead.
+    pub fn fork(&mut self, parent: SeqId, mut child: Sequence<S>, first_token: u32, copy: &mut dyn FnMut(CacheCopy)) {
         let bs = self.cfg.block_size;
         child.tokens.push(first_token);
         child.requeued = true;
@@ -412,6 +479,7 @@ impl<S> Scheduler<S> {
             return self.add(child);
         };
         let computed = p.num_computed;
+        let parent_slot = p.state_slot.expect("running sequences hold a state slot");
         let (full, partial) = (computed / bs, computed % bs != 0);
         let shared = p.block_table.blocks()[..computed.div_ceil(bs)].to_vec();
         let hashes: Vec<_> = p.block_hashes.iter().take(full).copied().collect();
@@ -423,7 +491,7 @@ impl<S> Scheduler<S> {
             let Ok(dst) = self.alloc.allocate(1) else {
                 return self.add(child);
             };
-            copy_block(shared[full], dst[0]);
+            copy(CacheCopy::Block { src: shared[full], dst: dst[0] });
             blocks.push(dst[0]);
         }
         for &b in &shared[..full] {
@@ -433,6 +501,9 @@ impl<S> Scheduler<S> {
         child.block_table = BlockTable::from_blocks(blocks);
         child.num_computed = computed;
         child.requeued = false;
+        let slot = self.free_slots.pop().expect("a state slot per running sequence");
+        copy(CacheCopy::State { src: parent_slot, dst: slot });
+        child.state_slot = Some(slot);
         let id = child.id;
         assert!(self.seqs.insert(id, child).is_none(), "sequence {id} added twice");
         insert_sorted(&mut self.running, &self.seqs, id);
@@ -452,6 +523,15 @@ impl<S> Scheduler<S> {
             if rc != c {
                 return Err(format!("block {b}: ref count {rc}, held by {c} sequences"));
             }
+        }
+        let mut slots: Vec<u32> = self.running.iter().filter_map(|id| self.seqs[id].state_slot).collect();
+        if slots.len() != self.running.len() || self.waiting.iter().any(|id| self.seqs[id].state_slot.is_some()) {
+            return Err("a running sequence without a state slot, or a waiting one with".into());
+        }
+        slots.extend(&self.free_slots);
+        slots.sort_unstable();
+        if slots != (0..self.cfg.max_num_seqs as u32).collect::<Vec<_>>() {
+            return Err(format!("state slots held and free are not each slot once: {slots:?}"));
         }
         if self.running.len() + self.waiting.len() != self.seqs.len() {
             return Err(format!(

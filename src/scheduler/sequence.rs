@@ -17,6 +17,14 @@ pub struct Sequence<S = ()> {
     /// beside the last token; never part of `tokens` until accepted.
     pub draft: Vec<u32>,
     pub block_table: BlockTable,
+    /// Its slot in the recurrent state cache while it runs (a hybrid model's DeltaNet
+    /// state; every running sequence holds one, `max_num_seqs` in all).
+    pub state_slot: Option<u32>,
+    /// The snapshot its state slot is to be set from before its next step: it resumes
+    /// after a cached prefix (hybrid models).
+    pub restore: Option<u32>,
+    /// This step's snapshots to take: (position of a block's last token, snapshot slot).
+    pub captures: Vec<(usize, u32)>,
     /// Lower runs first.
     pub priority: i32,
     /// Submission order, the tie-breaker.
@@ -44,6 +52,9 @@ impl<S> Sequence<S> {
             num_computed: 0,
             draft: Vec::new(),
             block_table: BlockTable::default(),
+            state_slot: None,
+            restore: None,
+            captures: Vec::new(),
             priority,
             arrival,
             requeued: false,

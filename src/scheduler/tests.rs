@@ -6,6 +6,7 @@ fn sched(max_seqs: usize, max_tokens: usize, blocks: usize) -> Scheduler {
 
 fn sched_with(max_seqs: usize, max_tokens: usize, blocks: usize, prefix_caching: bool) -> Scheduler {
     Scheduler::new(SchedulerConfig {
+        state_snapshots: None,
         max_num_seqs: max_seqs,
         max_num_batched_tokens: max_tokens,
         block_size: 4,
@@ -101,12 +102,15 @@ fn fork_shares_full_blocks_and_copies_the_partial_one() {
     s.add(seq(1, 6, 0));
     run(&mut s);
     let mut copies = Vec::new();
-    s.fork(1, seq(2, 6, 0), 9, &mut |a, b| copies.push((a, b)));
+    s.fork(1, seq(2, 6, 0), 9, &mut |c| copies.push(c));
     let (p, c) = (s.get(1).unwrap(), s.get(2).unwrap());
     assert_eq!(c.tokens.len(), 7);
     assert_eq!(c.num_computed, 6);
     assert_eq!(p.block_table.blocks()[0], c.block_table.blocks()[0], "full block shared");
-    assert_eq!(copies, vec![(p.block_table.blocks()[1], c.block_table.blocks()[1])]);
+    let (src, dst) = (p.block_table.blocks()[1], c.block_table.blocks()[1]);
+    let slots = (p.state_slot.unwrap(), c.state_slot.unwrap());
+    assert_ne!(slots.0, slots.1);
+    assert_eq!(copies, vec![CacheCopy::Block { src, dst }, CacheCopy::State { src: slots.0, dst: slots.1 }]);
     s.check_invariants().unwrap();
     run(&mut s);
     s.remove(1);

@@ -201,7 +201,7 @@ fn is_phi3(g: &GgufFile) -> bool {
 }
 
 /// The `tokenizer.ggml.pre` names [`gpt2_pre_tokenizer`] knows, one per distinct split.
-pub(super) const GPT2_PRE_NAMES: &[&str] = &["gpt-2", "smollm", "llama-bpe", "qwen2"];
+pub(super) const GPT2_PRE_NAMES: &[&str] = &["gpt-2", "smollm", "llama-bpe", "qwen2", "qwen35"];
 
 /// Byte-level BPE splitting for a GGUF `tokenizer.ggml.pre` name, as the original models'
 /// tokenizer.json files define it: (normalizer, pre-tokenizer, whether whole words in the
@@ -228,8 +228,16 @@ pub(super) fn gpt2_pre_tokenizer(pre: &str) -> Result<(Json, Json, bool)> {
         ),
         p if LLAMA3_PRE.contains(&p) => (Json::Null, split(&pattern("{1,3}")), true),
         "qwen2" => (json!({"type": "NFC"}), split(&pattern("")), false),
+        // Qwen3.5: letters with their combining marks, one digit a piece.
+        "qwen35" => (
+            json!({"type": "NFC"}),
+            split(
+                r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+            ),
+            false,
+        ),
         other => bail!(
-            "GGUF pre-tokenizer '{other}' is not supported (supported: gpt-2, smollm, llama-bpe, qwen2); put the model's tokenizer.json next to the .gguf file"
+            "GGUF pre-tokenizer '{other}' is not supported (supported: gpt-2, smollm, llama-bpe, qwen2, qwen35); put the model's tokenizer.json next to the .gguf file"
         ),
     })
 }

@@ -37,6 +37,10 @@ pub const FAMILIES: &[&str] = &[
 /// tests that need neither (step shapes, long prompts) run it too.
 pub const GPT_OSS: &str = "tiny-gpt-oss";
 
+/// Qwen3.5, the hybrid family outside [`FAMILIES`]: `weft quantize` does not write its
+/// DeltaNet layers. The family tests that need no conversion run it too.
+pub const QWEN35: &str = "tiny-qwen35";
+
 /// A deterministic stream of numbers for building mixed workloads.
 pub struct Lcg(pub u64);
 
@@ -170,7 +174,7 @@ pub fn kv_for(m: &LoadedModel, n: usize) -> (KvCache, BlockTable) {
 /// [`kv_for`] with the KV cache element type `dtype` asks for.
 pub fn kv_as(m: &LoadedModel, n: usize, dtype: KvCacheDtype) -> (KvCache, BlockTable) {
     let c = &m.model.config;
-    let kv = KvCache::new(m.model.kv_dtype(dtype), &c.kv_shapes(), n.div_ceil(16), 16);
+    let kv = KvCache::new(m.model.kv_dtype(dtype), &c.kv_shapes(), n.div_ceil(16), 16).with_states(c.state_floats());
     let mut alloc = BlockAllocator::new(kv.num_blocks(), false);
     let mut table = BlockTable::default();
     table.reserve(&mut alloc, n, 16).unwrap();
@@ -301,6 +305,9 @@ pub const VARIANTS: &[(&str, &str)] = &[
     ("tiny-gpt-oss/tiny-gpt-oss.gguf", "tiny-gpt-oss"),
     ("tiny-gemma4", "tiny-gemma4"),
     ("tiny-gemma4/tiny-gemma4.gguf", "tiny-gemma4"),
+    // Hybrid: gated DeltaNet layers beside full attention.
+    (QWEN35, QWEN35),
+    ("tiny-qwen35/tiny-qwen35.gguf", QWEN35),
     // Ternary: every form of the same numbers against float activations (the int8 ones,
     // what transformers computes, are judged in tests/ternary.rs).
     ("tiny-bitnet", BITNET_FLOAT),

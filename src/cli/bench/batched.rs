@@ -17,7 +17,7 @@ fn bare_decode(model: &crate::model::Decoder, kv: crate::kv::KvCacheDtype, promp
     use crate::model::{SeqStep, StepInput, Workspace};
     let c = &model.config;
     let n = prompt.len() + gen;
-    let mut kv = KvCache::new(model.kv_dtype(kv), &c.kv_shapes(), n.div_ceil(16), 16);
+    let mut kv = KvCache::new(model.kv_dtype(kv), &c.kv_shapes(), n.div_ceil(16), 16).with_states(c.state_floats());
     let mut alloc = BlockAllocator::new(kv.num_blocks(), false);
     let mut table = BlockTable::default();
     table.reserve(&mut alloc, n, 16).expect("sized for the sequence");

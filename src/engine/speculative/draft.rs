@@ -146,6 +146,9 @@ impl DraftModel {
                     num_tokens: n,
                     seq_len: start + n,
                     block_table: fed.table.blocks(),
+                    // A draft model attends in every layer ([`DraftModel::new`]): no state.
+                    state_slot: 0,
+                    captures: &[],
                     logits: usize::from(reaches_end),
                     hidden: 0,
                 });

@@ -84,6 +84,10 @@ pub fn gguf_name(arch: Arch, hf: &str) -> Option<String> {
         "router.scale" => Some("ffn_gate_inp.scale"),
         "router.per_expert_scale" => Some("ffn_down_exps.scale"),
         "layer_scalar" => Some("layer_output_scale.weight"),
+        // Qwen3.5's DeltaNet: its time-step bias, and the decay rate, which GGUF files keep
+        // as −exp(A_log) (Hugging Face ones as `A_log`; see the layer's loader).
+        "linear_attn.dt_bias" => Some("ssm_dt.bias"),
+        "linear_attn.neg_exp_A" => Some("ssm_a"),
         _ => None,
     };
     if let Some(w) = whole {
@@ -95,7 +99,7 @@ pub fn gguf_name(arch: Arch, hf: &str) -> Option<String> {
         // Gemma 2's post-attention norm is applied to the attention output; its pre-MLP
         // norm is the one other families call post-attention.
         // (gpt-oss's pre-MLP norm has llama.cpp's name for Gemma's post-attention one.)
-        (Arch::Gemma2 | Arch::Gemma3 | Arch::Gemma4 | Arch::GptOss, "post_attention_layernorm") => {
+        (Arch::Gemma2 | Arch::Gemma3 | Arch::Gemma4 | Arch::GptOss | Arch::Qwen35, "post_attention_layernorm") => {
             "post_attention_norm"
         }
         (Arch::Gemma2 | Arch::Gemma3 | Arch::Gemma4, "pre_feedforward_layernorm") => "ffn_norm",
@@ -125,6 +129,14 @@ pub fn gguf_name(arch: Arch, hf: &str) -> Option<String> {
         (_, "mlp.shared_expert.up_proj") => "ffn_up_shexp",
         (_, "mlp.shared_expert.down_proj") => "ffn_down_shexp",
         (_, "mlp.shared_expert_gate") => "ffn_gate_inp_shexp",
+        // Qwen3.5's gated DeltaNet.
+        (_, "linear_attn.in_proj_qkv") => "attn_qkv",
+        (_, "linear_attn.in_proj_z") => "attn_gate",
+        (_, "linear_attn.in_proj_b") => "ssm_beta",
+        (_, "linear_attn.in_proj_a") => "ssm_alpha",
+        (_, "linear_attn.conv1d") => "ssm_conv1d",
+        (_, "linear_attn.norm") => "ssm_norm",
+        (_, "linear_attn.out_proj") => "ssm_out",
         _ => return None,
     };
     Some(format!("blk.{layer}.{stem}.{kind}"))

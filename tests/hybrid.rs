@@ -1,0 +1,111 @@
+//! Hybrid attention (Qwen3.5's gated DeltaNet layers beside full attention): the recurrent
+//! state through every engine path — prompts in chunks of any size, `n > 1` forks,
+//! preemption, prefix-cache hits that resume from a snapshot, a busy batch.
+
+mod common;
+
+use common::{assert_all_blocks_free, collect, engine, greedy, reference, shared_models, Lcg, MARGIN, QWEN35};
+use weft::engine::{EngineConfig, EngineHandle, Request};
+use weft::sampling::SamplingParams;
+
+const GGUF: &str = "tiny-qwen35/tiny-qwen35.gguf";
+
+/// Greedy ids from both forms, prefilled in 8-token chunks (so the recurrence crosses a
+/// step boundary every 8 tokens) and in one step, equal the reference where margins allow.
+#[test]
+fn chunked_prefill_meets_the_reference() {
+    if shared_models().is_none() {
+        return;
+    }
+    for path in [QWEN35, GGUF] {
+        for budget in [8, 512] {
+            let e = engine(path, EngineConfig { max_num_batched_tokens: budget, ..EngineConfig::default() });
+            for case in reference(QWEN35) {
+                let out = collect(e.submit(greedy(&case.prompt_ids, case.generated_ids.len())).unwrap());
+                let stop = case.margins.iter().position(|&g| g <= MARGIN).unwrap_or(case.margins.len());
+                assert_eq!(out[0].tokens[..stop], case.generated_ids[..stop], "{path} budget {budget} {}", case.id);
+            }
+            assert_all_blocks_free(&e);
+        }
+    }
+}
+
+/// A shared 200-token system prompt, then different questions: the second request resumes
+/// after the shared prompt's last whole block (from the snapshot taken there) and gives
+/// the ids it gives with no cache; so do `n = 3` greedy samples, each forked from its
+/// parent's state.
+#[test]
+fn prefix_hits_resume_from_snapshots_and_forks_copy_the_state() {
+    if shared_models().is_none() {
+        return;
+    }
+    let mut rng = Lcg(5);
+    let system: Vec<u32> = (0..200).map(|_| 3 + rng.next(50_000) as u32).collect();
+    let ask = |tail: &[u32]| [system.clone(), tail.to_vec()].concat();
+    let (a, b) = (ask(&[11, 12, 13]), ask(&[21, 22, 23, 24, 25]));
+    let off = engine(GGUF, EngineConfig { prefix_caching: false, ..EngineConfig::default() });
+    let want = collect(off.submit(greedy(&b, 12)).unwrap()).remove(0);
+    let on = engine(GGUF, EngineConfig { max_num_batched_tokens: 64, ..EngineConfig::default() });
+    collect(on.submit(greedy(&a, 4)).unwrap());
+    let got = collect(on.submit(greedy(&b, 12)).unwrap()).remove(0);
+    assert_eq!(got.tokens, want.tokens);
+    assert_eq!(got.usage.cached_tokens, 192, "resumed after the shared prompt's 12 whole blocks");
+    let mut n3 = greedy(&b, 12);
+    n3.n = 3;
+    for out in collect(on.submit(n3).unwrap()) {
+        assert_eq!(out.tokens, want.tokens, "a forked sample");
+    }
+    assert_all_blocks_free(&on);
+}
+
+/// Many requests through a pool too small for all of them (preempted and recomputed from
+/// zero state) beside sampled traffic: each greedy request gives its ids alone.
+#[test]
+fn preemption_and_a_busy_batch_change_nothing() {
+    if shared_models().is_none() {
+        return;
+    }
+    let model = common::model(GGUF);
+    let c = &model.model.config;
+    let mut rng = Lcg(9);
+    let prompts: Vec<Vec<u32>> =
+        (0..8).map(|_| (0..1 + rng.next(120)).map(|_| 3 + rng.next(50_000) as u32).collect()).collect();
+    let alone = EngineHandle::start(model.clone(), EngineConfig { max_num_seqs: 1, ..Default::default() }).unwrap();
+    let want: Vec<_> = prompts.iter().map(|p| collect(alone.submit(greedy(p, 10)).unwrap()).remove(0)).collect();
+    let per_block = weft::kv::KvCache::bytes_per_block(model.model.kv_dtype(Default::default()), &c.kv_shapes(), 16);
+    let cfg = EngineConfig {
+        max_num_batched_tokens: 48,
+        kv_cache_memory: per_block * 14 + (64 + 4) * 4 * c.state_floats(),
+        state_snapshots: Some(4),
+        ..EngineConfig::default()
+    };
+    let busy = EngineHandle::start(model.clone(), cfg).unwrap();
+    let noise: Vec<_> = (0..4)
+        .map(|i| {
+            let mut r = Request::new(vec![7, 8, 9, 10 + i], 20);
+            r.sampling = SamplingParams { temperature: 0.9, seed: Some(i as u64), ..Default::default() };
+            busy.submit(r).unwrap()
+        })
+        .collect();
+    let streams: Vec<_> = prompts.iter().map(|p| busy.submit(greedy(p, 10)).unwrap()).collect();
+    for (i, (s, w)) in streams.into_iter().zip(&want).enumerate() {
+        assert_eq!(collect(s).remove(0).tokens, w.tokens, "request {i}");
+    }
+    noise.into_iter().for_each(|n| drop(collect(n)));
+    assert!(busy.stats().preemptions > 0, "the pool was meant to force preemption");
+    assert_all_blocks_free(&busy);
+}
+
+/// Speculative decoding is refused for a hybrid model, with a reason, not run wrong.
+#[test]
+fn speculative_decoding_is_refused() {
+    if shared_models().is_none() {
+        return;
+    }
+    let cfg = EngineConfig {
+        speculative: Some(r#"{"method":"ngram","num_speculative_tokens":3}"#.parse().unwrap()),
+        ..EngineConfig::default()
+    };
+    let err = EngineHandle::start(common::model(GGUF), cfg).err().expect("refused");
+    assert!(err.to_string().contains("recurrent"), "{err}");
+}
