@@ -109,3 +109,29 @@ fn speculative_decoding_is_refused() {
     let err = EngineHandle::start(common::model(GGUF), cfg).err().expect("refused");
     assert!(err.to_string().contains("recurrent"), "{err}");
 }
+
+/// Over HTTP: chat completions, and the state cache in the metrics (bytes per sequence,
+/// snapshots taken for the prefix cache), every slot free once idle.
+#[tokio::test(flavor = "multi_thread")]
+async fn served_with_its_state_in_the_metrics() {
+    if shared_models().is_none() {
+        return;
+    }
+    let s = common::server::Server::start(GGUF, &[]).await;
+    let long = "word ".repeat(60);
+    for q in ["first", "second"] {
+        let body = serde_json::json!({
+            "messages": [{"role": "system", "content": long}, {"role": "user", "content": q}],
+            "max_tokens": 5,
+            "temperature": 0,
+        });
+        let (st, v) = s.post("/v1/chat/completions", body).await;
+        assert_eq!(st, 200, "{v}");
+    }
+    s.assert_idle().await;
+    let per_seq = s.metric("weft:state_cache_bytes_per_sequence ").await;
+    let model = common::model(GGUF);
+    assert_eq!(per_seq as usize, 4 * model.model.config.state_floats());
+    assert!(s.metric("weft:state_cache_snapshots ").await > 0.0);
+    assert_eq!(s.metric("weft:state_cache_usage_perc ").await, 0.0);
+}

@@ -17,6 +17,7 @@ const VOCABS: &[(&str, &str)] = &[
     ("vocab/ggml-vocab-llama-spm.gguf", "tiny-mistral-swa/tiny-mistral-swa.gguf"),
     ("vocab/ggml-vocab-gpt-2.gguf", "tiny-gemma2/tiny-gemma2.gguf"),
     ("vocab/ggml-vocab-gemma-4.gguf", "vocab/ggml-vocab-gemma-4.gguf"),
+    ("vocab/ggml-vocab-qwen35.gguf", "vocab/ggml-vocab-qwen35.gguf"),
 ];
 
 #[test]

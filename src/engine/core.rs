@@ -209,6 +209,12 @@ impl EngineLoop {
         st.kv_blocks_used = self.sched.blocks_used();
         st.kv_blocks_total = self.sched.num_blocks();
         st.kv_blocks_cached = self.sched.num_cached_blocks();
+        let per_seq = 4 * self.kv.states.slot_len();
+        st.state_bytes_per_seq = per_seq;
+        if per_seq > 0 {
+            (st.state_slots_used, st.state_slots_total) = (self.sched.num_running(), self.shared.config.max_num_seqs);
+            (st.state_snapshots, st.state_snapshots_total) = self.sched.snapshot_counts();
+        }
         st.preemptions = self.sched.preemptions();
         let (q, h) = self.sched.prefix_cache_counts();
         st.prefix_cache_queries = self.prefix_carry.0 + q;

@@ -17,6 +17,13 @@ pub struct EngineStats {
     pub kv_events_dropped: u64,
     /// Full blocks the prefix cache holds (in use or idle).
     pub kv_blocks_cached: usize,
+    /// A hybrid model's recurrent state (zero otherwise): bytes of one sequence's, the
+    /// slots running sequences hold and there are, and the prefix snapshots held and kept.
+    pub state_bytes_per_seq: usize,
+    pub state_slots_used: usize,
+    pub state_slots_total: usize,
+    pub state_snapshots: usize,
+    pub state_snapshots_total: usize,
     /// Steps that panicked; each failed its requests and restarted the engine.
     pub engine_failures: u64,
     pub steps: u64,

@@ -254,6 +254,11 @@ impl<S> Scheduler<S> {
         self.alloc.num_cached()
     }
 
+    /// Recurrent-state snapshots held, and the most kept (0, 0 without a recurrent model).
+    pub fn snapshot_counts(&self) -> (usize, usize) {
+        self.snapshots.as_ref().map_or((0, 0), |ix| (ix.len(), ix.capacity()))
+    }
+
     /// The prefix cache's events since the last call (none unless `kv_events` is on).
     pub fn take_kv_events(&mut self) -> Vec<KvEvent> {
         self.alloc.take_events()

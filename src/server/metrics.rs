@@ -30,6 +30,10 @@ pub struct Metrics {
     /// The same three under vLLM's own names.
     vllm: [Gauge; 3],
     kv_cached: Gauge,
+    /// A hybrid model's recurrent state: slots held / slots, bytes per sequence, snapshots.
+    state_usage: Gauge,
+    state_bytes: Gauge,
+    state_snapshots: Gauge,
     kv_events_dropped: Counter,
     prompt_tokens: Counter,
     generation_tokens: Counter,
@@ -96,6 +100,13 @@ impl Metrics {
             None,
             SharedString::const_str("Full KV blocks in the prefix cache, in use or idle."),
         );
+        for (name, help) in [
+            ("weft:state_cache_usage_perc", "Recurrent-state slots held by running sequences, of all (hybrid models)."),
+            ("weft:state_cache_bytes_per_sequence", "Bytes of one sequence's recurrent state (hybrid models)."),
+            ("weft:state_cache_snapshots", "Recurrent-state snapshots the prefix cache holds (hybrid models)."),
+        ] {
+            recorder.describe_gauge(name.into(), None, SharedString::const_str(help));
+        }
         describe("weft:request_success_total", Some(Unit::Count), "Finished samples, by finish reason.");
         describe(
             "weft:engine_failures_total",
@@ -114,6 +125,9 @@ impl Metrics {
             kv_usage: g("weft:kv_cache_usage_perc"),
             vllm: [g("vllm:num_requests_running"), g("vllm:num_requests_waiting"), g("vllm:kv_cache_usage_perc")],
             kv_cached: g("weft:kv_cache_blocks_cached"),
+            state_usage: g("weft:state_cache_usage_perc"),
+            state_bytes: g("weft:state_cache_bytes_per_sequence"),
+            state_snapshots: g("weft:state_cache_snapshots"),
             kv_events_dropped: c("weft:kv_events_dropped_total"),
             prompt_tokens: c("weft:prompt_tokens_total"),
             generation_tokens: c("weft:generation_tokens_total"),
@@ -165,6 +179,9 @@ impl Metrics {
             g.set(x);
         }
         self.kv_cached.set(stats.kv_blocks_cached as f64);
+        self.state_usage.set(stats.state_slots_used as f64 / stats.state_slots_total.max(1) as f64);
+        self.state_bytes.set(stats.state_bytes_per_seq as f64);
+        self.state_snapshots.set(stats.state_snapshots as f64);
         self.kv_events_dropped.absolute(stats.kv_events_dropped);
         self.prompt_tokens.absolute(stats.prompt_tokens_total.saturating_sub(base.prompt_tokens_total));
         self.generation_tokens.absolute(stats.generation_tokens_total.saturating_sub(base.generation_tokens_total));
