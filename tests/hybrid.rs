@@ -135,3 +135,46 @@ async fn served_with_its_state_in_the_metrics() {
     assert!(s.metric("weft:state_cache_snapshots ").await > 0.0);
     assert_eq!(s.metric("weft:state_cache_usage_perc ").await, 0.0);
 }
+
+/// Layer patterns and state shapes weft does not support are load errors naming the key,
+/// from GGUF metadata and from a Hugging Face config.
+#[test]
+fn unsupported_layouts_are_load_errors_naming_the_key() {
+    let Some(models) = shared_models() else { return };
+    use weft::loaded::LoadedModel;
+    use weft::model::WeightDtype;
+    let dir = tempfile::tempdir().unwrap();
+    let open = |path: &std::path::Path| match LoadedModel::open(path, WeightDtype::Auto) {
+        Ok(_) => panic!("{} loaded", path.display()),
+        Err(e) => format!("{e:#}"),
+    };
+    let real = std::fs::read(models.join(GGUF)).unwrap();
+    for (key, value, says) in [
+        ("qwen35moe.ssm.time_step_rank", 3, "ssm.time_step_rank) 3 is not a multiple"),
+        ("qwen35moe.ssm.conv_kernel", 0, "ssm.conv_kernel) 0 is not within"),
+        ("qwen35moe.ssm.group_count", 0, "ssm.group_count) 0 is not within"),
+        ("qwen35moe.block_count", 5, "attention.recurrent_layers) has 4 entries for 5 layers"),
+    ] {
+        let path = dir.path().join("bad.gguf");
+        std::fs::write(&path, common::patched(&real, key, value)).unwrap();
+        let err = open(&path);
+        assert!(err.contains(says), "{key} = {value}: {err}");
+    }
+    let src = models.join(QWEN35);
+    let hf = dir.path().join("hf");
+    std::fs::create_dir(&hf).unwrap();
+    for f in ["model.safetensors", "tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(src.join(f), hf.join(f)).unwrap();
+    }
+    let config = std::fs::read_to_string(src.join("config.json")).unwrap();
+    for (from, to, says) in [
+        ("\"full_attention\"\n", "\"sliding_attention\"\n", "layer type 'sliding_attention'"),
+        ("\"linear_num_value_heads\": 4", "\"linear_num_value_heads\": 3", "linear_num_value_heads"),
+        ("\"linear_conv_kernel_dim\": 4,", "", "needs linear_conv_kernel_dim"),
+    ] {
+        assert!(config.contains(from), "{from}");
+        std::fs::write(hf.join("config.json"), config.replace(from, to)).unwrap();
+        let err = open(&hf);
+        assert!(err.contains(says), "{from} -> {to}: {err}");
+    }
+}

@@ -95,17 +95,6 @@ fn mxfp4_experts_computed_as_stored_stay_close_to_their_exact_values() {
     assert_batch_invariant(std::sync::Arc::new(q), "tiny-gpt-oss");
 }
 
-/// The fixture's GGUF with the u32 value of metadata `key` replaced.
-fn patched(original: &[u8], key: &str, value: u32) -> Vec<u8> {
-    let mut needle = (key.len() as u64).to_le_bytes().to_vec();
-    needle.extend(key.as_bytes());
-    let at = original.windows(needle.len()).position(|w| w == needle).expect("key in file") + needle.len();
-    assert_eq!(original[at..at + 4], 4u32.to_le_bytes(), "{key} is a u32");
-    let mut b = original.to_vec();
-    b[at + 4..at + 8].copy_from_slice(&value.to_le_bytes());
-    b
-}
-
 /// Expert counts out of range and a router of the wrong shape are load errors that say
 /// what is wrong, never a panic in a step.
 #[test]
@@ -135,7 +124,7 @@ fn hostile_expert_metadata_is_refused_at_load() {
         ("qwen3moe.expert_count", 1 << 20, "experts is implausibly many"),
         ("qwen3moe.expert_feed_forward_length", 17, "blk.0.ffn_gate_exps.weight has shape [16, 32], expected [17, 32]"),
     ] {
-        let err = open(patched(&real, key, value));
+        let err = open(common::patched(&real, key, value));
         assert!(err.contains(says), "{key} = {value}: {err}");
     }
 }

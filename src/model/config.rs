@@ -229,19 +229,28 @@ impl LinearAttn {
     }
 
     fn validate(&self, layers: usize) -> Result<()> {
-        ensure!(self.layers.len() == layers, "{} layer types for {layers} layers", self.layers.len());
+        ensure!(
+            self.layers.len() == layers,
+            "layer_types (GGUF: attention.recurrent_layers) has {} entries for {layers} layers",
+            self.layers.len()
+        );
+        // Named as Hugging Face configs and GGUF files name them.
         for (what, v) in [
-            ("linear key heads", self.key_heads),
-            ("linear value heads", self.value_heads),
-            ("linear key head size", self.key_dim),
-            ("linear value head size", self.value_dim),
+            ("linear_num_key_heads (ssm.group_count)", self.key_heads),
+            ("linear_num_value_heads (ssm.time_step_rank)", self.value_heads),
+            ("linear_key_head_dim (ssm.state_size)", self.key_dim),
+            ("linear_value_head_dim (ssm.inner_size / ssm.time_step_rank)", self.value_dim),
         ] {
             ensure!((1..=1 << 12).contains(&v), "{what} {v} is not within 1..=4096");
         }
-        ensure!((2..=16).contains(&self.conv_kernel), "convolution width {} is not within 2..=16", self.conv_kernel);
+        ensure!(
+            (2..=16).contains(&self.conv_kernel),
+            "linear_conv_kernel_dim (ssm.conv_kernel) {} is not within 2..=16",
+            self.conv_kernel
+        );
         ensure!(
             self.value_heads.is_multiple_of(self.key_heads),
-            "{} linear value heads is not a multiple of {} key heads",
+            "linear_num_value_heads (ssm.time_step_rank) {} is not a multiple of linear_num_key_heads (ssm.group_count) {}",
             self.value_heads,
             self.key_heads
         );

@@ -401,3 +401,14 @@ pub fn weather_schema() -> Value {
     serde_json::json!({"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
         "unit": {"enum": ["c", "f"]}}, "required": ["city", "unit"], "additionalProperties": false})
 }
+
+/// A GGUF file's bytes with the u32 value of metadata `key` replaced.
+pub fn patched(original: &[u8], key: &str, value: u32) -> Vec<u8> {
+    let mut needle = (key.len() as u64).to_le_bytes().to_vec();
+    needle.extend(key.as_bytes());
+    let at = original.windows(needle.len()).position(|w| w == needle).expect("key in file") + needle.len();
+    assert_eq!(original[at..at + 4], 4u32.to_le_bytes(), "{key} is a u32");
+    let mut b = original.to_vec();
+    b[at + 4..at + 8].copy_from_slice(&value.to_le_bytes());
+    b
+}
