@@ -178,3 +178,29 @@ fn unsupported_layouts_are_load_errors_naming_the_key() {
         assert!(err.contains(says), "{from} -> {to}: {err}");
     }
 }
+
+/// The GGUF requantized by `weft quantize` (Q8_0 and Q4_K_M, the DeltaNet's small tensors
+/// kept as they are) and computed in its block formats: close to the same weights widened,
+/// and batch invariant.
+#[test]
+fn block_formats_stay_close_to_the_exact_path() {
+    let Some(models) = shared_models() else { return };
+    use weft::loaded::LoadedModel;
+    use weft::model::file_type::parse_file_type_name;
+    use weft::model::WeightDtype;
+    let dir = tempfile::tempdir().unwrap();
+    // Hidden size 32 with random weights: int8 activations move logits a lot; this guards
+    // the whole path (every product counted, no shape refused), not the rounding.
+    for (t, min_agree, max_kl) in [("q8_0", 0.6, 0.6), ("q4_k_m", 0.4, 1.5)] {
+        let path = dir.path().join(format!("q.{t}.gguf"));
+        weft::model::requantize::requantize(&models.join(GGUF), &path, parse_file_type_name(t).unwrap()).unwrap();
+        let q = LoadedModel::open(&path, WeightDtype::Auto).unwrap();
+        let by = q.model.products_by_format();
+        assert_eq!(by.iter().map(|(_, n)| n).sum::<usize>(), q.model.config.matmul_params(), "{t}: {by:?}");
+        let exact = LoadedModel::open(&path, WeightDtype::F32).unwrap();
+        let (kl, agree) = common::kl_and_agreement(&exact, &q, QWEN35);
+        eprintln!("tiny-qwen35 {t}: mean KLD {kl:.5}, top-1 agreement {:.1}%", agree * 100.0);
+        assert!(agree >= min_agree && kl < max_kl, "{t}: KLD {kl}, agreement {agree}");
+        common::assert_batch_invariant(std::sync::Arc::new(q), QWEN35);
+    }
+}

@@ -274,6 +274,8 @@ impl Experts {
         by.extend(self.router.products());
         if let Some(s) = &self.shared {
             by.extend(s.gate_up.products().into_iter().chain(s.down.products()));
+            // Its gate: one f32 dot product per row.
+            by.push((None, s.gate.len()));
         }
         by
     }
