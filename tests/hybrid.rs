@@ -96,18 +96,72 @@ fn preemption_and_a_busy_batch_change_nothing() {
     assert_all_blocks_free(&busy);
 }
 
-/// Speculative decoding is refused for a hybrid model, with a reason, not run wrong.
+/// The rollback itself, on the forward pass: a verification step of a token and three
+/// drafts snapshots the state after each row; restoring the snapshot after the first draft
+/// and going on gives, bit for bit, the logits of a sequence that never saw the rest.
 #[test]
-fn speculative_decoding_is_refused() {
+fn a_draft_cut_short_resumes_from_its_rows_snapshot() {
     if shared_models().is_none() {
         return;
     }
-    let cfg = EngineConfig {
-        speculative: Some(r#"{"method":"ngram","num_speculative_tokens":3}"#.parse().unwrap()),
-        ..EngineConfig::default()
+    use weft::model::{SeqStep, StepInput, Workspace};
+    let m = common::model(GGUF);
+    let mut rng = Lcg(3);
+    let prompt: Vec<u32> = (0..37).map(|_| 3 + rng.next(50_000) as u32).collect();
+    let (t0, drafts, next) = (501, [502, 503, 504], 505);
+    let n = prompt.len();
+    let step = |kv: &mut weft::kv::KvCache, ws: &mut Workspace, table: &[u32], at: usize, tokens: &[u32], captures| {
+        let seq = [SeqStep { captures, ..SeqStep::sampled(at, tokens.len(), table) }];
+        m.model.forward(&StepInput { tokens, seqs: &seq }, kv, ws).to_vec()
     };
-    let err = EngineHandle::start(common::model(GGUF), cfg).err().expect("refused");
-    assert!(err.to_string().contains("recurrent"), "{err}");
+    // Verified: t0 and all three drafts, the state kept after t0, d1 and d2.
+    let (mut kv, table) = common::kv_for(&m, n + 8);
+    let mut ws = Workspace::default();
+    step(&mut kv, &mut ws, table.blocks(), 0, &prompt, &[]);
+    let rows = [t0, drafts[0], drafts[1], drafts[2]];
+    let captures = [(n, 0), (n + 1, 1), (n + 2, 2)];
+    step(&mut kv, &mut ws, table.blocks(), n, &rows, &captures);
+    kv.states.restore(1, 0);
+    let got = step(&mut kv, &mut ws, table.blocks(), n + 2, &[next], &[]);
+    // Never drafted: t0 and d1 only, then the same token.
+    let (mut kv2, table2) = common::kv_for(&m, n + 8);
+    step(&mut kv2, &mut ws, table2.blocks(), 0, &prompt, &[]);
+    step(&mut kv2, &mut ws, table2.blocks(), n, &[t0, drafts[0]], &[]);
+    let want = step(&mut kv2, &mut ws, table2.blocks(), n + 2, &[next], &[]);
+    assert!(got == want, "logits after the rollback differ");
+}
+
+/// Speculative decoding through the engine (n-gram drafts, nearly all rejected by random
+/// weights): greedy ids equal those without drafts, alone and beside other requests.
+#[test]
+fn speculative_decoding_changes_nothing() {
+    if shared_models().is_none() {
+        return;
+    }
+    let plain = engine(GGUF, EngineConfig::default());
+    let mut rng = Lcg(21);
+    let prompts: Vec<Vec<u32>> = (0..4).map(|i| (0..40 + 10 * i).map(|_| 3 + rng.next(300) as u32).collect()).collect();
+    let want: Vec<_> = prompts.iter().map(|p| collect(plain.submit(greedy(p, 24)).unwrap()).remove(0)).collect();
+    let cfg =
+        EngineConfig {
+            speculative:
+                Some(
+                    r#"{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_min":1,"prompt_lookup_max":2}"#
+                        .parse()
+                        .unwrap(),
+                ),
+            ..EngineConfig::default()
+        };
+    let spec = engine(GGUF, cfg);
+    for (p, w) in prompts.iter().zip(&want) {
+        assert_eq!(collect(spec.submit(greedy(p, 24)).unwrap()).remove(0).tokens, w.tokens, "alone");
+    }
+    let streams: Vec<_> = prompts.iter().map(|p| spec.submit(greedy(p, 24)).unwrap()).collect();
+    for (s, w) in streams.into_iter().zip(&want) {
+        assert_eq!(collect(s).remove(0).tokens, w.tokens, "together");
+    }
+    assert!(spec.stats().spec_drafts > 0, "drafts were verified");
+    assert_all_blocks_free(&spec);
 }
 
 /// Over HTTP: chat completions, and the state cache in the metrics (bytes per sequence,

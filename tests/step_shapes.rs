@@ -118,9 +118,9 @@ fn schedule(rng: &mut Lcg, model: &LoadedModel, blocks: &[usize]) -> (EngineConf
     let vocab = c.vocab_size.min(30_000) as u32;
     let budget = pick(rng, &BUDGETS);
     let block_size = pick(rng, blocks);
-    // Drafts are not verified against a recurrent state (hybrid models).
     let recurrent = c.state_floats() > 0;
-    let speculative = (rng.next(2) == 0 && !recurrent).then(|| NGRAM.parse().unwrap());
+    let speculative: Option<weft::engine::speculative::SpeculativeConfig> =
+        (rng.next(2) == 0).then(|| NGRAM.parse().unwrap());
     let longest = (3 * budget + budget / 2).clamp(4, LONGEST).min(c.max_position_embeddings - 40);
     let mut first = Vec::new();
     for _ in 0..3 + rng.next(4) {
@@ -167,7 +167,8 @@ fn schedule(rng: &mut Lcg, model: &LoadedModel, blocks: &[usize]) -> (EngineConf
     let per_block = weft::kv::KvCache::bytes_per_block(kv_dtype, &c.kv_shapes(), block_size);
     // A hybrid model's state slots and a few prefix snapshots beside the blocks.
     let snapshots = if recurrent { pick(rng, &[0, 2, 64]) } else { 0 };
-    let states = (EngineConfig::default().max_num_seqs + snapshots) * 4 * c.state_floats();
+    let drafts = speculative.as_ref().map_or(0, |s| s.num_speculative_tokens);
+    let states = (EngineConfig::default().max_num_seqs * (1 + drafts) + snapshots) * 4 * c.state_floats();
     let cfg = EngineConfig {
         max_num_batched_tokens: budget,
         block_size,

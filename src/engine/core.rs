@@ -143,6 +143,7 @@ impl EngineLoop {
             prefix_caching: cfg.prefix_caching,
             kv_events: cfg.kv_events.is_some(),
             state_snapshots: (kv.states.slot_len() > 0).then_some(shared.state_snapshots),
+            max_draft: cfg.speculative.as_ref().map_or(0, |s| s.num_speculative_tokens),
         })
     }
 

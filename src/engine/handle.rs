@@ -79,7 +79,10 @@ impl EngineHandle {
             (_, true, Some(n)) => n,
             (_, true, None) => (config.kv_cache_memory / 8 / per_state).min(super::MAX_AUTO_SNAPSHOTS),
         };
-        let state_bytes = (config.max_num_seqs.saturating_add(snapshots)).saturating_mul(per_state);
+        // With drafts, the state after each draft row of every sequence too.
+        let drafts = config.speculative.as_ref().map_or(0, |s| s.num_speculative_tokens);
+        let states = config.max_num_seqs.saturating_mul(1 + drafts).saturating_add(snapshots);
+        let state_bytes = states.saturating_mul(per_state);
         anyhow::ensure!(
             state_bytes < config.kv_cache_memory,
             "--kv-cache-memory {} bytes does not hold the recurrent state of {} sequences and {snapshots} snapshots ({state_bytes} bytes); lower --max-num-seqs or --state-snapshots",
@@ -94,10 +97,6 @@ impl EngineHandle {
                 state_bytes / 1_000_000
             );
         }
-        anyhow::ensure!(
-            state_bytes == 0 || config.speculative.is_none(),
-            "speculative decoding is not supported for models with recurrent (DeltaNet) layers"
-        );
         let num_blocks = (config.kv_cache_memory - state_bytes) / per_block;
         anyhow::ensure!(
             num_blocks > 0,

@@ -30,6 +30,9 @@ pub struct SchedulerConfig {
     /// and resumes only after a cached block whose snapshot it holds (`None`: no recurrent
     /// state, every cached block is a place to resume).
     pub state_snapshots: Option<usize>,
+    /// The longest draft a decode carries. A recurrent model keeps the state after each of
+    /// a draft's rows, in snapshots past the prefix cache's, to go back to the last accepted.
+    pub max_draft: usize,
 }
 
 /// A copy a fork asks of the caches: the parent's partially filled last block, or its
@@ -138,7 +141,6 @@ fn reuse_prefix<S>(
 /// The snapshots a step of `n` tokens after `seq.num_computed` takes: at the last token of
 /// each block it completes (the last `most` of them), into slots claimed from `ix`.
 fn plan_captures<S>(ix: &mut SnapshotIndex, seq: &mut Sequence<S>, n: usize, bs: usize, most: usize) {
-    seq.captures.clear();
     let (done, end) = (seq.num_computed / bs, (seq.num_computed + n) / bs);
     let mut parent = seq.block_hashes.last().copied();
     let mut hashes = Vec::new();
@@ -176,6 +178,12 @@ fn register_full_blocks<S>(alloc: &mut BlockAllocator, seq: &mut Sequence<S>, bs
         alloc.register(seq.block_table.blocks()[i], hash, parent, &seq.tokens[i * bs..(i + 1) * bs]);
         seq.block_hashes.push(hash);
     }
+}
+
+/// The snapshot holding the state after row `i` of the draft of the sequence in state slot
+/// `slot`: past the prefix cache's `prefix` snapshots, `max_draft` per slot.
+fn draft_snapshot(prefix: usize, max_draft: usize, slot: u32, i: usize) -> u32 {
+    (prefix + slot as usize * max_draft + i) as u32
 }
 
 /// Inserts `id` into a list sorted by the sequences' order keys.
@@ -376,11 +384,19 @@ impl<S> Scheduler<S> {
             insert_sorted(&mut self.running, &self.seqs, id);
         }
         self.add_drafts(&mut out);
-        if let Some(ix) = self.snapshots.as_mut().filter(|_| self.cfg.prefix_caching) {
+        if let Some(ix) = self.snapshots.as_mut() {
             let most = ix.capacity();
             for s in &out {
                 let seq = self.seqs.get_mut(&s.id).expect("scheduled sequences exist");
-                plan_captures(ix, seq, s.num_tokens - s.draft, bs, most);
+                seq.captures.clear();
+                if self.cfg.prefix_caching {
+                    plan_captures(ix, seq, s.num_tokens - s.draft, bs, most);
+                }
+                // A draft's rows: the state after each but the last, to go back to.
+                let slot = seq.state_slot.expect("scheduled sequences hold a state slot");
+                seq.captures.extend(
+                    (0..s.draft).map(|i| (s.context_len + i, draft_snapshot(most, self.cfg.max_draft, slot, i))),
+                );
             }
         }
         out
@@ -397,7 +413,9 @@ impl<S> Scheduler<S> {
                 continue;
             }
             let decode = step.num_tokens == 1 && step.sample;
-            seq.draft.truncate(if decode { left } else { 0 });
+            // A recurrent model has room to go back from `max_draft` rows at most.
+            let most = if self.snapshots.is_some() { self.cfg.max_draft } else { usize::MAX };
+            seq.draft.truncate(if decode { left.min(most) } else { 0 });
             let target = seq.num_computed + 1 + seq.draft.len();
             if seq.block_table.reserve(&mut self.alloc, target, bs).is_err() {
                 seq.draft.clear();
@@ -444,6 +462,12 @@ impl<S> Scheduler<S> {
             return;
         };
         let accepted = accepted.min(seq.draft.len());
+        if let (Some(ix), Some(slot)) = (&self.snapshots, seq.state_slot) {
+            if accepted < seq.draft.len() {
+                // The state ran on through the rejected rows: back to the last accepted one's.
+                seq.restore = Some(draft_snapshot(ix.capacity(), self.cfg.max_draft, slot, accepted));
+            }
+        }
         seq.draft.truncate(accepted);
         seq.tokens.append(&mut seq.draft);
         seq.num_computed += accepted;

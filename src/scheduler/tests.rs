@@ -7,6 +7,7 @@ fn sched(max_seqs: usize, max_tokens: usize, blocks: usize) -> Scheduler {
 fn sched_with(max_seqs: usize, max_tokens: usize, blocks: usize, prefix_caching: bool) -> Scheduler {
     Scheduler::new(SchedulerConfig {
         state_snapshots: None,
+        max_draft: 0,
         max_num_seqs: max_seqs,
         max_num_batched_tokens: max_tokens,
         block_size: 4,

@@ -50,6 +50,7 @@ impl DraftModel {
     ) -> Result<Self> {
         same_vocabulary(&draft, target)?;
         let c = &draft.model.config;
+        anyhow::ensure!(c.state_floats() == 0, "a draft model with recurrent (DeltaNet) layers is not supported");
         let context = c.max_position_embeddings;
         let num_blocks = capacity_tokens.div_ceil(block_size).max(1);
         let kv = KvCache::new(draft.model.kv_dtype(kv), &c.kv_shapes(), num_blocks, block_size);
