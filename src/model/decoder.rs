@@ -101,12 +101,17 @@ impl Layer {
         4 * (self.attn_norm.data().len() + self.ffn_norm.data().len())
     }
 
-    /// The layer's weight matrices.
-    fn matrices(&self) -> Vec<&Weight> {
-        let mut all = match &self.mixer {
+    /// The matrices of its attention or DeltaNet.
+    fn mixer_matrices(&self) -> Vec<&Weight> {
+        match &self.mixer {
             Mixer::Attention(a) => vec![&a.wqkv, &a.wo],
             Mixer::Delta(d) => d.matrices(),
-        };
+        }
+    }
+
+    /// The layer's weight matrices.
+    fn matrices(&self) -> Vec<&Weight> {
+        let mut all = self.mixer_matrices();
         match &self.mlp {
             Mlp::Dense(m) => all.extend([&m.gate_up, &m.down]),
             Mlp::Experts(x) => all.extend(x.matrices()),
@@ -120,10 +125,7 @@ impl Layer {
 
     /// Bytes of weights one token reads (of a mixture's experts, the share it is routed to).
     fn bytes_per_token(&self) -> usize {
-        let attn = match &self.mixer {
-            Mixer::Attention(a) => a.wqkv.bytes() + a.wo.bytes(),
-            Mixer::Delta(d) => d.matrices().iter().map(|w| w.bytes()).sum(),
-        };
+        let attn: usize = self.mixer_matrices().iter().map(|w| w.bytes()).sum();
         attn + match &self.mlp {
             Mlp::Dense(m) => m.gate_up.bytes() + m.down.bytes(),
             Mlp::Experts(x) => x.bytes_per_token(),
@@ -133,12 +135,7 @@ impl Layer {
 
     /// Multiply-adds per token by block format (`None`: f32).
     fn products_per_token(&self) -> Vec<(Option<GgmlType>, usize)> {
-        let mut all = Vec::new();
-        let mixer = match &self.mixer {
-            Mixer::Attention(a) => vec![&a.wqkv, &a.wo],
-            Mixer::Delta(d) => d.matrices(),
-        };
-        mixer.into_iter().for_each(|w| all.extend(w.products()));
+        let mut all: Vec<_> = self.mixer_matrices().into_iter().flat_map(Weight::products).collect();
         let dense = |m: &Dense| m.gate_up.products().into_iter().chain(m.down.products()).collect::<Vec<_>>();
         match &self.mlp {
             Mlp::Dense(m) => all.extend(dense(m)),
