@@ -33,10 +33,6 @@ impl StatePool {
         &mut self.data[slot * self.slot_len..(slot + 1) * self.slot_len]
     }
 
-    fn get(&mut self, slot: usize) -> &[f32] {
-        self.get_mut(slot)
-    }
-
     /// The given slots (each at most once), in their order, for one step to update in
     /// parallel.
     pub fn many_mut(&mut self, slots: &[usize]) -> Vec<&mut [f32]> {
@@ -75,8 +71,7 @@ impl StateCache {
 
     /// Sets slot `slot` to snapshot `snapshot` (a sequence resuming after a cached prefix).
     pub fn restore(&mut self, snapshot: usize, slot: usize) {
-        let from = self.snapshots.get(snapshot).to_vec();
-        self.slots.get_mut(slot).copy_from_slice(&from);
+        self.slots.get_mut(slot).copy_from_slice(self.snapshots.get_mut(snapshot));
     }
 }
 

@@ -8,6 +8,7 @@ use super::config::{Activation, Arch, ModelConfig, RopeScaling};
 use super::delta_net::{self, DeltaNet};
 use super::loader::WeightSource;
 use super::moe::{self, Experts};
+use super::resize;
 use super::tensor::Tensor;
 use super::weight::{Weight, WeightDtype};
 use crate::kernels::attention::{attend, softcap, KvSpan, Scoring, Scratch};
@@ -371,11 +372,6 @@ impl Dense {
         });
         self.down.matmul(act, xq, out, t);
     }
-}
-
-fn resize(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
-    v.resize(n, 0.0);
-    &mut v[..n]
 }
 
 impl Decoder {

@@ -7,6 +7,7 @@
 
 use super::config::LinearAttn;
 use super::loader::WeightSource;
+use super::resize;
 use super::tensor::Tensor;
 use super::weight::{Weight, WeightDtype};
 use crate::kernels::delta::{conv_step, delta_step, l2norm, silu, softplus};
@@ -53,11 +54,6 @@ pub struct Scratch {
     heads: Vec<f32>,
     /// The gated, normalised outputs, `[rows][value channels]`.
     o: Vec<f32>,
-}
-
-fn resize(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
-    v.resize(n, 0.0);
-    &mut v[..n]
 }
 
 impl DeltaNet {

@@ -17,3 +17,9 @@ pub mod weight;
 pub use config::{Activation, Arch, ModelConfig, Pooling, RopeScaling};
 pub use decoder::{Decoder, SeqStep, StepInput, Workspace};
 pub use weight::WeightDtype;
+
+/// `v` resized to `n` values: a buffer reused from step to step, as this step's scratch.
+fn resize(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    v.resize(n, 0.0);
+    &mut v[..n]
+}

@@ -5,6 +5,7 @@
 
 use super::config::MoeConfig;
 use super::loader::WeightSource;
+use super::resize;
 use super::weight::{Weight, WeightDtype};
 use crate::kernels::qmatmul::{qmatmul_each, quantize_rows, Product, QActs, QMatrix};
 use crate::kernels::quant::GgmlType;
@@ -111,11 +112,6 @@ pub struct Scratch {
     /// Per expert, its gathered rows quantized for gate_up and for down.
     xq: Vec<QActs>,
     aq: Vec<QActs>,
-}
-
-fn resize(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
-    v.resize(n, 0.0);
-    &mut v[..n]
 }
 
 impl Experts {

@@ -13,7 +13,7 @@ mod sequence;
 
 pub use sequence::{SeqId, Sequence};
 
-use crate::kv::{block_hash, BlockAllocator, BlockTable, KvEvent, SnapshotIndex};
+use crate::kv::{BlockAllocator, BlockTable, KvEvent, SnapshotIndex};
 use std::collections::{HashMap, HashSet};
 
 #[derive(Debug, Clone, Copy)]
@@ -116,12 +116,10 @@ fn reuse_prefix<S>(
     seq.block_hashes.clear();
     let mut chain = Vec::new();
     for i in 0..(seq.tokens.len() - 1) / bs {
-        let parent = chain.last().map(|&(_, h)| h);
-        let hash = block_hash(parent, seq.cache_salt.as_deref(), &seq.tokens[i * bs..(i + 1) * bs]);
+        let hash = seq.chain_hash(chain.last().map(|&(_, h)| h), i, bs);
         let Some(block) = alloc.lookup(hash) else { break };
         chain.push((block, hash));
     }
-    seq.restore = None;
     if let Some(ix) = snapshots {
         // The deepest block with a snapshot: its chain is kept, its state restored.
         let n = chain.len();
@@ -145,7 +143,7 @@ fn plan_captures<S>(ix: &mut SnapshotIndex, seq: &mut Sequence<S>, n: usize, bs:
     let mut parent = seq.block_hashes.last().copied();
     let mut hashes = Vec::new();
     for i in seq.block_hashes.len()..end {
-        let hash = block_hash(parent, seq.cache_salt.as_deref(), &seq.tokens[i * bs..(i + 1) * bs]);
+        let hash = seq.chain_hash(parent, i, bs);
         if i >= done {
             hashes.push((i, hash));
         }

@@ -79,7 +79,11 @@ impl<S> Sequence<S> {
 
     /// The hash of full block `i`, given the hashes of the blocks before it.
     pub(super) fn hash_block(&self, i: usize, block_size: usize) -> BlockHash {
-        let parent = i.checked_sub(1).map(|p| self.block_hashes[p]);
+        self.chain_hash(i.checked_sub(1).map(|p| self.block_hashes[p]), i, block_size)
+    }
+
+    /// The hash of full block `i` after a block of hash `parent` (`None`: the first).
+    pub(super) fn chain_hash(&self, parent: Option<BlockHash>, i: usize, block_size: usize) -> BlockHash {
         crate::kv::block_hash(parent, self.cache_salt.as_deref(), &self.tokens[i * block_size..(i + 1) * block_size])
     }
 
