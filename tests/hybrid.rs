@@ -4,7 +4,9 @@
 
 mod common;
 
-use common::{assert_all_blocks_free, collect, engine, greedy, reference, shared_models, Lcg, MARGIN, QWEN35};
+use common::{
+    assert_all_blocks_free, collect, engine, greedy, random_ids, reference, shared_models, Lcg, MARGIN, QWEN35,
+};
 use weft::engine::{EngineConfig, EngineHandle, Request};
 use weft::sampling::SamplingParams;
 
@@ -39,8 +41,7 @@ fn prefix_hits_resume_from_snapshots_and_forks_copy_the_state() {
     if shared_models().is_none() {
         return;
     }
-    let mut rng = Lcg(5);
-    let system: Vec<u32> = (0..200).map(|_| 3 + rng.next(50_000) as u32).collect();
+    let system = random_ids(200, 50_000, 5);
     let ask = |tail: &[u32]| [system.clone(), tail.to_vec()].concat();
     let (a, b) = (ask(&[11, 12, 13]), ask(&[21, 22, 23, 24, 25]));
     let off = engine(GGUF, EngineConfig { prefix_caching: false, ..EngineConfig::default() });
@@ -68,8 +69,7 @@ fn preemption_and_a_busy_batch_change_nothing() {
     let model = common::model(GGUF);
     let c = &model.model.config;
     let mut rng = Lcg(9);
-    let prompts: Vec<Vec<u32>> =
-        (0..8).map(|_| (0..1 + rng.next(120)).map(|_| 3 + rng.next(50_000) as u32).collect()).collect();
+    let prompts: Vec<Vec<u32>> = (0..8).map(|i| random_ids(1 + rng.next(120) as usize, 50_000, i)).collect();
     let alone = EngineHandle::start(model.clone(), EngineConfig { max_num_seqs: 1, ..Default::default() }).unwrap();
     let want: Vec<_> = prompts.iter().map(|p| collect(alone.submit(greedy(p, 10)).unwrap()).remove(0)).collect();
     let per_block = weft::kv::KvCache::bytes_per_block(model.model.kv_dtype(Default::default()), &c.kv_shapes(), 16);
@@ -106,8 +106,7 @@ fn a_draft_cut_short_resumes_from_its_rows_snapshot() {
     }
     use weft::model::{SeqStep, StepInput, Workspace};
     let m = common::model(GGUF);
-    let mut rng = Lcg(3);
-    let prompt: Vec<u32> = (0..37).map(|_| 3 + rng.next(50_000) as u32).collect();
+    let prompt = random_ids(37, 50_000, 3);
     let (t0, drafts, next) = (501, [502, 503, 504], 505);
     let n = prompt.len();
     let step = |kv: &mut weft::kv::KvCache, ws: &mut Workspace, table: &[u32], at: usize, tokens: &[u32], captures| {
@@ -139,8 +138,8 @@ fn speculative_decoding_changes_nothing() {
         return;
     }
     let plain = engine(GGUF, EngineConfig::default());
-    let mut rng = Lcg(21);
-    let prompts: Vec<Vec<u32>> = (0..4).map(|i| (0..40 + 10 * i).map(|_| 3 + rng.next(300) as u32).collect()).collect();
+    // Ids below a few hundred, so the n-gram drafter finds repeats to propose.
+    let prompts: Vec<Vec<u32>> = (0..4).map(|i| random_ids(40 + 10 * i, 300, 21 + i as u64)).collect();
     let want: Vec<_> = prompts.iter().map(|p| collect(plain.submit(greedy(p, 24)).unwrap()).remove(0)).collect();
     let cfg =
         EngineConfig {

@@ -7,18 +7,13 @@ mod common;
 
 use common::naive::Naive;
 use common::{
-    assert_all_blocks_free, collect, greedy, kv_for, model_as, shared_models, Lcg, FAMILIES, GPT_OSS, MARGIN, QWEN35,
-    SMOL, STORIES,
+    assert_all_blocks_free, collect, greedy, kv_for, model_as, random_ids, shared_models, Lcg, FAMILIES, GPT_OSS,
+    MARGIN, QWEN35, SMOL, STORIES,
 };
 use weft::engine::{EngineConfig, EngineHandle, Request};
 use weft::loaded::LoadedModel;
 use weft::model::{SeqStep, StepInput, WeightDtype, Workspace};
 use weft::sampling::{argmax, SamplingParams};
-
-fn random_ids(len: usize, vocab: usize, seed: u64) -> Vec<u32> {
-    let mut rng = Lcg(seed);
-    (0..len).map(|_| 3 + rng.next(vocab as u64 - 3) as u32).collect()
-}
 
 /// Logits after the prompt and after each of `generated` fed one at a time, the prompt
 /// prefilled in steps of `chunk` tokens (each step asking for no logits until the last).

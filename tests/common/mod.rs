@@ -52,6 +52,12 @@ impl Lcg {
     }
 }
 
+/// `len` ids from 3 up to `vocab`, drawn with `seed`: a prompt of noise.
+pub fn random_ids(len: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut rng = Lcg(seed);
+    (0..len).map(|_| 3 + rng.next(vocab as u64 - 3) as u32).collect()
+}
+
 /// `$WEFT_SHARED_MODELS`, else `shared/models` beside the repository; `None` when absent,
 /// so the suite still runs on a machine without them (the test counts itself as skipped,
 /// see [`skip`]) — except in CI (`CI=true`), where a missing fixture fails the test.
