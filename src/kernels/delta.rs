@@ -1,8 +1,9 @@
 //! The gated delta rule (Qwen3.5's gated DeltaNet): linear attention whose state per value
 //! head is a `key_dim × value_dim` matrix `S`, updated token by token as
 //! `S ← e^g·S;  S ← S + k ⊗ β(v − Sᵀk);  o = Sᵀq`, and the causal depthwise convolution that
-//! feeds it. The per-token (recurrent) form, the same arithmetic for a prompt's tokens and
-//! for a decode, so that a chunked prefill meets a token-by-token one exactly.
+//! feeds it. Two forms of the rule: token by token (decodes, and rows whose states are kept)
+//! and over a run of tokens at once with matrix products (prompts); they agree within float
+//! rounding.
 
 /// `x / sqrt(Σx² + 1e-6)`, in place (the reference's `l2norm`).
 pub fn l2norm(x: &mut [f32]) {
@@ -62,6 +63,87 @@ pub fn delta_step(
     mem: &mut [f32],
     out: &mut [f32],
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if wide() {
+        // SAFETY: AVX2 and FMA are available.
+        return unsafe { step_avx2(state, q, k, v, (decay, beta), mem, out) };
+    }
+    step_body(state, q, k, v, (decay, beta), mem, out)
+}
+
+/// One value head's inputs for a run of `c` tokens of one sequence: `q` and `k`
+/// (`[c][key_dim]`, normalised, `q` scaled), `v` (`[c][value_dim]`), `beta` and `g` (the log
+/// of each token's decay, `[c]`).
+pub struct Run<'a> {
+    pub q: &'a [f32],
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    pub beta: &'a [f32],
+    pub g: &'a [f32],
+}
+
+/// Buffers of [`delta_chunk`], reused across runs.
+#[derive(Default)]
+pub struct ChunkScratch {
+    /// `G_t`, the decay's log summed over the run up to token `t`.
+    cum: Vec<f32>,
+    /// `e^(G_t − G_s)` for `s ≤ t`, `[c][c]`.
+    decay: Vec<f32>,
+    /// `Sᵀk_t` of the starting state, then the corrections `u_t`, `[c][value_dim]`.
+    u: Vec<f32>,
+}
+
+/// A run of tokens of the gated delta rule for one value head, in the matrix (chunked) form:
+/// with `G_t` the summed log decay and `S₀` the starting state, the corrections
+/// `u_t = β_t(v_t − e^{G_t}S₀ᵀk_t − Σ_{s<t} e^{G_t−G_s}(k_t·k_s)u_s)` are one triangular
+/// solve, the outputs `o_t = e^{G_t}S₀ᵀq_t + Σ_{s≤t} e^{G_t−G_s}(q_t·k_s)u_s`, and the state
+/// `S = e^{G_c}S₀ + Σ_s e^{G_c−G_s}k_s⊗u_s`. It equals [`delta_step`] token after token within
+/// float rounding, and reads the state twice per run instead of twice per token.
+pub fn delta_chunk(state: &mut [f32], run: &Run<'_>, s: &mut ChunkScratch, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if wide() {
+        // SAFETY: AVX2 and FMA are available.
+        return unsafe { chunk_avx2(state, run, s, out) };
+    }
+    chunk_body(state, run, s, out)
+}
+
+/// Whether the AVX2 builds of the same arithmetic run (they give the same bits).
+#[cfg(target_arch = "x86_64")]
+fn wide() -> bool {
+    crate::kernels::matmul::avx2::available()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn step_avx2(
+    state: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    gates: (f32, f32),
+    mem: &mut [f32],
+    out: &mut [f32],
+) {
+    step_body(state, q, k, v, gates, mem, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn chunk_avx2(state: &mut [f32], run: &Run<'_>, s: &mut ChunkScratch, out: &mut [f32]) {
+    chunk_body(state, run, s, out)
+}
+
+#[inline(always)]
+fn step_body(
+    state: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    (decay, beta): (f32, f32),
+    mem: &mut [f32],
+    out: &mut [f32],
+) {
     let dv = v.len();
     // Sᵀk of the decayed state, decaying it on the way.
     mem.fill(0.0);
@@ -80,6 +162,99 @@ pub fn delta_step(
             *o += *s * qi;
         }
     }
+}
+
+#[inline(always)]
+fn chunk_body(state: &mut [f32], run: &Run<'_>, s: &mut ChunkScratch, out: &mut [f32]) {
+    let c = run.beta.len();
+    let (dk, dv) = (run.k.len() / c, run.v.len() / c);
+    s.cum.clear();
+    s.cum.extend(run.g.iter().scan(0.0, |acc, &g| {
+        *acc += g;
+        Some(*acc)
+    }));
+    let cum = &s.cum;
+    s.decay.clear();
+    s.decay.resize(c * c, 0.0);
+    for (t, row) in s.decay.chunks_exact_mut(c).enumerate() {
+        for (d, &gs) in row[..=t].iter_mut().zip(cum) {
+            *d = (cum[t] - gs).exp();
+        }
+    }
+    let decay = &s.decay;
+
+    // S₀ᵀk_t into u and S₀ᵀq_t into out, a few tokens at a time so their rows stay in L1
+    // while the state streams past.
+    s.u.clear();
+    s.u.resize(c * dv, 0.0);
+    out.fill(0.0);
+    const TOKENS: usize = 4;
+    for t0 in (0..c).step_by(TOKENS) {
+        let t1 = (t0 + TOKENS).min(c);
+        for (i, row) in state.chunks_exact(dv).enumerate() {
+            for t in t0..t1 {
+                axpy(&mut s.u[t * dv..(t + 1) * dv], run.k[t * dk + i], row);
+                axpy(&mut out[t * dv..(t + 1) * dv], run.q[t * dk + i], row);
+            }
+        }
+    }
+
+    // The triangular solve for the corrections, token after token.
+    for t in 0..c {
+        let (done, rest) = s.u.split_at_mut(t * dv);
+        let ut = &mut rest[..dv];
+        let (bt, gt) = (run.beta[t], cum[t].exp());
+        for (u, &v) in ut.iter_mut().zip(&run.v[t * dv..(t + 1) * dv]) {
+            *u = bt * (v - gt * *u);
+        }
+        let kt = &run.k[t * dk..(t + 1) * dk];
+        for (j, us) in done.chunks_exact(dv).enumerate() {
+            let a = bt * decay[t * c + j] * dot(kt, &run.k[j * dk..(j + 1) * dk]);
+            axpy(ut, -a, us);
+        }
+    }
+
+    // The outputs: the decayed start read with q, plus the run's own corrections.
+    for (t, ot) in out.chunks_exact_mut(dv).enumerate() {
+        let gt = cum[t].exp();
+        ot.iter_mut().for_each(|o| *o *= gt);
+        let qt = &run.q[t * dk..(t + 1) * dk];
+        for (j, us) in s.u[..(t + 1) * dv].chunks_exact(dv).enumerate() {
+            axpy(ot, decay[t * c + j] * dot(qt, &run.k[j * dk..(j + 1) * dk]), us);
+        }
+    }
+
+    // The state after the run.
+    let last = cum[c - 1];
+    let (ends, gc) = (&decay[(c - 1) * c..], last.exp());
+    for (i, row) in state.chunks_exact_mut(dv).enumerate() {
+        row.iter_mut().for_each(|x| *x *= gc);
+        for (j, us) in s.u.chunks_exact(dv).enumerate() {
+            axpy(row, ends[j] * run.k[j * dk + i], us);
+        }
+    }
+}
+
+/// `y += a·x`, unfused, so every build gives the same bits.
+#[inline(always)]
+fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    y.iter_mut().zip(x).for_each(|(y, &x)| *y += a * x);
+}
+
+/// `a · b` in eight interleaved sums, added in order at the end.
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let whole = a.len() / 8 * 8;
+    for (x, y) in a[..whole].chunks_exact(8).zip(b[..whole].chunks_exact(8)) {
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    for (l, (x, y)) in a[whole..].iter().zip(&b[whole..]).enumerate() {
+        acc[l] += x * y;
+    }
+    acc.iter().sum()
 }
 
 #[cfg(test)]
@@ -108,6 +283,78 @@ mod tests {
             let sf: Vec<f32> = s.iter().map(|&x| x as f32).collect();
             assert_close(&state, &sf, 1e-5, "delta state");
         }
+    }
+
+    /// Normalised q and k, β in (0, 1) and decays from nearly 1 to underflowing, as the layer
+    /// feeds them, for a run of `c` tokens.
+    fn inputs(c: usize, dk: usize, dv: usize, seed: u64) -> [Vec<f32>; 5] {
+        let unit = |n: usize, s: u64| -> Vec<f32> {
+            let mut x = random_vec(n, s);
+            x.chunks_exact_mut(dk).for_each(l2norm);
+            x
+        };
+        let beta = random_vec(c, seed + 3).iter().map(|x| 0.5 + 0.49 * x).collect();
+        let g =
+            random_vec(c, seed + 4).iter().enumerate().map(|(t, x)| if t % 7 == 5 { -90.0 } else { x - 1.0 }).collect();
+        [unit(c * dk, seed), unit(c * dk, seed + 1), random_vec(c * dv, seed + 2), beta, g]
+    }
+
+    /// The run at once against token after token, for every run length up to past the
+    /// layer's chunk, from a nonzero state.
+    #[test]
+    fn a_chunk_equals_its_tokens_one_by_one() {
+        for (dk, dv) in [(5, 3), (16, 8), (128, 128)] {
+            for c in (1..=20).chain([63, 64, 65]) {
+                if dk == 128 && c % 4 != 1 {
+                    continue;
+                }
+                let [q, k, v, beta, g] = inputs(c, dk, dv, c as u64 * 31 + dk as u64);
+                let start = random_vec(dk * dv, 7);
+                let (mut one, mut mem, mut want) = (start.clone(), vec![0.0; dv], vec![0.0; c * dv]);
+                for t in 0..c {
+                    let at = |x: &[f32], d: usize| x[t * d..(t + 1) * d].to_vec();
+                    let gates = (g[t].exp(), beta[t]);
+                    delta_step(
+                        &mut one,
+                        &at(&q, dk),
+                        &at(&k, dk),
+                        &at(&v, dv),
+                        gates,
+                        &mut mem,
+                        &mut want[t * dv..(t + 1) * dv],
+                    );
+                }
+                let (mut all, mut got) = (start.clone(), vec![0.0; c * dv]);
+                let run = Run { q: &q, k: &k, v: &v, beta: &beta, g: &g };
+                delta_chunk(&mut all, &run, &mut ChunkScratch::default(), &mut got);
+                assert_close(&got, &want, 2e-5, &format!("outputs of {c} × {dk}×{dv}"));
+                assert_close(&all, &one, 2e-5, &format!("state after {c} × {dk}×{dv}"));
+            }
+        }
+    }
+
+    /// The AVX2 builds give the portable ones' bits.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx2_and_portable_forms_agree_bit_for_bit() {
+        if !wide() {
+            return;
+        }
+        let (c, dk, dv) = (37, 128, 128);
+        let [q, k, v, beta, g] = inputs(c, dk, dv, 5);
+        let run = Run { q: &q, k: &k, v: &v, beta: &beta, g: &g };
+        let start = random_vec(dk * dv, 9);
+        let (mut a, mut b) = (start.clone(), start.clone());
+        let (mut oa, mut ob) = (vec![0.0; c * dv], vec![0.0; c * dv]);
+        chunk_body(&mut a, &run, &mut ChunkScratch::default(), &mut oa);
+        // SAFETY: `wide()` said AVX2 and FMA are available.
+        unsafe { chunk_avx2(&mut b, &run, &mut ChunkScratch::default(), &mut ob) };
+        assert!(a == b && oa == ob, "chunk");
+        let mem = &mut vec![0.0; dv];
+        step_body(&mut a, &q[..dk], &k[..dk], &v[..dv], (0.9, 0.4), mem, &mut oa[..dv]);
+        // SAFETY: as above.
+        unsafe { step_avx2(&mut b, &q[..dk], &k[..dk], &v[..dv], (0.9, 0.4), mem, &mut ob[..dv]) };
+        assert!(a == b && oa == ob, "step");
     }
 
     /// The convolution over a whole sequence with zero padding on the left, token by token.

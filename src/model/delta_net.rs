@@ -10,12 +10,17 @@ use super::loader::WeightSource;
 use super::resize;
 use super::tensor::Tensor;
 use super::weight::{Weight, WeightDtype};
-use crate::kernels::delta::{conv_step, delta_step, l2norm, silu, softplus};
+use crate::kernels::delta::{conv_step, delta_chunk, delta_step, l2norm, silu, softplus, ChunkScratch, Run};
 use crate::kernels::norm::rmsnorm_in_place;
 use crate::kernels::qmatmul::QActs;
 use crate::kv::StatePool;
 use anyhow::{ensure, Result};
 use rayon::prelude::*;
+use std::ops::Range;
+
+/// The longest run of a prompt's tokens the delta rule takes at once, as the reference's
+/// chunked form does.
+const CHUNK: usize = 64;
 
 pub struct DeltaNet {
     shape: LinearAttn,
@@ -142,7 +147,7 @@ impl DeltaNet {
         }
 
         // Per sequence, token after token: the convolution, normalised q and k, β and the
-        // decay, each written back into the row; the convolution's state where captured.
+        // decay's log, each written back into the row; the convolution's state where captured.
         let q_scale = 1.0 / (dk as f32).sqrt();
         let rows_of = split_rows(proj, seqs, width);
         let conv_taken: Vec<Vec<Taken>> = (rows_of.into_par_iter().zip(convs.par_iter_mut()).zip(seqs))
@@ -157,7 +162,7 @@ impl DeltaNet {
                     let (b, a) = gates[values..].split_at_mut(vh);
                     for h in 0..vh {
                         b[h] = 1.0 / (1.0 + (-b[h]).exp());
-                        a[h] = (self.neg_a[h] * softplus(a[h] + self.dt_bias[h])).exp();
+                        a[h] = self.neg_a[h] * softplus(a[h] + self.dt_bias[h]);
                     }
                     taken.extend(seq.captures.iter().filter(|c| c.0 == pos).map(|c| (c.1, conv.to_vec())));
                 }
@@ -165,13 +170,15 @@ impl DeltaNet {
             })
             .collect();
 
-        // The delta rule, one task per (value head, sequence), into head-major rows.
+        // The delta rule, one task per (value head, sequence), into head-major rows: each
+        // run of a sequence's rows at once, or token by token where it is one row long.
         let heads = resize(&mut s.heads, vh * t * dv);
         let firsts: Vec<usize> = seqs.iter().scan(0, |at, s| Some(std::mem::replace(at, *at + s.rows))).collect();
+        let runs: Vec<Vec<Range<usize>>> = seqs.iter().map(runs).collect();
         let mut tasks = Vec::with_capacity(vh * seqs.len());
         for ((h, head), of_head) in heads.chunks_exact_mut(t * dv).enumerate().zip(mats) {
             for (((out, state), &first), seq) in
-                split_rows(head, seqs, dv).into_iter().zip(of_head).zip(&firsts).zip(seqs)
+                split_rows(head, seqs, dv).into_iter().zip(of_head).zip(&firsts).zip(seqs.iter().zip(&runs))
             {
                 tasks.push((h, first, seq, state, out));
             }
@@ -180,17 +187,34 @@ impl DeltaNet {
         let head_taken: Vec<(usize, Vec<Taken>)> = tasks
             .into_par_iter()
             .map_init(
-                || vec![0.0; dv],
-                |mem, (h, first, seq, state, out)| {
+                || (vec![0.0; dv], ChunkScratch::default(), Gathered::default()),
+                |(mem, scratch, g), (h, first, (seq, runs), state, out)| {
                     let kh_of = l.key_head(h);
+                    let row = |r: usize| &proj[(first + r) * width..(first + r + 1) * width];
+                    let q = |r: usize| &row(r)[kh_of * dk..(kh_of + 1) * dk];
+                    let k = |r: usize| &row(r)[(kh + kh_of) * dk..(kh + kh_of + 1) * dk];
+                    let v = |r: usize| &row(r)[2 * kh * dk + h * dv..2 * kh * dk + (h + 1) * dv];
+                    let (beta, log_decay) =
+                        (|r: usize| row(r)[conv_dim + values + h], |r: usize| row(r)[conv_dim + values + vh + h]);
                     let mut taken = Vec::new();
-                    for ((r, pos), o) in (first..).zip(seq.context_len..).zip(out.chunks_exact_mut(dv)) {
-                        let row = &proj[r * width..(r + 1) * width];
-                        let q = &row[kh_of * dk..(kh_of + 1) * dk];
-                        let k = &row[(kh + kh_of) * dk..(kh + kh_of + 1) * dk];
-                        let v = &row[2 * kh * dk + h * dv..2 * kh * dk + (h + 1) * dv];
-                        let (beta, decay) = (row[conv_dim + values + h], row[conv_dim + values + vh + h]);
-                        delta_step(state, q, k, v, (decay, beta), mem, o);
+                    for run in runs {
+                        let o = &mut out[run.start * dv..run.end * dv];
+                        if run.len() == 1 {
+                            let r = run.start;
+                            delta_step(state, q(r), k(r), v(r), (log_decay(r).exp(), beta(r)), mem, o);
+                        } else {
+                            g.clear();
+                            for r in run.clone() {
+                                g.q.extend_from_slice(q(r));
+                                g.k.extend_from_slice(k(r));
+                                g.v.extend_from_slice(v(r));
+                                g.beta.push(beta(r));
+                                g.g.push(log_decay(r));
+                            }
+                            let run = Run { q: &g.q, k: &g.k, v: &g.v, beta: &g.beta, g: &g.g };
+                            delta_chunk(state, &run, scratch, o);
+                        }
+                        let pos = seq.context_len + run.end - 1;
                         taken.extend(seq.captures.iter().filter(|c| c.0 == pos).map(|c| (c.1, state.to_vec())));
                     }
                     (h, taken)
@@ -220,6 +244,41 @@ impl DeltaNet {
             }
         });
         self.out.matmul(o, xq, out, t);
+    }
+}
+
+/// A sequence's rows cut into runs for the delta rule: a run ends where a state is captured
+/// and at every multiple of [`CHUNK`] positions, so that a prompt's runs fall in the same
+/// places however the scheduler cuts it into steps.
+fn runs(seq: &Span<'_>) -> Vec<Range<usize>> {
+    let ends_at = |r: usize| {
+        let pos = seq.context_len + r;
+        r + 1 == seq.rows || (pos + 1).is_multiple_of(CHUNK) || seq.captures.iter().any(|c| c.0 == pos)
+    };
+    let mut start = 0;
+    (0..seq.rows)
+        .filter(|&r| ends_at(r))
+        .map(|r| {
+            let run = start..r + 1;
+            start = r + 1;
+            run
+        })
+        .collect()
+}
+
+/// One run's inputs gathered from the rows for [`delta_chunk`].
+#[derive(Default)]
+struct Gathered {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    beta: Vec<f32>,
+    g: Vec<f32>,
+}
+
+impl Gathered {
+    fn clear(&mut self) {
+        [&mut self.q, &mut self.k, &mut self.v, &mut self.beta, &mut self.g].into_iter().for_each(Vec::clear);
     }
 }
 
