@@ -5,6 +5,8 @@
 //! and over a run of tokens at once with matrix products (prompts); they agree within float
 //! rounding.
 
+use super::exp::exp;
+
 /// `x / sqrt(Σx² + 1e-6)`, in place (the reference's `l2norm`).
 pub fn l2norm(x: &mut [f32]) {
     let ss: f32 = x.iter().map(|v| v * v).sum();
@@ -27,27 +29,42 @@ pub fn softplus(x: f32) -> f32 {
 }
 
 /// One token of a causal depthwise convolution of width `K` with SiLU, in place: `x` (one
-/// value per channel) becomes `silu(Σⱼ w[c][j] · window[j])` over the window of the
+/// value per channel) becomes `silu(Σⱼ w[j][c] · window[j])` over the window of the
 /// channel's last `K − 1` inputs (`state`, `[K − 1][channels]`, oldest first) and `x`,
-/// and `state` moves on by one input.
-pub fn conv_step(state: &mut [f32], weight: &[f32], x: &mut [f32]) {
-    let channels = x.len();
-    let k = weight.len() / channels;
-    debug_assert_eq!(state.len(), (k - 1) * channels);
-    for (c, xc) in x.iter_mut().enumerate() {
-        let w = &weight[c * k..(c + 1) * k];
-        let mut acc = 0.0;
-        for j in 0..k - 1 {
-            acc += w[j] * state[j * channels + c];
-        }
-        acc += w[k - 1] * *xc;
-        // Shift this channel's window: the oldest input leaves, this one enters.
-        for j in 0..k.saturating_sub(2) {
-            state[j * channels + c] = state[(j + 1) * channels + c];
-        }
-        state[(k - 2) * channels + c] = *xc;
-        *xc = silu(acc);
+/// and `state` moves on by one input. `weight` is `[K][channels]`; `acc` is `[channels]`
+/// scratch.
+pub fn conv_step(state: &mut [f32], weight: &[f32], x: &mut [f32], acc: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if wide() {
+        // SAFETY: AVX2 and FMA are available.
+        return unsafe { conv_avx2(state, weight, x, acc) };
     }
+    conv_body(state, weight, x, acc)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn conv_avx2(state: &mut [f32], weight: &[f32], x: &mut [f32], acc: &mut [f32]) {
+    conv_body(state, weight, x, acc)
+}
+
+#[inline(always)]
+fn conv_body(state: &mut [f32], weight: &[f32], x: &mut [f32], acc: &mut [f32]) {
+    let channels = x.len();
+    debug_assert_eq!(state.len() + channels, weight.len());
+    acc.fill(0.0);
+    for (w, past) in weight.chunks_exact(channels).zip(state.chunks_exact(channels)) {
+        acc.iter_mut().zip(w).zip(past).for_each(|((a, &w), &p)| *a += w * p);
+    }
+    let newest = &weight[state.len()..];
+    acc.iter_mut().zip(newest).zip(x.iter()).for_each(|((a, &w), &x)| *a += w * x);
+    // The window moves on: the oldest input leaves, this one enters.
+    if !state.is_empty() {
+        state.copy_within(channels.., 0);
+        let at = state.len() - channels;
+        state[at..].copy_from_slice(x);
+    }
+    x.iter_mut().zip(acc.iter()).for_each(|(x, &a)| *x = a / (1.0 + exp(-a)));
 }
 
 /// One token of the gated delta rule for one value head: `state` is `S`, `[key_dim][value_dim]`
@@ -91,6 +108,8 @@ pub struct ChunkScratch {
     decay: Vec<f32>,
     /// `Sᵀk_t` of the starting state, then the corrections `u_t`, `[c][value_dim]`.
     u: Vec<f32>,
+    /// The keys decayed to the run's end, transposed: `[key_dim][c]`.
+    keys: Vec<f32>,
 }
 
 /// A run of tokens of the gated delta rule for one value head, in the matrix (chunked) form:
@@ -183,21 +202,12 @@ fn chunk_body(state: &mut [f32], run: &Run<'_>, s: &mut ChunkScratch, out: &mut 
     }
     let decay = &s.decay;
 
-    // S₀ᵀk_t into u and S₀ᵀq_t into out, a few tokens at a time so their rows stay in L1
-    // while the state streams past.
+    // S₀ᵀk_t into u and S₀ᵀq_t into out: products of the run's rows with the state.
     s.u.clear();
     s.u.resize(c * dv, 0.0);
     out.fill(0.0);
-    const TOKENS: usize = 4;
-    for t0 in (0..c).step_by(TOKENS) {
-        let t1 = (t0 + TOKENS).min(c);
-        for (i, row) in state.chunks_exact(dv).enumerate() {
-            for t in t0..t1 {
-                axpy(&mut s.u[t * dv..(t + 1) * dv], run.k[t * dk + i], row);
-                axpy(&mut out[t * dv..(t + 1) * dv], run.q[t * dk + i], row);
-            }
-        }
-    }
+    gemm_acc(run.k, state, &mut s.u, dk);
+    gemm_acc(run.q, state, out, dk);
 
     // The triangular solve for the corrections, token after token.
     for t in 0..c {
@@ -224,14 +234,62 @@ fn chunk_body(state: &mut [f32], run: &Run<'_>, s: &mut ChunkScratch, out: &mut 
         }
     }
 
-    // The state after the run.
-    let last = cum[c - 1];
-    let (ends, gc) = (&decay[(c - 1) * c..], last.exp());
-    for (i, row) in state.chunks_exact_mut(dv).enumerate() {
-        row.iter_mut().for_each(|x| *x *= gc);
-        for (j, us) in s.u.chunks_exact(dv).enumerate() {
-            axpy(row, ends[j] * run.k[j * dk + i], us);
+    // The state after the run: the decayed start plus each key, decayed to the run's end,
+    // times its correction.
+    let (ends, gc) = (&decay[(c - 1) * c..], cum[c - 1].exp());
+    s.keys.clear();
+    s.keys.extend((0..dk).flat_map(|i| (0..c).map(move |j| ends[j] * run.k[j * dk + i])));
+    state.iter_mut().for_each(|x| *x *= gc);
+    gemm_acc(&s.keys, &s.u, state, c);
+}
+
+/// `c += a · b` for row-major `a` (`[m][inner]`) and `b` (`[inner][n]`), each element summed
+/// in `inner` order onto its start, as a loop of `axpy`s would; tiles of 4 rows × 16 columns
+/// keep their sums in registers while `b` streams past.
+#[inline(always)]
+fn gemm_acc(a: &[f32], b: &[f32], c: &mut [f32], inner: usize) {
+    let m = a.len() / inner;
+    let n = b.len() / inner;
+    let (rows4, cols16) = (m / 4 * 4, n / 16 * 16);
+    for r0 in (0..rows4).step_by(4) {
+        for j0 in (0..cols16).step_by(16) {
+            tile::<4>(a, b, c, (r0, j0), inner, n);
         }
+    }
+    for r0 in rows4..m {
+        for j0 in (0..cols16).step_by(16) {
+            tile::<1>(a, b, c, (r0, j0), inner, n);
+        }
+    }
+    for r in 0..m {
+        for j in cols16..n {
+            let mut acc = c[r * n + j];
+            for i in 0..inner {
+                acc += a[r * inner + i] * b[i * n + j];
+            }
+            c[r * n + j] = acc;
+        }
+    }
+}
+
+/// One `R × 16` tile of [`gemm_acc`] at (row, column) `at`.
+#[inline(always)]
+fn tile<const R: usize>(a: &[f32], b: &[f32], c: &mut [f32], (r0, j0): (usize, usize), inner: usize, n: usize) {
+    let mut acc = [[0f32; 16]; R];
+    for (r, acc) in acc.iter_mut().enumerate() {
+        acc.copy_from_slice(&c[(r0 + r) * n + j0..][..16]);
+    }
+    for i in 0..inner {
+        let brow: &[f32; 16] = b[i * n + j0..][..16].try_into().expect("16 columns");
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let x = a[(r0 + r) * inner + i];
+            for j in 0..16 {
+                acc[j] += x * brow[j];
+            }
+        }
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        c[(r0 + r) * n + j0..][..16].copy_from_slice(acc);
     }
 }
 
@@ -355,34 +413,43 @@ mod tests {
         // SAFETY: as above.
         unsafe { step_avx2(&mut b, &q[..dk], &k[..dk], &v[..dv], (0.9, 0.4), mem, &mut ob[..dv]) };
         assert!(a == b && oa == ob, "step");
+        let w = random_vec(4 * 100, 2);
+        let (mut sa, mut xa, acc) = (random_vec(3 * 100, 3), random_vec(100, 4), &mut vec![0.0; 100]);
+        let (mut sb, mut xb) = (sa.clone(), xa.clone());
+        conv_body(&mut sa, &w, &mut xa, acc);
+        // SAFETY: as above.
+        unsafe { conv_avx2(&mut sb, &w, &mut xb, acc) };
+        assert!(sa == sb && xa == xb, "conv");
     }
 
     /// The convolution over a whole sequence with zero padding on the left, token by token.
     #[test]
     fn conv_step_is_a_causal_convolution() {
-        let (channels, k, len) = (3, 4, 6);
-        let w = random_vec(channels * k, 3);
-        let xs: Vec<Vec<f32>> = (0..len).map(|t| random_vec(channels, 40 + t as u64)).collect();
-        let mut state = vec![0.0; (k - 1) * channels];
-        for t in 0..len {
-            let mut x = xs[t].clone();
-            conv_step(&mut state, &w, &mut x);
-            let want: Vec<f32> = (0..channels)
-                .map(|c| {
-                    let acc: f32 = (0..k)
-                        .map(|j| {
-                            let src = t as isize - (k - 1 - j) as isize;
-                            if src < 0 {
-                                0.0
-                            } else {
-                                w[c * k + j] * xs[src as usize][c]
-                            }
-                        })
-                        .sum();
-                    silu(acc)
-                })
-                .collect();
-            assert_close(&x, &want, 1e-6, "conv");
+        for (channels, k, len) in [(3, 4, 6), (37, 4, 9), (8, 2, 3)] {
+            let w = random_vec(channels * k, 3);
+            let xs: Vec<Vec<f32>> = (0..len).map(|t| random_vec(channels, 40 + t as u64)).collect();
+            let mut state = vec![0.0; (k - 1) * channels];
+            let mut acc = vec![0.0; channels];
+            for t in 0..len {
+                let mut x = xs[t].clone();
+                conv_step(&mut state, &w, &mut x, &mut acc);
+                let want: Vec<f32> = (0..channels)
+                    .map(|c| {
+                        let acc: f32 = (0..k)
+                            .map(|j| {
+                                let src = t as isize - (k - 1 - j) as isize;
+                                if src < 0 {
+                                    0.0
+                                } else {
+                                    w[j * channels + c] * xs[src as usize][c]
+                                }
+                            })
+                            .sum();
+                        silu(acc)
+                    })
+                    .collect();
+                assert_close(&x, &want, 1e-6, "conv");
+            }
         }
     }
 

@@ -27,7 +27,8 @@ pub struct DeltaNet {
     /// q, k and v (the convolution's channels), z (the output gate), b (β's input) and a
     /// (the decay's input) stacked: `[conv_dim + value channels + 2 value heads, hidden]`.
     proj: Weight,
-    /// The convolution's weights, `[conv_dim][conv_kernel]`.
+    /// The convolution's weights, `[conv_kernel][conv_dim]` (transposed from the files' layout
+    /// so a token's channels are one vector).
     conv: Vec<f32>,
     /// Per value head, `−exp(A_log)`: the decay's rate.
     neg_a: Vec<f32>,
@@ -96,7 +97,7 @@ impl DeltaNet {
         Ok(DeltaNet {
             shape: shape.clone(),
             proj,
-            conv: conv.data().to_vec(),
+            conv: (0..k).flat_map(|j| conv.data().iter().skip(j).step_by(k).copied()).collect(),
             neg_a,
             dt_bias: src.load(&at("dt_bias"), &[vh])?.data().to_vec(),
             norm: src.load(&at("norm.weight"), &[shape.value_dim])?,
@@ -152,10 +153,10 @@ impl DeltaNet {
         let rows_of = split_rows(proj, seqs, width);
         let conv_taken: Vec<Vec<Taken>> = (rows_of.into_par_iter().zip(convs.par_iter_mut()).zip(seqs))
             .map(|((rows, conv), seq)| {
-                let mut taken = Vec::new();
+                let (mut taken, mut acc) = (Vec::new(), vec![0.0; conv_dim]);
                 for (pos, row) in (seq.context_len..).zip(rows.chunks_exact_mut(width)) {
                     let (qkv, gates) = row.split_at_mut(conv_dim);
-                    conv_step(conv, &self.conv, qkv);
+                    conv_step(conv, &self.conv, qkv, &mut acc);
                     let qk = &mut qkv[..2 * kh * dk];
                     qk.chunks_exact_mut(dk).for_each(l2norm);
                     qk[..kh * dk].iter_mut().for_each(|q| *q *= q_scale);
