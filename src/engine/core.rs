@@ -144,6 +144,7 @@ impl EngineLoop {
             kv_events: cfg.kv_events.is_some(),
             state_snapshots: (kv.states.slot_len() > 0).then_some(shared.state_snapshots),
             max_draft: cfg.speculative.as_ref().map_or(0, |s| s.num_speculative_tokens),
+            prefill_align: if kv.states.slot_len() > 0 { crate::model::RECURRENT_RUN } else { 1 },
         })
     }
 

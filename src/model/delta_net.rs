@@ -18,9 +18,11 @@ use anyhow::{ensure, Result};
 use rayon::prelude::*;
 use std::ops::Range;
 
-/// The longest run of a prompt's tokens the delta rule takes at once, as the reference's
-/// chunked form does.
-const CHUNK: usize = 64;
+/// A prompt's rows go through the delta rule in runs that end at multiples of this many
+/// positions (and where a state is captured or the step ends): a block of the prefix cache's
+/// (16 by default) is whole runs, so a prompt resumed from a block's snapshot meets the same
+/// runs as one computed whole, and the scheduler cuts prompts at multiples of it.
+pub const RUN: usize = 16;
 
 pub struct DeltaNet {
     shape: LinearAttn,
@@ -249,12 +251,11 @@ impl DeltaNet {
 }
 
 /// A sequence's rows cut into runs for the delta rule: a run ends where a state is captured
-/// and at every multiple of [`CHUNK`] positions, so that a prompt's runs fall in the same
-/// places however the scheduler cuts it into steps.
+/// and at every multiple of [`RUN`] positions.
 fn runs(seq: &Span<'_>) -> Vec<Range<usize>> {
     let ends_at = |r: usize| {
         let pos = seq.context_len + r;
-        r + 1 == seq.rows || (pos + 1).is_multiple_of(CHUNK) || seq.captures.iter().any(|c| c.0 == pos)
+        r + 1 == seq.rows || (pos + 1).is_multiple_of(RUN) || seq.captures.iter().any(|c| c.0 == pos)
     };
     let mut start = 0;
     (0..seq.rows)

@@ -16,6 +16,7 @@ pub mod weight;
 
 pub use config::{Activation, Arch, ModelConfig, Pooling, RopeScaling};
 pub use decoder::{Decoder, SeqStep, StepInput, Workspace};
+pub use delta_net::RUN as RECURRENT_RUN;
 pub use weight::WeightDtype;
 
 /// `v` resized to `n` values: a buffer reused from step to step, as this step's scratch.

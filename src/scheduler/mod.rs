@@ -33,6 +33,32 @@ pub struct SchedulerConfig {
     /// The longest draft a decode carries. A recurrent model keeps the state after each of
     /// a draft's rows, in snapshots past the prefix cache's, to go back to the last accepted.
     pub max_draft: usize,
+    /// A prompt cut by the token budget is cut at a multiple of this many positions where
+    /// it can be (1: anywhere): a recurrent model's prompt then goes through its layers in
+    /// the same runs however busy the step is, and gives the same bits.
+    pub prefill_align: usize,
+}
+
+impl SchedulerConfig {
+    /// How much of `seq`'s remaining tokens a step with `budget` of its `full` prompt budget
+    /// left computes: all that fit, ended at a multiple of [`SchedulerConfig::prefill_align`]
+    /// where the budget cuts the prompt. Where no multiple lies within the budget, none of
+    /// them if other prompts took part of it (the next step starts with this one), else as
+    /// many as fit.
+    fn chunk<S>(&self, seq: &Sequence<S>, budget: usize, full: usize) -> usize {
+        let n = seq.remaining().min(budget);
+        if n == seq.remaining() {
+            return n;
+        }
+        let end = (seq.num_computed + n) / self.prefill_align * self.prefill_align;
+        if end > seq.num_computed {
+            end - seq.num_computed
+        } else if budget < full {
+            0
+        } else {
+            n
+        }
+    }
 }
 
 /// A copy a fork asks of the caches: the parent's partially filled last block, or its
@@ -311,11 +337,14 @@ impl<S> Scheduler<S> {
         let mut out = Vec::new();
         let mut taken = HashSet::new();
         let mut preempted = false;
+        // The budget prompts start from once the decodes have theirs.
+        let mut full = budget;
         for decodes in [true, false] {
             if !decodes && !out.is_empty() {
                 // Prefill beside decodes: within the step-time budget.
                 budget = budget.min(self.prefill_limit.unwrap_or(usize::MAX));
             }
+            full = budget;
             let mut i = 0;
             while i < self.running.len() && budget > 0 {
                 let id = self.running[i];
@@ -324,7 +353,11 @@ impl<S> Scheduler<S> {
                     i += 1;
                     continue;
                 }
-                let n = seq.remaining().min(budget);
+                let n = self.cfg.chunk(seq, budget, full);
+                if n == 0 {
+                    i += 1;
+                    continue;
+                }
                 let target = seq.num_computed + n;
                 // Free blocks by preempting from the back (never a sequence already in
                 // this step) until this one fits, or it is the one preempted.
@@ -359,9 +392,9 @@ impl<S> Scheduler<S> {
             let reuse = self.cfg.prefix_caching && !seq.prompt_logits && !seq.whole_prompt;
             seq.restore = None;
             let reused = if reuse { reuse_prefix(&mut self.alloc, seq, bs, self.snapshots.as_mut()) } else { 0 };
-            let n = seq.remaining().min(budget);
+            let n = self.cfg.chunk(seq, budget, full);
             let target = seq.num_computed + n;
-            if seq.block_table.reserve(&mut self.alloc, target, bs).is_err() {
+            if n == 0 || seq.block_table.reserve(&mut self.alloc, target, bs).is_err() {
                 seq.block_table.release(&mut self.alloc);
                 seq.num_computed = 0;
                 seq.restore = None;

@@ -8,6 +8,7 @@ fn sched_with(max_seqs: usize, max_tokens: usize, blocks: usize, prefix_caching:
     Scheduler::new(SchedulerConfig {
         state_snapshots: None,
         max_draft: 0,
+        prefill_align: 1,
         max_num_seqs: max_seqs,
         max_num_batched_tokens: max_tokens,
         block_size: 4,
@@ -58,6 +59,25 @@ fn chunked_prefill_within_the_token_budget_then_decode_first() {
         "decode goes first"
     );
     assert_eq!(step[1], Scheduled { id: 2, context_len: 2, num_tokens: 4, sample: true, draft: 0, every_row: false });
+}
+
+/// With `prefill_align`, a prompt the budget cuts ends its chunk at a multiple of it where
+/// one lies within the budget; the next prompt waits where none does and others took part
+/// of the budget, and takes what fits where it has the whole; a prompt's last chunk ends
+/// with the prompt.
+#[test]
+fn prompts_cut_by_the_budget_end_at_aligned_positions() {
+    let mut s = Scheduler::new(SchedulerConfig { prefill_align: 4, ..sched(8, 10, 100).cfg });
+    s.add(seq(1, 13, 0));
+    s.add(seq(2, 13, 0));
+    let chunks = |step: Vec<Scheduled>| step.iter().map(|x| (x.id, x.context_len, x.num_tokens)).collect::<Vec<_>>();
+    assert_eq!(chunks(run(&mut s)), [(1, 0, 8)], "8 of 10; no multiple of 4 within the 2 left");
+    assert_eq!(chunks(run(&mut s)), [(1, 8, 5), (2, 0, 4)], "the prompt's end, then up to 4");
+    assert_eq!(chunks(run(&mut s)), [(1, 13, 1), (2, 4, 9)]);
+    assert_eq!(chunks(run(&mut s)), [(1, 14, 1), (2, 13, 1)]);
+    let mut s = Scheduler::new(SchedulerConfig { prefill_align: 4, ..sched(8, 3, 100).cfg });
+    s.add(seq(1, 5, 0));
+    assert_eq!(chunks(run(&mut s)), [(1, 0, 3)], "a budget under the alignment still moves");
 }
 
 #[test]
