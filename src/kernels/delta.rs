@@ -67,25 +67,28 @@ fn conv_body(state: &mut [f32], weight: &[f32], x: &mut [f32], acc: &mut [f32]) 
     x.iter_mut().zip(acc.iter()).for_each(|(x, &a)| *x = a / (1.0 + exp(-a)));
 }
 
+/// One token's inputs to the rule for one value head: `q` and `k` (`[key_dim]`, normalised,
+/// `q` scaled), `v` (`[value_dim]`), its decay `e^g` and correction strength `beta`.
+#[derive(Clone, Copy)]
+pub struct Token<'a> {
+    pub q: &'a [f32],
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    pub decay: f32,
+    pub beta: f32,
+}
+
 /// One token of the gated delta rule for one value head: `state` is `S`, `[key_dim][value_dim]`
-/// (row `i` for key dimension `i`), decayed by `decay` (`e^g`), corrected towards `v` along
+/// (row `i` for key dimension `i`), decayed by the token's decay, corrected towards `v` along
 /// `k` with strength `beta`, then read with `q` into `out` (`[value_dim]`). `mem` is
 /// `[value_dim]` scratch.
-pub fn delta_step(
-    state: &mut [f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    (decay, beta): (f32, f32),
-    mem: &mut [f32],
-    out: &mut [f32],
-) {
+pub fn delta_step(state: &mut [f32], tok: &Token<'_>, mem: &mut [f32], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if wide() {
         // SAFETY: AVX2 and FMA are available.
-        return unsafe { step_avx2(state, q, k, v, (decay, beta), mem, out) };
+        return unsafe { step_avx2(state, tok, mem, out) };
     }
-    step_body(state, q, k, v, (decay, beta), mem, out)
+    step_body(state, tok, mem, out)
 }
 
 /// One value head's inputs for a run of `c` tokens of one sequence: `q` and `k`
@@ -135,16 +138,8 @@ fn wide() -> bool {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn step_avx2(
-    state: &mut [f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    gates: (f32, f32),
-    mem: &mut [f32],
-    out: &mut [f32],
-) {
-    step_body(state, q, k, v, gates, mem, out)
+unsafe fn step_avx2(state: &mut [f32], tok: &Token<'_>, mem: &mut [f32], out: &mut [f32]) {
+    step_body(state, tok, mem, out)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -154,15 +149,8 @@ unsafe fn chunk_avx2(state: &mut [f32], run: &Run<'_>, s: &mut ChunkScratch, out
 }
 
 #[inline(always)]
-fn step_body(
-    state: &mut [f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    (decay, beta): (f32, f32),
-    mem: &mut [f32],
-    out: &mut [f32],
-) {
+fn step_body(state: &mut [f32], tok: &Token<'_>, mem: &mut [f32], out: &mut [f32]) {
+    let Token { q, k, v, decay, beta } = *tok;
     let dv = v.len();
     // Sᵀk of the decayed state, decaying it on the way.
     mem.fill(0.0);
@@ -330,7 +318,7 @@ mod tests {
         for t in 0..4 {
             let (q, k, v) = (random_vec(dk, 10 + t), random_vec(dk, 20 + t), random_vec(dv, 30 + t));
             let (decay, beta) = (0.9 - 0.1 * t as f32, 0.3 + 0.1 * t as f32);
-            delta_step(&mut state, &q, &k, &v, (decay, beta), &mut mem, &mut out);
+            delta_step(&mut state, &Token { q: &q, k: &k, v: &v, decay, beta }, &mut mem, &mut out);
             s.iter_mut().for_each(|x| *x *= decay as f64);
             let kv: Vec<f64> = (0..dv).map(|j| (0..dk).map(|i| s[i * dv + j] * k[i] as f64).sum()).collect();
             let delta: Vec<f64> = (0..dv).map(|j| (v[j] as f64 - kv[j]) * beta as f64).collect();
@@ -371,16 +359,9 @@ mod tests {
                 let (mut one, mut mem, mut want) = (start.clone(), vec![0.0; dv], vec![0.0; c * dv]);
                 for t in 0..c {
                     let at = |x: &[f32], d: usize| x[t * d..(t + 1) * d].to_vec();
-                    let gates = (g[t].exp(), beta[t]);
-                    delta_step(
-                        &mut one,
-                        &at(&q, dk),
-                        &at(&k, dk),
-                        &at(&v, dv),
-                        gates,
-                        &mut mem,
-                        &mut want[t * dv..(t + 1) * dv],
-                    );
+                    let (q, k, v) = (at(&q, dk), at(&k, dk), at(&v, dv));
+                    let tok = Token { q: &q, k: &k, v: &v, decay: g[t].exp(), beta: beta[t] };
+                    delta_step(&mut one, &tok, &mut mem, &mut want[t * dv..(t + 1) * dv]);
                 }
                 let (mut all, mut got) = (start.clone(), vec![0.0; c * dv]);
                 let run = Run { q: &q, k: &k, v: &v, beta: &beta, g: &g };
@@ -409,9 +390,10 @@ mod tests {
         unsafe { chunk_avx2(&mut b, &run, &mut ChunkScratch::default(), &mut ob) };
         assert!(a == b && oa == ob, "chunk");
         let mem = &mut vec![0.0; dv];
-        step_body(&mut a, &q[..dk], &k[..dk], &v[..dv], (0.9, 0.4), mem, &mut oa[..dv]);
+        let tok = Token { q: &q[..dk], k: &k[..dk], v: &v[..dv], decay: 0.9, beta: 0.4 };
+        step_body(&mut a, &tok, mem, &mut oa[..dv]);
         // SAFETY: as above.
-        unsafe { step_avx2(&mut b, &q[..dk], &k[..dk], &v[..dv], (0.9, 0.4), mem, &mut ob[..dv]) };
+        unsafe { step_avx2(&mut b, &tok, mem, &mut ob[..dv]) };
         assert!(a == b && oa == ob, "step");
         let w = random_vec(4 * 100, 2);
         let (mut sa, mut xa, acc) = (random_vec(3 * 100, 3), random_vec(100, 4), &mut vec![0.0; 100]);

@@ -10,7 +10,7 @@ use super::loader::WeightSource;
 use super::resize;
 use super::tensor::Tensor;
 use super::weight::{Weight, WeightDtype};
-use crate::kernels::delta::{conv_step, delta_chunk, delta_step, l2norm, silu, softplus, ChunkScratch, Run};
+use crate::kernels::delta::{conv_step, delta_chunk, delta_step, l2norm, silu, softplus, ChunkScratch, Run, Token};
 use crate::kernels::norm::rmsnorm_in_place;
 use crate::kernels::qmatmul::QActs;
 use crate::kv::StatePool;
@@ -204,7 +204,8 @@ impl DeltaNet {
                         let o = &mut out[run.start * dv..run.end * dv];
                         if run.len() == 1 {
                             let r = run.start;
-                            delta_step(state, q(r), k(r), v(r), (log_decay(r).exp(), beta(r)), mem, o);
+                            let tok = Token { q: q(r), k: k(r), v: v(r), decay: log_decay(r).exp(), beta: beta(r) };
+                            delta_step(state, &tok, mem, o);
                         } else {
                             g.clear();
                             for r in run.clone() {
