@@ -96,7 +96,22 @@ fn preemption_and_a_busy_batch_change_nothing() {
     assert_all_blocks_free(&busy);
 }
 
-/// A 150-token prompt in one step (the delta rule in runs of up to 64 tokens at once, the
+/// One forward step of `tokens` at `at` for the sequence in state slot 0, with the captures
+/// asked for: the logits of its last row.
+fn forward_step(
+    m: &weft::loaded::LoadedModel,
+    (kv, ws): (&mut weft::kv::KvCache, &mut weft::model::Workspace),
+    table: &[u32],
+    at: usize,
+    tokens: &[u32],
+    captures: &[(usize, u32)],
+) -> Vec<f32> {
+    use weft::model::{SeqStep, StepInput};
+    let seq = [SeqStep { captures, ..SeqStep::sampled(at, tokens.len(), table) }];
+    m.model.forward(&StepInput { tokens, seqs: &seq }, kv, ws).to_vec()
+}
+
+/// A 150-token prompt in one step (the delta rule in runs of up to 16 tokens at once, the
 /// matrix form) and token by token (the recurrent form) give the same logits within float
 /// rounding, and the same greedy token.
 #[test]
@@ -104,25 +119,17 @@ fn a_prompt_at_once_equals_it_token_by_token() {
     if shared_models().is_none() {
         return;
     }
-    use weft::model::{SeqStep, StepInput, Workspace};
     let m = common::model(GGUF);
     let prompt = random_ids(150, 50_000, 5);
-    let mut ws = Workspace::default();
+    let mut ws = weft::model::Workspace::default();
     let (mut kv, table) = common::kv_for(&m, prompt.len());
-    let seq = [SeqStep::sampled(0, prompt.len(), table.blocks())];
-    let at_once = m.model.forward(&StepInput { tokens: &prompt, seqs: &seq }, &mut kv, &mut ws).to_vec();
+    let at_once = forward_step(&m, (&mut kv, &mut ws), table.blocks(), 0, &prompt, &[]);
     let (mut kv, table) = common::kv_for(&m, prompt.len());
     let mut one_by_one = Vec::new();
     for (i, t) in prompt.iter().enumerate() {
-        let seq = [SeqStep::sampled(i, 1, table.blocks())];
-        one_by_one =
-            m.model.forward(&StepInput { tokens: std::slice::from_ref(t), seqs: &seq }, &mut kv, &mut ws).to_vec();
+        one_by_one = forward_step(&m, (&mut kv, &mut ws), table.blocks(), i, std::slice::from_ref(t), &[]);
     }
-    let scale = one_by_one.iter().fold(0f32, |m, x| m.max(x.abs()));
-    let worst = at_once.iter().zip(&one_by_one).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-    assert!(worst <= 1e-4 * scale, "logits differ by {worst} (largest {scale})");
-    let argmax = |x: &[f32]| x.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0;
-    assert_eq!(argmax(&at_once), argmax(&one_by_one));
+    common::assert_logits_close(&at_once, &one_by_one, "a prompt at once against token by token");
 }
 
 /// The rollback itself, on the forward pass: a verification step of a token and three
@@ -133,30 +140,25 @@ fn a_draft_cut_short_resumes_from_its_rows_snapshot() {
     if shared_models().is_none() {
         return;
     }
-    use weft::model::{SeqStep, StepInput, Workspace};
     let m = common::model(GGUF);
     let prompt = random_ids(37, 50_000, 3);
     let (t0, drafts, next) = (501, [502, 503, 504], 505);
     let n = prompt.len();
-    let step = |kv: &mut weft::kv::KvCache, ws: &mut Workspace, table: &[u32], at: usize, tokens: &[u32], captures| {
-        let seq = [SeqStep { captures, ..SeqStep::sampled(at, tokens.len(), table) }];
-        m.model.forward(&StepInput { tokens, seqs: &seq }, kv, ws).to_vec()
-    };
+    let mut ws = weft::model::Workspace::default();
     // Verified: t0 and all three drafts, the state kept after t0, d1 and d2.
     let (mut kv, table) = common::kv_for(&m, n + 8);
-    let mut ws = Workspace::default();
-    step(&mut kv, &mut ws, table.blocks(), 0, &prompt, &[]);
-    let rows = [t0, drafts[0], drafts[1], drafts[2]];
-    let captures = [(n, 0), (n + 1, 1), (n + 2, 2)];
-    step(&mut kv, &mut ws, table.blocks(), n, &rows, &captures);
+    let (bt, rows) = (table.blocks(), [t0, drafts[0], drafts[1], drafts[2]]);
+    forward_step(&m, (&mut kv, &mut ws), bt, 0, &prompt, &[]);
+    forward_step(&m, (&mut kv, &mut ws), bt, n, &rows, &[(n, 0), (n + 1, 1), (n + 2, 2)]);
     kv.states.restore(1, 0);
-    let got = step(&mut kv, &mut ws, table.blocks(), n + 2, &[next], &[]);
+    let got = forward_step(&m, (&mut kv, &mut ws), bt, n + 2, &[next], &[]);
     // Never drafted: t0 and d1 decoded one by one, then the same token.
-    let (mut kv2, table2) = common::kv_for(&m, n + 8);
-    step(&mut kv2, &mut ws, table2.blocks(), 0, &prompt, &[]);
-    step(&mut kv2, &mut ws, table2.blocks(), n, &[t0], &[]);
-    step(&mut kv2, &mut ws, table2.blocks(), n + 1, &[drafts[0]], &[]);
-    let want = step(&mut kv2, &mut ws, table2.blocks(), n + 2, &[next], &[]);
+    let (mut kv, table) = common::kv_for(&m, n + 8);
+    let bt = table.blocks();
+    forward_step(&m, (&mut kv, &mut ws), bt, 0, &prompt, &[]);
+    forward_step(&m, (&mut kv, &mut ws), bt, n, &[t0], &[]);
+    forward_step(&m, (&mut kv, &mut ws), bt, n + 1, &[drafts[0]], &[]);
+    let want = forward_step(&m, (&mut kv, &mut ws), bt, n + 2, &[next], &[]);
     assert!(got == want, "logits after the rollback differ");
 }
 

@@ -135,6 +135,7 @@ impl EngineLoop {
 
     fn scheduler(shared: &Shared, kv: &KvCache) -> Scheduler<SeqState> {
         let cfg = &shared.config;
+        let recurrent = kv.states.slot_len() > 0;
         Scheduler::new(SchedulerConfig {
             max_num_seqs: cfg.max_num_seqs,
             max_num_batched_tokens: cfg.max_num_batched_tokens,
@@ -142,9 +143,9 @@ impl EngineLoop {
             num_blocks: kv.num_blocks(),
             prefix_caching: cfg.prefix_caching,
             kv_events: cfg.kv_events.is_some(),
-            state_snapshots: (kv.states.slot_len() > 0).then_some(shared.state_snapshots),
+            state_snapshots: recurrent.then_some(shared.state_snapshots),
             max_draft: cfg.speculative.as_ref().map_or(0, |s| s.num_speculative_tokens),
-            prefill_align: if kv.states.slot_len() > 0 { crate::model::RECURRENT_RUN } else { 1 },
+            prefill_align: if recurrent { crate::model::RECURRENT_RUN } else { 1 },
         })
     }
 

@@ -208,6 +208,15 @@ pub fn teacher_forced_kv(m: &LoadedModel, prompt: &[u32], generated: &[u32], kv_
     out
 }
 
+/// `got` equals `want` within float rounding (every logit within 1e-4 of `want`'s largest
+/// magnitude) and picks the same greedy token.
+pub fn assert_logits_close(got: &[f32], want: &[f32], what: &str) {
+    let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let worst = got.iter().zip(want).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(worst <= 1e-4 * scale, "{what}: logits differ by {worst} (largest {scale})");
+    assert_eq!(weft::sampling::argmax(got), weft::sampling::argmax(want), "{what}: greedy token");
+}
+
 pub fn log_softmax(x: &[f32]) -> Vec<f64> {
     let max = x.iter().fold(f32::MIN, |a, &b| a.max(b)) as f64;
     let lse = x.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln() + max;
