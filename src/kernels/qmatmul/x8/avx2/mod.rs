@@ -130,9 +130,10 @@ pub unsafe fn group(
             (GgmlType::Mxfp4, v) => by_isa!(v, tile, q8_0 | q8_0_vnni, F_MXFP4),
             (GgmlType::Tq2_0, v) => by_isa!(v, tile, tq2_0 | tq2_0_vnni),
             // The K-quants' tiles of up to four rows read the records themselves. Q4_K's and
-            // Q5_K's AVX2 copies ran faster there than VNNI ones; Q4_K's values are decoded
-            // ahead only without VNNI ([`decodes`]).
+            // Q5_K's AVX2 copies ran faster there than VNNI ones, except Q4_K's for one row
+            // ([`k_row_vnni`]); Q4_K's values are decoded ahead only without VNNI ([`decodes`]).
             (GgmlType::Q4K, _) if pre => by_tile!(tile, k_one, false, true),
+            (GgmlType::Q4K, true) if tile == 1 => k_one_vnni::<false, false, 1>,
             (GgmlType::Q4K, _) => by_tile!(tile, k_one, false, false),
             (GgmlType::Q5K, _) if pre => by_tile!(tile, k_one, true, true),
             (GgmlType::Q5K, _) => by_tile!(tile, k_one, true, false),
@@ -223,20 +224,9 @@ macro_rules! twins {
     };
 }
 
-/// One Q4_K or Q5_K group ([`k_tiled`]), on AVX2 only (why: [`group`]).
-///
-/// # Safety
-/// As [`k_tiled`]'s, with one group.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn k_one<const FIVE: bool, const PRE: bool, const R: usize>(
-    src: Src,
-    xq: &QActs,
-    first: usize,
-    blocks: usize,
-    out: &mut [[f32; GROUP]; TILE],
-) {
-    unsafe { k_tiled::<false, FIVE, PRE, 1, R>([src], xq, first, blocks, std::array::from_mut(out), Ahead::NONE) }
-}
+twins!(k_one, k_one_vnni<FIVE: bool, PRE: bool, R: usize>
+    (src: Src, xq: &QActs, first: usize, blocks: usize, out: &mut [[f32; GROUP]; TILE]),
+    V => k_tiled::<V, FIVE, PRE, 1, R>([src], xq, first, blocks, std::array::from_mut(out), Ahead::NONE));
 twins!(k_two, k_two_vnni<PRE: bool, R: usize>
     (src: [Src; 2], xq: &QActs, first: usize, blocks: usize, out: &mut [[[f32; GROUP]; TILE]; 2], ahead: Ahead),
     V => k_tiled::<V, false, PRE, 2, R>(src, xq, first, blocks, out, ahead));

@@ -70,6 +70,37 @@ pub(super) unsafe fn k_block_vnni<const FIVE: bool, const G: usize, const R: usi
     }
 }
 
+/// One block of one group's Q4_K records (`rec`) against one activation row from `x` (a
+/// decode's product of a matrix and a vector): [`k_block_vnni`]'s sums, each half's chain of
+/// `vpdpbusd`s split in two so that four run side by side. The same integers as [`k_sub`]'s.
+///
+/// # Safety
+/// What [`vnni`] checks must be available; `rec` holds a block and `x` its activations.
+#[inline(always)]
+pub(super) unsafe fn k_row_vnni(rec: *const u8, x: *const i8) -> __m256i {
+    unsafe {
+        let head = record(GgmlType::Q4K).1;
+        let (low, high) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0xF0u8 as i8));
+        let mut sums = _mm256_setzero_si256();
+        for pair in 0..4 {
+            let (w, x) = (rec.add(head + 256 * pair), x.add(2 * pair * QB));
+            let mut s = [_mm256_setzero_si256(); 4];
+            for c in 0..8 {
+                let v = _mm256_loadu_si256(w.add(32 * c).cast());
+                let i = c % 2;
+                s[i] = dot4(s[i], _mm256_and_si256(v, low), bcast(x.add(4 * c)));
+                s[2 + i] = dot4(s[2 + i], _mm256_and_si256(v, high), bcast(x.add(QB + 4 * c)));
+            }
+            let sc = rec.add(32 + 16 * pair);
+            let lo = _mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64(sc.cast())), 4);
+            let hi = _mm256_cvtepu8_epi32(_mm_loadl_epi64(sc.add(8).cast()));
+            let (s_lo, s_hi) = (_mm256_add_epi32(s[0], s[1]), _mm256_add_epi32(s[2], s[3]));
+            sums = _mm256_add_epi32(sums, _mm256_add_epi32(_mm256_mullo_epi32(s_lo, lo), _mm256_mullo_epi32(s_hi, hi)));
+        }
+        _mm256_srai_epi32(sums, 4)
+    }
+}
+
 /// The i32 sums of two sub-blocks of decoded values (from `w0`, `w1`: eight 32-byte
 /// chunks each, the second sub-block's 256 bytes on) of two groups against four
 /// activation rows (from `x`, `row` bytes apart; the second sub-block's 32 bytes on):
