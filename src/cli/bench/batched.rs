@@ -87,6 +87,12 @@ fn batched_row(
         println!("  B={b}: {overlapped} tokens decoded while prompts were still prefilling, left out of TG");
     }
     let mut row = row;
+    if b == 1 {
+        // This VM's memory bandwidth flips between phases within minutes: the read that one
+        // stream's decode is set against is taken right after it, not at the end of the run.
+        let read = crate::engine::thread_pool(base.threads)?.install(crate::cli::machine::read_bandwidth);
+        row["read_gb_s"] = json!(read);
+    }
     if let (Some(moe), true) = (&model.model.config.moe, st.moe_decode.layer_runs > 0) {
         row["experts"] = expert_balance(b, moe.num_experts, &st.moe_decode, st.forward_time, st.moe.time);
     }
