@@ -152,6 +152,39 @@ fn nibble_extremes_stay_in_range() {
     }
 }
 
+/// TQ2_0's sums at their extremes (every weight +1 or every −1, every activation ±127):
+/// the AVX2 kernel and the VNNI one, whose top field is 128 times its code, match the
+/// exact sum at every tile height.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn ternary_extremes_stay_in_range() {
+    if !crate::kernels::matmul::avx2::available() {
+        return;
+    }
+    let (dtype, k) = (GgmlType::Tq2_0, 512);
+    for (code, t) in [(0xAAu8, 1.0f32), (0x00, -1.0)] {
+        let mut block = [code; 66];
+        block[64..].copy_from_slice(&half::f16::from_f32(0.5).to_le_bytes());
+        let data = interleave(dtype, &block.repeat(GROUP * k / 256), k);
+        for x in [1.0f32, -1.0] {
+            let mut xq = QActs::default();
+            quantize_rows(&vec![x; TILE * k], TILE, k, act_scales(dtype), &mut xq);
+            let want = 0.5 * t * x * k as f32;
+            for (vnni, tile) in [false, avx2::vnni()].into_iter().flat_map(|v| (1..=TILE).map(move |t| (v, t))) {
+                let mut got = [[0f32; GROUP]; TILE];
+                // SAFETY: AVX2 is present, and VNNI when asked for; `data` is one group.
+                unsafe { avx2::group(vnni, dtype, records(&data), &xq, 0, tile, k / 256, &mut got) };
+                let near = |v: f32| (v - want).abs() <= 1e-5 * want.abs();
+                assert!(
+                    got[..tile].iter().flatten().all(|&v| near(v)),
+                    "{t} · {x}, vnni {vnni}, tile {tile}: {:?}",
+                    got[0]
+                );
+            }
+        }
+    }
+}
+
 /// The portable fallback and the AVX2 kernels agree on every format and tile height.
 #[cfg(target_arch = "x86_64")]
 #[test]

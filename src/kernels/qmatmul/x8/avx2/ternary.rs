@@ -8,7 +8,8 @@ use super::*;
 /// is four consecutive values of every row, against four broadcast activation bytes: no
 /// table, no sign trick. AVX2's `maddubs` pairs are at most 2 · 127 · 2, so a block's 64
 /// of them add in i16 (64 · 508 < 2¹⁵) before one `madd` widens; VNNI adds in i32, from
-/// `−Σx`. Both compute the same integers, so the same bits.
+/// `−Σx`, its fields masked in place ([`tq2_block_vnni`]). Both compute the same
+/// integers, so the same bits.
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be available (with `V`, what [`vnni`] checks too); `src`
@@ -30,34 +31,29 @@ pub(super) unsafe fn tq2<const V: bool, const R: usize>(
         for b in 0..blocks {
             let rec = src.rec.add(b * rec_bytes);
             let at = |t: usize| (first + t) * blocks + b;
-            let mut s: [__m256i; R] = std::array::from_fn(|t| {
-                if V {
-                    _mm256_set1_epi32(-sums.get_unchecked(at(t)))
-                } else {
-                    _mm256_setzero_si256()
-                }
-            });
-            for ch in 0..16 {
-                let v = _mm256_loadu_si256(rec.add(head + 32 * ch).cast());
-                let u = [
-                    _mm256_and_si256(v, three),
-                    _mm256_and_si256(_mm256_srli_epi16::<2>(v), three),
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(v), three),
-                    _mm256_and_si256(_mm256_srli_epi16::<6>(v), three),
-                ];
-                // Field `l` of chunk `ch` is values 128·(ch / 8) + 32·l + 4·(ch % 8)...
-                let base = 128 * (ch / 8) + 4 * (ch % 8);
-                for (t, s) in s.iter_mut().enumerate() {
-                    let x = xq.q.as_ptr().add(at(t) * 256 + base);
-                    for (l, u) in u.iter().enumerate() {
-                        *s = if V {
-                            dot4(*s, *u, bcast(x.add(32 * l)))
-                        } else {
-                            _mm256_add_epi16(*s, _mm256_maddubs_epi16(*u, bcast(x.add(32 * l))))
-                        };
+            let s: [__m256i; R] = if V {
+                tq2_block_vnni::<R>(rec.add(head), xq.q.as_ptr(), at, sums)
+            } else {
+                let mut s = [_mm256_setzero_si256(); R];
+                for ch in 0..16 {
+                    let v = _mm256_loadu_si256(rec.add(head + 32 * ch).cast());
+                    let u = [
+                        _mm256_and_si256(v, three),
+                        _mm256_and_si256(_mm256_srli_epi16::<2>(v), three),
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(v), three),
+                        _mm256_and_si256(_mm256_srli_epi16::<6>(v), three),
+                    ];
+                    // Field `l` of chunk `ch` is values 128·(ch / 8) + 32·l + 4·(ch % 8)...
+                    let base = 128 * (ch / 8) + 4 * (ch % 8);
+                    for (t, s) in s.iter_mut().enumerate() {
+                        let x = xq.q.as_ptr().add(at(t) * 256 + base);
+                        for (l, u) in u.iter().enumerate() {
+                            *s = _mm256_add_epi16(*s, _mm256_maddubs_epi16(*u, bcast(x.add(32 * l))));
+                        }
                     }
                 }
-            }
+                s
+            };
             let mut blk = [_mm256_setzero_ps(); R];
             for (t, (blk, s)) in blk.iter_mut().zip(s).enumerate() {
                 let s =
@@ -67,5 +63,50 @@ pub(super) unsafe fn tq2<const V: bool, const R: usize>(
             weigh::<R>(rec, &blk, &mut acc);
         }
         store(&acc, out);
+    }
+}
+
+/// One TQ2_0 block's integer sums `Σ t·x` (codes at `codes`, 16 chunks) for each of the
+/// `R` activation rows (row `t`'s block at index `at(t)` of `x`, its sum in `sums`), with
+/// VNNI: each 2-bit field is masked in place, not shifted down, so field `l` holds `4^l`
+/// times its code and has a `vpdpbusd` chain of its own, divided back exactly at the end
+/// (products at most 128 · 127, four to a lane, sixteen chunks). Four chains a row also
+/// keep `vpdpbusd`'s latency off a one-row product. The same integers as [`tq2`]'s AVX2
+/// sums.
+///
+/// # Safety
+/// What [`vnni`] checks must be available; `codes` holds a block's 16 chunks and `x` the
+/// blocks that `at` indexes.
+#[inline(always)]
+unsafe fn tq2_block_vnni<const R: usize>(
+    codes: *const u8,
+    x: *const i8,
+    at: impl Fn(usize) -> usize,
+    sums: &[i32],
+) -> [__m256i; R] {
+    unsafe {
+        // Plain calls, not `map` (see [`k_sub`]).
+        let mask =
+            [_mm256_set1_epi8(0x03), _mm256_set1_epi8(0x0C), _mm256_set1_epi8(0x30), _mm256_set1_epi8(0xC0u8 as i8)];
+        let mut s = [[_mm256_setzero_si256(); 4]; R];
+        for (t, s) in s.iter_mut().enumerate() {
+            s[0] = _mm256_set1_epi32(-sums.get_unchecked(at(t)));
+        }
+        for ch in 0..16 {
+            let v = _mm256_loadu_si256(codes.add(32 * ch).cast());
+            let base = 128 * (ch / 8) + 4 * (ch % 8);
+            for (l, &m) in mask.iter().enumerate() {
+                let u = _mm256_and_si256(v, m);
+                for (t, s) in s.iter_mut().enumerate() {
+                    s[l] = dot4(s[l], u, bcast(x.add(at(t) * 256 + base + 32 * l)));
+                }
+            }
+        }
+        let mut out = [_mm256_setzero_si256(); R];
+        for (o, s) in out.iter_mut().zip(&s) {
+            let high = _mm256_add_epi32(_mm256_srai_epi32::<2>(s[1]), _mm256_srai_epi32::<4>(s[2]));
+            *o = _mm256_add_epi32(_mm256_add_epi32(s[0], high), _mm256_srai_epi32::<6>(s[3]));
+        }
+        out
     }
 }
