@@ -10,7 +10,7 @@ use super::*;
 /// as much as a `maddubs`). One sub-block at a time (the low nibbles of a pair, then
 /// the high ones: [`k_sub`]; Q4_K's two groups and four rows with VNNI, both at
 /// once from the records, and Q5_K's from its decoded values: [`k_block_vnni`]; Q4_K's
-/// one group and one row with VNNI: [`k_row_vnni`]); the
+/// one group with VNNI: [`k_rows_vnni`]); the
 /// scaled sums add in i32 over the block and take the product of the row's activation
 /// scale ([`ActScales::PerSuper`]) and the eight rows' weight scales once. The mins
 /// follow in [`k_mins`].
@@ -40,8 +40,11 @@ pub(super) unsafe fn k_tiled<const V: bool, const FIVE: bool, const PRE: bool, c
             // Q4_K from its records, Q5_K from its decoded values.
             if V && G == 2 && R == 4 && FIVE == PRE {
                 k_block_vnni::<FIVE, G, R>(rec, vals, xq, at, &mut dots);
-            } else if V && G == 1 && R == 1 && !FIVE && !PRE {
-                dots[0][0] = k_row_vnni(rec[0], xq.q.as_ptr().add(at(0) * QB));
+            } else if V && G == 1 && !FIVE && !PRE {
+                let rows = k_rows_vnni::<R>(rec[0], xq.q.as_ptr(), at);
+                for (dots, r) in dots.iter_mut().zip(rows) {
+                    dots[0] = r;
+                }
             } else {
                 for pair in 0..4 {
                     k_sub::<FIVE, PRE, G, R, 0>(rec, vals, pair, xq, at, &mut dots);

@@ -129,11 +129,12 @@ pub unsafe fn group(
             (GgmlType::Iq4Xs, v) => by_isa!(v, tile, q8_0 | q8_0_vnni, F_IQ4_XS),
             (GgmlType::Mxfp4, v) => by_isa!(v, tile, q8_0 | q8_0_vnni, F_MXFP4),
             (GgmlType::Tq2_0, v) => by_isa!(v, tile, tq2_0 | tq2_0_vnni),
-            // The K-quants' tiles of up to four rows read the records themselves. Q4_K's and
-            // Q5_K's AVX2 copies ran faster there than VNNI ones, except Q4_K's for one row
-            // ([`k_row_vnni`]); Q4_K's values are decoded ahead only without VNNI ([`decodes`]).
+            // The K-quants' tiles of up to four rows read the records themselves. Q5_K's AVX2
+            // copy ran faster there than its VNNI one; Q4_K's VNNI copy masks the nibbles in
+            // place ([`k_rows_vnni`]), and its values are decoded ahead only without VNNI
+            // ([`decodes`]).
             (GgmlType::Q4K, _) if pre => by_tile!(tile, k_one, false, true),
-            (GgmlType::Q4K, true) if tile == 1 => k_one_vnni::<false, false, 1>,
+            (GgmlType::Q4K, true) => by_tile!(tile, k_one_vnni, false, false),
             (GgmlType::Q4K, _) => by_tile!(tile, k_one, false, false),
             (GgmlType::Q5K, _) if pre => by_tile!(tile, k_one, true, true),
             (GgmlType::Q5K, _) => by_tile!(tile, k_one, true, false),

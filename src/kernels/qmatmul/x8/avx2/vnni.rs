@@ -70,34 +70,57 @@ pub(super) unsafe fn k_block_vnni<const FIVE: bool, const G: usize, const R: usi
     }
 }
 
-/// One block of one group's Q4_K records (`rec`) against one activation row from `x` (a
-/// decode's product of a matrix and a vector): [`k_block_vnni`]'s sums, each half's chain of
-/// `vpdpbusd`s split in two so that four run side by side. The same integers as [`k_sub`]'s.
+/// One block of one group's Q4_K records (`rec`) against `R` activation rows (row `t`'s
+/// block at sub-block index `at(t)` of `x`): [`k_block_vnni`]'s sums, a chunk's nibbles
+/// masked in place once for all the rows. One row (a decode's product of a matrix and a
+/// vector) splits each half's chain of `vpdpbusd`s in two, so that four run side by side;
+/// more rows have chains enough. The same integers as [`k_sub`]'s.
 ///
 /// # Safety
-/// What [`vnni`] checks must be available; `rec` holds a block and `x` its activations.
+/// What [`vnni`] checks must be available; `rec` holds a block and `x` the sub-blocks
+/// that `at` indexes.
 #[inline(always)]
-pub(super) unsafe fn k_row_vnni(rec: *const u8, x: *const i8) -> __m256i {
+pub(super) unsafe fn k_rows_vnni<const R: usize>(
+    rec: *const u8,
+    x: *const i8,
+    at: impl Fn(usize) -> usize,
+) -> [__m256i; R] {
     unsafe {
         let head = record(GgmlType::Q4K).1;
         let (low, high) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0xF0u8 as i8));
-        let mut sums = _mm256_setzero_si256();
+        // Chains per half of a row: `[row][chain][half]`.
+        let split = if R == 1 { 2 } else { 1 };
+        let mut sums = [_mm256_setzero_si256(); R];
         for pair in 0..4 {
-            let (w, x) = (rec.add(head + 256 * pair), x.add(2 * pair * QB));
-            let mut s = [_mm256_setzero_si256(); 4];
+            let w = rec.add(head + 256 * pair);
+            let mut s = [[[_mm256_setzero_si256(); 2]; 2]; R];
             for c in 0..8 {
                 let v = _mm256_loadu_si256(w.add(32 * c).cast());
-                let i = c % 2;
-                s[i] = dot4(s[i], _mm256_and_si256(v, low), bcast(x.add(4 * c)));
-                s[2 + i] = dot4(s[2 + i], _mm256_and_si256(v, high), bcast(x.add(QB + 4 * c)));
+                let (lo, hi) = (_mm256_and_si256(v, low), _mm256_and_si256(v, high));
+                let i = c % split;
+                for (t, s) in s.iter_mut().enumerate() {
+                    let x = x.add((at(t) + 2 * pair) * QB + 4 * c);
+                    s[i][0] = dot4(s[i][0], lo, bcast(x));
+                    s[i][1] = dot4(s[i][1], hi, bcast(x.add(QB)));
+                }
             }
             let sc = rec.add(32 + 16 * pair);
             let lo = _mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64(sc.cast())), 4);
             let hi = _mm256_cvtepu8_epi32(_mm_loadl_epi64(sc.add(8).cast()));
-            let (s_lo, s_hi) = (_mm256_add_epi32(s[0], s[1]), _mm256_add_epi32(s[2], s[3]));
-            sums = _mm256_add_epi32(sums, _mm256_add_epi32(_mm256_mullo_epi32(s_lo, lo), _mm256_mullo_epi32(s_hi, hi)));
+            for (sums, s) in sums.iter_mut().zip(&s) {
+                let (s_lo, s_hi) = if split == 2 {
+                    (_mm256_add_epi32(s[0][0], s[1][0]), _mm256_add_epi32(s[0][1], s[1][1]))
+                } else {
+                    (s[0][0], s[0][1])
+                };
+                let scaled = _mm256_add_epi32(_mm256_mullo_epi32(s_lo, lo), _mm256_mullo_epi32(s_hi, hi));
+                *sums = _mm256_add_epi32(*sums, scaled);
+            }
         }
-        _mm256_srai_epi32(sums, 4)
+        for s in sums.iter_mut() {
+            *s = _mm256_srai_epi32(*s, 4);
+        }
+        sums
     }
 }
 
