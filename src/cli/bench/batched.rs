@@ -87,14 +87,19 @@ fn batched_row(
         println!("  B={b}: {overlapped} tokens decoded while prompts were still prefilling, left out of TG");
     }
     let mut row = row;
-    if b == 1 {
-        // This VM's memory bandwidth flips between phases within minutes: the read that one
-        // stream's decode is set against is taken right after it, not at the end of the run.
-        let read = crate::engine::thread_pool(base.threads)?.install(crate::cli::machine::read_bandwidth);
-        row["read_gb_s"] = json!(read);
-    }
     if let (Some(moe), true) = (&model.model.config.moe, st.moe_decode.layer_runs > 0) {
         row["experts"] = expert_balance(b, moe.num_experts, &st.moe_decode, st.forward_time, st.moe.time);
+    }
+    drop(engine);
+    if b == 1 {
+        // This VM's memory bandwidth flips between phases within minutes: the bare forward
+        // loop and the read that one stream's decode is set against are taken right after
+        // it, not at the end of the run.
+        let pool = crate::engine::thread_pool(base.threads)?;
+        let prompt = random_prompt(rng, args.prompt_tokens, vocab);
+        let bare = pool.install(|| bare_decode(&model.model, args.engine.kv_cache_dtype, &prompt, args.gen_tokens));
+        row["bare_tg_tok_s"] = json!(bare);
+        row["read_gb_s"] = json!(pool.install(crate::cli::machine::read_bandwidth));
     }
     Ok(row)
 }
@@ -120,6 +125,25 @@ fn expert_balance(
     );
     json!({"used_per_layer": used, "rows_per_used_expert": per_used, "busiest_rows": busiest,
         "moe_share_of_forward": share})
+}
+
+/// The engine's one-stream decode against the bare forward loop run right after it:
+/// each run's difference, their median and range; into `report`.
+fn engine_vs_bare(runs: &[Value], report: &mut Value) {
+    let speed = |r: &Value, k: &str| r[k].as_f64().unwrap_or(0.0);
+    let mut diffs: Vec<f64> =
+        runs.iter().map(|r| (speed(r, "tg_tok_s") / speed(r, "bare_tg_tok_s").max(1e-9) - 1.0) * 100.0).collect();
+    let median = percentile(&mut diffs, 0.5);
+    let (lo, hi) = (diffs.first().copied().unwrap_or(0.0), diffs.last().copied().unwrap_or(0.0));
+    let bare: Vec<String> = runs.iter().map(|r| format!("{:.1}", speed(r, "bare_tg_tok_s"))).collect();
+    println!(
+        "  single request: engine against the bare forward loop right after it ({} tok/s): median {median:+.1}% \
+         ({lo:+.1}% to {hi:+.1}%) over {} run{}",
+        bare.join(", "),
+        runs.len(),
+        if runs.len() == 1 { "" } else { "s" }
+    );
+    report["engine_vs_bare_forward_pct"] = json!({"median": median, "range": [lo, hi]});
 }
 
 /// Batch size `b`'s runs as one row: the run with the median decode speed, and with a
@@ -159,7 +183,6 @@ pub(super) fn run(
     rng: &mut Rng,
     report: &mut Value,
 ) -> Result<()> {
-    let vocab = model.model.config.vocab_size;
     let batch_sizes: Vec<usize> = args.batch_sizes.iter().copied().filter(|&b| b > 0).collect();
     if batch_sizes.is_empty() {
         return Ok(());
@@ -199,18 +222,11 @@ pub(super) fn run(
                 }
                 runs.push(row);
             }
+            let ones = (b == 1).then(|| runs.clone());
             rows.push(median_run(b, runs));
-        }
-        if batch_sizes.contains(&1) {
-            let engine_b1 = rows.iter().find(|r| r["batch"] == 1).and_then(|r| r["tg_tok_s"].as_f64()).unwrap_or(0.0);
-            let prompt = random_prompt(rng, args.prompt_tokens, vocab);
-            let bare = crate::engine::thread_pool(base.threads)?
-                .install(|| bare_decode(&model.model, args.engine.kv_cache_dtype, &prompt, args.gen_tokens));
-            println!(
-                "  single request: engine {engine_b1:.1} tokens/s, bare forward loop {bare:.1} ({:+.1}%)",
-                (engine_b1 / bare - 1.0) * 100.0
-            );
-            report["bare_forward_tg_tok_s"] = json!(bare);
+            if let Some(runs) = ones {
+                engine_vs_bare(&runs, report);
+            }
         }
         let first = rows.first().and_then(|r| r["tg_tok_s"].as_f64()).unwrap_or(0.0);
         for r in &rows {
