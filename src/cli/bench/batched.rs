@@ -92,14 +92,14 @@ fn batched_row(
     }
     drop(engine);
     if b == 1 {
-        // This VM's memory bandwidth flips between phases within minutes: the bare forward
-        // loop and the read that one stream's decode is set against are taken right after
-        // it, not at the end of the run.
+        // This VM's memory bandwidth flips between phases within minutes: the read that one
+        // stream's decode is set against is taken right after it, and the bare forward
+        // loop next, not at the end of the run.
         let pool = crate::engine::thread_pool(base.threads)?;
+        row["read_gb_s"] = json!(pool.install(crate::cli::machine::read_bandwidth));
         let prompt = random_prompt(rng, args.prompt_tokens, vocab);
         let bare = pool.install(|| bare_decode(&model.model, args.engine.kv_cache_dtype, &prompt, args.gen_tokens));
         row["bare_tg_tok_s"] = json!(bare);
-        row["read_gb_s"] = json!(pool.install(crate::cli::machine::read_bandwidth));
     }
     Ok(row)
 }
@@ -137,7 +137,7 @@ fn engine_vs_bare(runs: &[Value], report: &mut Value) {
     let (lo, hi) = (diffs.first().copied().unwrap_or(0.0), diffs.last().copied().unwrap_or(0.0));
     let bare: Vec<String> = runs.iter().map(|r| format!("{:.1}", speed(r, "bare_tg_tok_s"))).collect();
     println!(
-        "  single request: engine against the bare forward loop right after it ({} tok/s): median {median:+.1}% \
+        "  single request: engine against the bare forward loop run after it ({} tok/s): median {median:+.1}% \
          ({lo:+.1}% to {hi:+.1}%) over {} run{}",
         bare.join(", "),
         runs.len(),
