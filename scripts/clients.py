@@ -109,14 +109,17 @@ def scenarios(base):
         assert max(abs(a - b) for a, b in zip(f, r.data[0].embedding)) < 1e-6
 
     def responses():
-        r = oa.responses.create(model=served, input="Say hi.", instructions="Be brief.", max_output_tokens=8)
+        # Greedy, as `messages`: sampled, the model could end its answer inside the 8 tokens.
+        r = oa.responses.create(model=served, input="Say hi.", instructions="Be brief.", max_output_tokens=8,
+                                temperature=0)
         assert r.status == "incomplete" and r.output_text and r.usage.output_tokens == 8, r
         assert oa.responses.retrieve(r.id).output_text == r.output_text
 
     def responses_stream():
-        # Cut off by max_output_tokens, the stream ends in `response.incomplete`, as OpenAI's.
+        # Cut off by max_output_tokens, the stream ends in `response.incomplete`, as OpenAI's
+        # (greedy, so that the answer cannot end first).
         deltas, kinds, final = [], [], None
-        for e in oa.responses.create(model=served, input="Say hi.", max_output_tokens=8, stream=True):
+        for e in oa.responses.create(model=served, input="Say hi.", max_output_tokens=8, temperature=0, stream=True):
             kinds.append(e.type)
             if e.type == "response.output_text.delta":
                 deltas.append(e.delta)
