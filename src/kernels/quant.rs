@@ -29,7 +29,7 @@ pub enum GgmlType {
     Iq4Xs,
     /// Ternary, 2-bit codes `t + 1` and an f16 scale per 256 values ([`super::ternary`]).
     Tq2_0,
-    /// Ternary in base 3, five values a byte: read, and computed as [`GgmlType::Tq2_0`].
+    /// Ternary in base 3, five values a byte (1.69 bits a value), an f16 scale per 256.
     Tq1_0,
     /// bitnet.cpp's ternary: 2-bit codes, one f32 scale after a tensor's codes. Read, and
     /// computed as [`GgmlType::Tq2_0`].
@@ -40,7 +40,7 @@ pub enum GgmlType {
 }
 
 /// The block formats (quantized, computed with int8 activations), in a fixed order.
-pub const BLOCK_FORMATS: [GgmlType; 14] = [
+pub const BLOCK_FORMATS: [GgmlType; 15] = [
     GgmlType::Q8_0,
     GgmlType::Q4_0,
     GgmlType::Q4_1,
@@ -55,10 +55,8 @@ pub const BLOCK_FORMATS: [GgmlType; 14] = [
     GgmlType::Iq4Xs,
     GgmlType::Tq2_0,
     GgmlType::Mxfp4,
+    GgmlType::Tq1_0,
 ];
-
-/// The ternary formats read from files and converted to [`GgmlType::Tq2_0`] at load.
-pub const TERNARY_ONLY_READ: [GgmlType; 2] = [GgmlType::Tq1_0, GgmlType::I2s];
 
 /// The values that IQ4_NL's and IQ4_XS's 4-bit indices stand for (ggml's `kvalues_iq4nl`):
 /// denser near zero, where most weights are.
@@ -72,16 +70,17 @@ pub const MXFP4_VALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, 
 /// 16 values, high nibbles the next 16).
 pub const MXFP4_BYTES: usize = 17;
 
-/// Every type this engine reads: the floats, [`BLOCK_FORMATS`], then [`TERNARY_ONLY_READ`].
-pub const TYPES: [GgmlType; 5 + BLOCK_FORMATS.len()] = {
-    let mut all = [GgmlType::F32; 5 + BLOCK_FORMATS.len()];
+/// Every type this engine reads: the floats, [`BLOCK_FORMATS`], then I2_S (converted to
+/// [`GgmlType::Tq2_0`] at load).
+pub const TYPES: [GgmlType; 4 + BLOCK_FORMATS.len()] = {
+    let mut all = [GgmlType::F32; 4 + BLOCK_FORMATS.len()];
     (all[1], all[2]) = (GgmlType::F16, GgmlType::Bf16);
     let mut i = 0;
     while i < BLOCK_FORMATS.len() {
         all[3 + i] = BLOCK_FORMATS[i];
         i += 1;
     }
-    (all[3 + i], all[4 + i]) = (TERNARY_ONLY_READ[0], TERNARY_ONLY_READ[1]);
+    all[3 + i] = GgmlType::I2s;
     all
 };
 
@@ -245,30 +244,23 @@ pub fn tq2_0_codes(b: &[u8]) -> [u8; QK_K] {
     })
 }
 
-/// The 256 codes of a TQ1_0 block: bytes of base-3 digits scaled to fill a byte
-/// (`digit i = (q · 3^i mod 256) · 3 >> 8`, as ggml packs them), the first 32 bytes
-/// five digits each over 32-value runs, the next 16 over 16-value runs, and the four
-/// `qh` bytes four digits each.
+/// The 256 codes of a TQ1_0 block ([`tq1_0_code`]).
 pub fn tq1_0_codes(b: &[u8]) -> [u8; QK_K] {
+    std::array::from_fn(|v| tq1_0_code(b, v))
+}
+
+/// Value `v`'s code in a TQ1_0 block: bytes of base-3 digits scaled to fill a byte
+/// (`digit n = (q · 3^n mod 256) · 3 >> 8`, as ggml packs them), the first 32 bytes
+/// five digits each over 32-value runs, the next 16 over 16-value runs, and the four
+/// `qh` bytes four digits each over 4-value runs.
+pub fn tq1_0_code(b: &[u8], v: usize) -> u8 {
     const POW3: [u8; 5] = [1, 3, 9, 27, 81];
-    let digit = |q: u8, n: usize| ((q.wrapping_mul(POW3[n]) as u16 * 3) >> 8) as u8;
-    let mut out = [0u8; QK_K];
-    let mut at = 0;
-    for (run, bytes) in [(32, &b[..32]), (16, &b[32..48])] {
-        for n in 0..5 {
-            for &q in bytes.iter().take(run) {
-                out[at] = digit(q, n);
-                at += 1;
-            }
-        }
-    }
-    for n in 0..4 {
-        for &q in &b[48..52] {
-            out[at] = digit(q, n);
-            at += 1;
-        }
-    }
-    out
+    let (byte, n) = match v {
+        0..160 => (v % 32, v / 32),
+        160..240 => (32 + (v - 160) % 16, (v - 160) / 16),
+        _ => (48 + (v - 240) % 4, (v - 240) / 4),
+    };
+    ((b[byte].wrapping_mul(POW3[n]) as u16 * 3) >> 8) as u8
 }
 
 /// Bytes of an I2_S tensor of `n` values.

@@ -1,12 +1,10 @@
-//! Ternary weights (BitNet b1.58): values −1, 0 and +1 times a scale. Every ternary form a
-//! model arrives in (llama.cpp's TQ1_0 and TQ2_0, bitnet.cpp's I2_S, Hugging Face's uint8
-//! packing, or floats that happen to be ternary) becomes TQ2_0 blocks at load, the one
-//! form the kernels compute: 2-bit codes `t + 1`, unsigned for `maddubs`/`vpdpbusd`, with
-//! the activations' sum taken off the integer dot product.
+//! Ternary weights (BitNet b1.58): values −1, 0 and +1 times a scale. llama.cpp's TQ2_0
+//! and TQ1_0 are computed as stored; every other form a model arrives in (bitnet.cpp's
+//! I2_S, Hugging Face's uint8 packing, or floats that happen to be ternary) becomes TQ2_0
+//! blocks at load. The kernels compute codes `t + 1`, unsigned for `maddubs`/`vpdpbusd`,
+//! with the activations' sum taken off the integer dot product.
 
-use super::quant::{
-    f16_at, i2s_bytes, i2s_codes, tq1_0_codes, tq2_0_codes, GgmlType, I2S_GROUP, QK_K, TQ1_0_BYTES, TQ2_0_BYTES,
-};
+use super::quant::{f16_at, i2s_bytes, i2s_codes, tq2_0_codes, GgmlType, I2S_GROUP, QK_K, TQ1_0_BYTES, TQ2_0_BYTES};
 use half::f16;
 
 /// A TQ2_0 block of `codes` under scale `d`.
@@ -80,28 +78,17 @@ pub fn check(dtype: GgmlType, raw: &[u8], n: usize) -> Result<(), String> {
     }
 }
 
-/// A ternary tensor of rows of `k` values that [`check`] passed, as TQ2_0 blocks (the
+/// An I2_S tensor of rows of `k` values that [`check`] passed, as TQ2_0 blocks (the
 /// form the kernels compute); `None` if its rows are not whole TQ2_0 blocks, or its one
-/// I2_S scale is not exact in f16 (then it is computed widened).
-pub fn to_tq2_0(dtype: GgmlType, raw: &[u8], k: usize) -> Option<Vec<u8>> {
+/// scale is not exact in f16 (then it is computed widened).
+pub fn i2s_to_tq2_0(raw: &[u8], k: usize) -> Option<Vec<u8>> {
     if k == 0 || !k.is_multiple_of(QK_K) {
         return None;
     }
-    match dtype {
-        GgmlType::Tq2_0 => Some(raw.to_vec()),
-        GgmlType::Tq1_0 => Some(
-            raw.chunks_exact(TQ1_0_BYTES)
-                .flat_map(|b| tq2_0_block(&tq1_0_codes(b), f16::from_le_bytes([b[52], b[53]])))
-                .collect(),
-        ),
-        GgmlType::I2s => {
-            let (codes, d) = i2s_codes(raw);
-            let d = exact_f16(d)?;
-            let codes: Vec<u8> = codes.collect();
-            Some(codes.chunks_exact(QK_K).flat_map(|c| tq2_0_block(c.try_into().unwrap(), d)).collect())
-        }
-        other => unreachable!("{other} is not a ternary format"),
-    }
+    let (codes, d) = i2s_codes(raw);
+    let d = exact_f16(d)?;
+    let codes: Vec<u8> = codes.collect();
+    Some(codes.chunks_exact(QK_K).flat_map(|c| tq2_0_block(c.try_into().unwrap(), d)).collect())
 }
 
 /// `d` as an f16 when it is exactly one.
@@ -209,7 +196,7 @@ pub fn not_ternary(x: &[f32], k: usize) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::quant::dequantize;
+    use crate::kernels::quant::{dequantize, tq1_0_codes};
 
     fn codes(seed: usize, n: usize) -> Vec<u8> {
         (0..n).map(|i| ((i * 7 + seed * 13 + i / 5) % 3) as u8).collect()
@@ -250,7 +237,7 @@ mod tests {
         }
         let c: [u8; QK_K] = codes(2, QK_K).try_into().unwrap();
         let b = tq1_0_block(&c, f16::from_f32(0.25));
-        let as_tq2 = to_tq2_0(GgmlType::Tq1_0, &b, QK_K).unwrap();
+        let as_tq2 = tq2_0_block(&c, f16::from_f32(0.25));
         assert_eq!(dequantize(GgmlType::Tq2_0, &as_tq2), dequantize(GgmlType::Tq1_0, &b));
         let x = dequantize(GgmlType::Tq1_0, &b);
         assert_eq!(quantize(GgmlType::Tq1_0, &x), b.to_vec());
@@ -268,11 +255,11 @@ mod tests {
         raw[n / 4..n / 4 + 4].copy_from_slice(&0.375f32.to_le_bytes());
         let v = dequantize(GgmlType::I2s, &raw);
         assert!(v.iter().zip(&c).all(|(&v, &c)| v == (c as f32 - 1.0) * 0.375));
-        let tq = to_tq2_0(GgmlType::I2s, &raw, QK_K).unwrap();
+        let tq = i2s_to_tq2_0(&raw, QK_K).unwrap();
         assert_eq!(dequantize(GgmlType::Tq2_0, &tq), v);
         // A scale f16 cannot hold exactly: computed widened instead.
         raw[n / 4..n / 4 + 4].copy_from_slice(&0.1f32.to_le_bytes());
-        assert_eq!(to_tq2_0(GgmlType::I2s, &raw, QK_K), None);
+        assert_eq!(i2s_to_tq2_0(&raw, QK_K), None);
         raw[n / 4..n / 4 + 4].copy_from_slice(&f32::INFINITY.to_le_bytes());
         assert!(check(GgmlType::I2s, &raw, n).is_err());
         raw[n / 4..n / 4 + 4].copy_from_slice(&0.375f32.to_le_bytes());

@@ -86,9 +86,9 @@ impl Weight {
         Ok(Weight::F32(PackedMatrix::pack(values, rows, k)))
     }
 
-    /// BitNet's ternary projections: with `dtype` auto, TQ2_0 blocks computed with per-row
-    /// int8 activations, as the model was trained, from whatever ternary form the file
-    /// holds (sources give TQ1_0, I2_S and packed Hugging Face weights as TQ2_0) or from
+    /// BitNet's ternary projections: with `dtype` auto, TQ1_0 or TQ2_0 blocks computed with
+    /// per-row int8 activations, as the model was trained, from whatever ternary form the
+    /// file holds (sources give I2_S and packed Hugging Face weights as TQ2_0) or from
     /// float weights that are ternary. Otherwise, and for weights that are not ternary
     /// (said in the log), as [`Weight::load`].
     pub fn load_ternary(src: &dyn WeightSource, parts: &[(&str, [usize; 2])], dtype: WeightDtype) -> Result<Self> {

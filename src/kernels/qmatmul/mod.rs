@@ -208,7 +208,7 @@ pub struct QActs {
     pairs: std::sync::OnceLock<Vec<i32>>,
     /// Per 32 values, formed on first use by a Q2_K kernel ([`QActs::half_pairs`]).
     half_pairs: std::sync::OnceLock<Vec<i32>>,
-    /// Per 256 values, formed on first use by a TQ2_0 kernel ([`QActs::block_sums`]).
+    /// Per 256 values, formed on first use by a ternary kernel ([`QActs::block_sums`]).
     block_sums: std::sync::OnceLock<Vec<i32>>,
     scales: ActScales,
 }
@@ -525,6 +525,7 @@ mod tests {
             GgmlType::Q2K => &[80, 82],
             GgmlType::Q3K => &[108],
             GgmlType::Tq2_0 => &[64],
+            GgmlType::Tq1_0 => &[52],
             _ => &[],
         };
         if dtype == GgmlType::Mxfp4 {
@@ -544,7 +545,7 @@ mod tests {
         raw
     }
 
-    const TYPES: [GgmlType; 14] = crate::kernels::quant::BLOCK_FORMATS;
+    const TYPES: [GgmlType; 15] = crate::kernels::quant::BLOCK_FORMATS;
 
     /// Many products at once (a mixture's experts: every format, 0 to 40 rows each, some
     /// with none) give each product's [`qmatmul`] alone, bit for bit.

@@ -3,8 +3,8 @@
 
 use super::{write, Part, QActs, SharedOut, QB, QH, TILE};
 use crate::kernels::quant::{
-    e8m0_half, f16_at, iq4_indices_at, iq4_run_scale, scale_k3, scale_min_k4, GgmlType, BLOCK_FORMATS, IQ4_VALUES,
-    MXFP4_VALUES,
+    e8m0_half, f16_at, iq4_indices_at, iq4_run_scale, scale_k3, scale_min_k4, tq1_0_code, GgmlType, BLOCK_FORMATS,
+    IQ4_VALUES, MXFP4_VALUES,
 };
 
 pub(super) use portable::dot_rows as portable_dot_rows;
@@ -171,7 +171,13 @@ fn decode(dtype: GgmlType, blk: &[u8], sub: usize) -> Block {
             }
             same(f16_at(blk, 64), 0.0)
         }
-        GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 | GgmlType::Tq1_0 | GgmlType::I2s => {
+        GgmlType::Tq1_0 => {
+            for (j, q) in q.iter_mut().enumerate() {
+                *q = tq1_0_code(blk, QB * sub + j) as i8 - 1;
+            }
+            same(f16_at(blk, 52), 0.0)
+        }
+        GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 | GgmlType::I2s => {
             unreachable!("{dtype} is not computed in blocks")
         }
     };
@@ -375,7 +381,14 @@ mod avx2 {
                     let (s, o) = same(f16_at(blk, 64), 0.0);
                     (_mm256_sub_epi8(codes, _mm256_set1_epi8(1)), s, o)
                 }
-                GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 | GgmlType::Tq1_0 | GgmlType::I2s => {
+                GgmlType::Tq1_0 => {
+                    // Base-3 digits unpacked one at a time: this path runs only the tails of
+                    // fewer than eight rows, which a ternary model does not have.
+                    let q: [i8; QB] = std::array::from_fn(|j| tq1_0_code(blk, QB * sub + j) as i8 - 1);
+                    let (s, o) = same(f16_at(blk, 52), 0.0);
+                    (_mm256_loadu_si256(q.as_ptr().cast()), s, o)
+                }
+                GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 | GgmlType::I2s => {
                     unreachable!("{dtype} is not computed in blocks")
                 }
             }
@@ -428,7 +441,8 @@ mod avx2 {
                 GgmlType::Iq4Xs => by_tile!(11),
                 GgmlType::Tq2_0 => by_tile!(12),
                 GgmlType::Mxfp4 => by_tile!(13),
-                GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 | GgmlType::Tq1_0 | GgmlType::I2s => {
+                GgmlType::Tq1_0 => by_tile!(14),
+                GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 | GgmlType::I2s => {
                     unreachable!("{dtype} is not computed in blocks")
                 }
             };

@@ -4,7 +4,7 @@
 use super::{check_shape, le_u16s, Tensor, WeightSource};
 use crate::kernels::matmul::Half;
 use crate::kernels::qmatmul::QMatrix;
-use crate::kernels::quant::{mxfp4_check, GgmlType, TERNARY_ONLY_READ};
+use crate::kernels::quant::{mxfp4_check, GgmlType};
 use crate::kernels::ternary;
 use crate::model::config::{Arch, ModelConfig};
 use crate::model::gguf::{GgufFile, TensorInfo};
@@ -265,8 +265,8 @@ impl WeightSource for GgufWeights<'_> {
 
     fn load_blocks(&self, name: &str, shape: &[usize]) -> Result<Option<(GgmlType, Cow<'_, [u8]>)>> {
         let info = self.info(name, shape)?;
-        if shape.len() == 2 && TERNARY_ONLY_READ.contains(&info.dtype) {
-            let tq2 = ternary::to_tq2_0(info.dtype, self.file.raw(&info), shape[1]);
+        if shape.len() == 2 && info.dtype == GgmlType::I2s {
+            let tq2 = ternary::i2s_to_tq2_0(self.file.raw(&info), shape[1]);
             return Ok(tq2.map(|b| (GgmlType::Tq2_0, Cow::Owned(b))));
         }
         if !QMatrix::supports(info.dtype) || shape.len() != 2 {

@@ -26,10 +26,10 @@ pub(crate) unsafe fn groups_task(
 ) {
     let blocks = k / p.dtype.block().0;
     let group_bytes = blocks * record(p.dtype).0;
-    // With more than one tile, K-quant values are decoded once per chunk, and every tile
-    // reads the bytes the kernel would have decoded: results do not change.
+    // With more than one tile, K-quant and TQ1_0 values are decoded once per chunk, and
+    // every tile reads the bytes the kernel would have decoded: results do not change.
     let decoded = decodes(p.dtype) && m > TILE;
-    let decoded_bytes = if decoded { blocks * DECODED } else { 0 };
+    let decoded_bytes = if decoded { blocks * decoded_bytes(p.dtype) } else { 0 };
     // Chunks of groups that fit in L2 (with their decoded values), then activation tiles,
     // then the chunk's groups: the weights are read from memory once, and the tile stays
     // in L1.
@@ -114,12 +114,13 @@ thread_local! {
     static DECODE_SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// One group's `blocks` records `data` of a K-quant, its values decoded to a byte each
-/// into `out` (`blocks × DECODED` bytes) in the order its kernel reads them.
+/// One group's `blocks` records `data` of a K-quant or TQ1_0, its values decoded into
+/// `out` (`blocks` times [`decoded_bytes`]) in the order its kernel reads them.
 pub(super) fn decode(dtype: GgmlType, data: &[u8], blocks: usize, out: &mut [u8]) {
-    assert!(k_quant(dtype) && data.len() == blocks * record(dtype).0 && out.len() == blocks * DECODED);
+    let fits = data.len() == blocks * record(dtype).0 && out.len() == blocks * decoded_bytes(dtype);
+    assert!(decodable(dtype) && fits);
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: `k_quant` checked for AVX2; the lengths were checked above.
+    // SAFETY: `decodable` checked for AVX2; the lengths were checked above.
     unsafe {
         avx2::decode(dtype, data.as_ptr(), blocks, out.as_mut_ptr())
     }

@@ -83,6 +83,7 @@ pub(super) const fn shape(dtype: GgmlType) -> Shape {
         GgmlType::Iq4Nl => Shape { halves: &[0], unpacked, bytes: none, fifth, qs: &[(2, 16)] },
         GgmlType::Iq4Xs => Shape { halves: &[0], unpacked: Unpacked::Xs, bytes: none, fifth, qs: &[(8, 128)] },
         GgmlType::Tq2_0 => Shape { halves: &[64], unpacked, bytes: none, fifth, qs: &[(0, 64)] },
+        GgmlType::Tq1_0 => Shape { halves: &[52], unpacked, bytes: none, fifth, qs: &[(0, 52)] },
         GgmlType::Mxfp4 => Shape { halves: &[], unpacked: Unpacked::E8m0, bytes: none, fifth, qs: &[(1, 16)] },
         _ => panic!("not an interleaved format"),
     }
@@ -123,7 +124,7 @@ pub(super) const fn record(dtype: GgmlType) -> (usize, usize) {
 
 /// Each format's record size, checked when the crate compiles: eight of the file's blocks,
 /// plus the bytes that unpacked scales take beyond their packed form.
-pub(super) const RECORD_BYTES: [(GgmlType, usize); 14] = [
+pub(super) const RECORD_BYTES: [(GgmlType, usize); 15] = [
     // `d[8]`, nibbles (as the file).
     (GgmlType::Q4_0, 144),
     // `d[8] m[8]`, nibbles (as the file).
@@ -149,6 +150,8 @@ pub(super) const RECORD_BYTES: [(GgmlType, usize); 14] = [
     (GgmlType::Q2K, 672),
     // `d[8]`, 2-bit codes (as the file).
     (GgmlType::Tq2_0, 528),
+    // `d[8]`, base-3 digits (as the file).
+    (GgmlType::Tq1_0, 432),
     // `e[8]`, padding, codes (+8).
     (GgmlType::Mxfp4, 144),
 ];

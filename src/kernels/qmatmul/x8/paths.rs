@@ -25,13 +25,29 @@ pub(super) fn k_quant(dtype: GgmlType) -> bool {
     false
 }
 
-/// Whether `dtype`'s values are decoded to bytes once per chunk of groups ([`decode`])
-/// when more than one tile of rows runs over them: the K-quants, whose bit unpacking
-/// would otherwise be repeated for every tile (Q6_K's costs a vector operation per
-/// `maddubs` at four rows). Not Q4_K with VNNI, whose paired kernel masks the nibbles in
+/// Whether [`decode`] can decode `dtype`'s values (on AVX2): the K-quants' to a byte
+/// each, TQ1_0's base-3 digits to TQ2_0's codes.
+pub(super) fn decodable(dtype: GgmlType) -> bool {
+    k_quant(dtype) || dtype == GgmlType::Tq1_0 && crate::kernels::matmul::avx2::available()
+}
+
+/// Bytes of one block of `dtype`'s values [`decode`]d, for the group's rows.
+pub(super) fn decoded_bytes(dtype: GgmlType) -> usize {
+    if dtype == GgmlType::Tq1_0 {
+        64 * GROUP
+    } else {
+        DECODED
+    }
+}
+
+/// Whether `dtype`'s values are decoded once per chunk of groups ([`decode`]) when more
+/// than one tile of rows runs over them: the K-quants, whose bit unpacking would
+/// otherwise be repeated for every tile (Q6_K's costs a vector operation per `maddubs`
+/// at four rows), and TQ1_0, whose base-3 digits cost six per 32 values (decoded, they
+/// run TQ2_0's kernel). Not Q4_K with VNNI, whose paired kernel masks the nibbles in
 /// place, an `and` per chunk against 16 `vpdpbusd` ([`avx2::k_block_vnni`]).
 pub(super) fn decodes(dtype: GgmlType) -> bool {
-    k_quant(dtype) && !(dtype == GgmlType::Q4K && vnni())
+    decodable(dtype) && !(dtype == GgmlType::Q4K && vnni())
 }
 
 /// Whether two groups of `dtype` run side by side ([`pair`]) when more than one tile of
@@ -51,13 +67,13 @@ pub(super) fn signed_bytes(dtype: GgmlType) -> bool {
 /// ones): Q4_K's and Q5_K's per 256 values, so that a block's sums stay integer until
 /// their activation scale; Q6_K's per 32, so that a 32-value output's two scaled halves add in
 /// i32 (per 256 cost more KL divergence than it saved time), and Q3_K's and Q2_K's, which
-/// run on Q6_K's kernels; TQ2_0's per row, as BitNet b1.58 was trained (its kernel reads
-/// any scale as coarse as per 256); the others per 16.
+/// run on Q6_K's kernels; the ternary formats' per row, as BitNet b1.58 was trained (their
+/// kernels read any scale as coarse as per 256); the others per 16.
 pub fn act_scales(dtype: GgmlType) -> ActScales {
     match dtype {
         GgmlType::Q4K | GgmlType::Q5K => ActScales::PerSuper,
         GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q6K => ActScales::PerBlock,
-        GgmlType::Tq2_0 => ActScales::PerRow,
+        GgmlType::Tq2_0 | GgmlType::Tq1_0 => ActScales::PerRow,
         _ => ActScales::PerHalf,
     }
 }
@@ -72,7 +88,8 @@ pub struct Avx2Step {
     pub signed: bool,
 }
 
-/// [`Avx2Step`] of `dtype`: TQ2_0's 256-value blocks one run of 64 chunks; Q4_K's
+/// [`Avx2Step`] of `dtype`: the ternary formats' 256-value blocks one run of 64 chunks
+/// (TQ1_0's digits decoded ahead at 32 rows); Q4_K's
 /// 32-value sub-blocks are one run of eight chunks; Q5_K's
 /// runs and the legacy formats' 16-value halves are four; Q6_K's 6-bit values fill an i16
 /// in two (Q3_K and Q2_K run on its kernels).
@@ -80,7 +97,7 @@ pub fn avx2_step(dtype: GgmlType) -> Avx2Step {
     let (per_madd, signed) = match dtype {
         _ if signed_bytes(dtype) => (1, true),
         GgmlType::Q4K => (8, false),
-        GgmlType::Tq2_0 => (64, false),
+        GgmlType::Tq2_0 | GgmlType::Tq1_0 => (64, false),
         GgmlType::Q6K | GgmlType::Q3K | GgmlType::Q2K => (2, false),
         _ => (4, false),
     };

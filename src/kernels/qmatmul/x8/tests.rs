@@ -2,7 +2,8 @@ use super::super::tests::random_blocks;
 use super::super::{quantize_rows, QActs};
 use super::driver::{decode, group, pair, portable_group};
 use super::*;
-use crate::kernels::quant::BLOCK_FORMATS;
+use crate::kernels::quant::{tq1_0_codes, BLOCK_FORMATS, TQ2_0_BYTES};
+use crate::kernels::ternary::tq2_0_block;
 use crate::kernels::testing::random_vec;
 
 /// One interleaved group of random `dtype` rows of `k` values (seed `seed`), and `rows`
@@ -152,34 +153,88 @@ fn nibble_extremes_stay_in_range() {
     }
 }
 
-/// TQ2_0's sums at their extremes (every weight +1 or every −1, every activation ±127):
-/// the AVX2 kernel and the VNNI one, whose top field is 128 times its code, match the
-/// exact sum at every tile height.
+/// The ternary formats' sums at their extremes (every weight +1 or every −1, every
+/// activation ±127): the AVX2 kernels and the VNNI ones (TQ2_0's top field is 128 times
+/// its code), from the records and from TQ1_0's decoded codes, match the exact sum at
+/// every tile height.
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn ternary_extremes_stay_in_range() {
     if !crate::kernels::matmul::avx2::available() {
         return;
     }
-    let (dtype, k) = (GgmlType::Tq2_0, 512);
-    for (code, t) in [(0xAAu8, 1.0f32), (0x00, -1.0)] {
-        let mut block = [code; 66];
-        block[64..].copy_from_slice(&half::f16::from_f32(0.5).to_le_bytes());
+    let k = 512;
+    let half = half::f16::from_f32(0.5);
+    let forms =
+        [GgmlType::Tq2_0, GgmlType::Tq1_0].into_iter().flat_map(|dtype| [(dtype, 2u8, 1.0f32), (dtype, 0, -1.0)]);
+    for (dtype, code, t) in forms {
+        let block = match dtype {
+            GgmlType::Tq2_0 => crate::kernels::ternary::tq2_0_block(&[code; 256], half).to_vec(),
+            _ => crate::kernels::ternary::tq1_0_block(&[code; 256], half).to_vec(),
+        };
         let data = interleave(dtype, &block.repeat(GROUP * k / 256), k);
-        for x in [1.0f32, -1.0] {
+        let mut vals = vec![0u8; k / 256 * decoded_bytes(dtype)];
+        let mut srcs = vec![records(&data)];
+        if decodable(dtype) {
+            decode(dtype, &data, k / 256, &mut vals);
+            srcs.push(avx2::Src { rec: data.as_ptr(), vals: vals.as_ptr() });
+        }
+        for (x, src) in [1.0f32, -1.0].into_iter().flat_map(|x| srcs.iter().map(move |s| (x, *s))) {
             let mut xq = QActs::default();
             quantize_rows(&vec![x; TILE * k], TILE, k, act_scales(dtype), &mut xq);
             let want = 0.5 * t * x * k as f32;
             for (vnni, tile) in [false, avx2::vnni()].into_iter().flat_map(|v| (1..=TILE).map(move |t| (v, t))) {
                 let mut got = [[0f32; GROUP]; TILE];
                 // SAFETY: AVX2 is present, and VNNI when asked for; `data` is one group.
-                unsafe { avx2::group(vnni, dtype, records(&data), &xq, 0, tile, k / 256, &mut got) };
+                unsafe { avx2::group(vnni, dtype, src, &xq, 0, tile, k / 256, &mut got) };
                 let near = |v: f32| (v - want).abs() <= 1e-5 * want.abs();
                 assert!(
                     got[..tile].iter().flatten().all(|&v| near(v)),
-                    "{t} · {x}, vnni {vnni}, tile {tile}: {:?}",
+                    "{dtype} {t} · {x}, vnni {vnni}, tile {tile}, decoded {}: {:?}",
+                    !src.vals.is_null(),
                     got[0]
                 );
+            }
+        }
+    }
+}
+
+/// TQ1_0 computes exactly what the same codes give as TQ2_0, on every instruction set and
+/// tile height, from its records and from its codes decoded ahead.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn tq1_0_computes_what_tq2_0_does() {
+    use crate::kernels::ternary::tq1_0_block;
+    if !crate::kernels::matmul::avx2::available() {
+        return;
+    }
+    let k = 3 * 256;
+    let blocks = k / 256;
+    let noise = random_vec(GROUP * k, 41);
+    let (mut one, mut two) = (Vec::new(), Vec::new());
+    for (i, codes) in noise.chunks_exact(256).enumerate() {
+        let codes: [u8; 256] = std::array::from_fn(|j| ((codes[j] + 1.0) * 1.5).min(2.0) as u8);
+        let d = half::f16::from_f32(0.01 + 0.002 * (i % 5) as f32);
+        one.extend(tq1_0_block(&codes, d));
+        two.extend(tq2_0_block(&codes, d));
+    }
+    let (one, two) = (interleave(GgmlType::Tq1_0, &one, k), interleave(GgmlType::Tq2_0, &two, k));
+    let mut xq = QActs::default();
+    quantize_rows(&random_vec(TILE * k, 42), TILE, k, act_scales(GgmlType::Tq1_0), &mut xq);
+    let mut vals = vec![0u8; blocks * decoded_bytes(GgmlType::Tq1_0)];
+    decode(GgmlType::Tq1_0, &one, blocks, &mut vals);
+    let decoded = avx2::Src { rec: one.as_ptr(), vals: vals.as_ptr() };
+    for vnni in [false, avx2::vnni()] {
+        for tile in 1..=TILE {
+            let mut want = [[0f32; GROUP]; TILE];
+            // SAFETY: AVX2 is present, and VNNI when asked for; each is one group's records
+            // (and the decoded codes of TQ1_0's).
+            unsafe { avx2::group(vnni, GgmlType::Tq2_0, records(&two), &xq, 0, tile, blocks, &mut want) };
+            for src in [records(&one), decoded] {
+                let mut got = [[0f32; GROUP]; TILE];
+                // SAFETY: as above.
+                unsafe { avx2::group(vnni, GgmlType::Tq1_0, src, &xq, 0, tile, blocks, &mut got) };
+                assert_eq!(got, want, "vnni {vnni}, tile {tile}, decoded {}", !src.vals.is_null());
             }
         }
     }
@@ -222,16 +277,16 @@ fn rows_are_tile_invariant() {
     });
 }
 
-/// Values decoded ahead give every K-quant kernel, at every tile height, the very
-/// results it computes from the records, and the decoded bytes are the file's values.
+/// Values decoded ahead give every K-quant kernel and TQ1_0's, at every tile height, the
+/// very results it computes from the records, and the decoded bytes are the file's values.
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn decoded_values_change_nothing() {
     each_format_on_avx2(3, 71, |dtype, k, blocks, data, xq| {
-        if !k_quant(dtype) {
+        if !decodable(dtype) {
             return;
         }
-        let mut vals = vec![0u8; blocks * DECODED];
+        let mut vals = vec![0u8; blocks * decoded_bytes(dtype)];
         decode(dtype, data, blocks, &mut vals);
         for tile in 1..=TILE {
             let (mut want, mut got) = ([[0f32; GROUP]; TILE], [[0f32; GROUP]; TILE]);
@@ -244,9 +299,23 @@ fn decoded_values_change_nothing() {
             }
             assert_eq!(got, want, "{dtype:?} tile {tile}");
         }
+        let raw: Vec<Vec<u8>> = (0..GROUP).map(|r| raw_row(dtype, data, r, k)).collect();
+        if dtype == GgmlType::Tq1_0 {
+            // The codes of TQ2_0 records of the same weights.
+            let two: Vec<u8> = raw
+                .iter()
+                .flat_map(|row| row.chunks_exact(dtype.block().1))
+                .flat_map(|b| tq2_0_block(&tq1_0_codes(b), half::f16::from_le_bytes([b[52], b[53]])))
+                .collect();
+            let (row_bytes, (rec_bytes, head)) = (two.len() / GROUP, record(GgmlType::Tq2_0));
+            let two = interleave(GgmlType::Tq2_0, &two, row_bytes / TQ2_0_BYTES * 256);
+            for (b, vals) in vals.chunks_exact(decoded_bytes(dtype)).enumerate() {
+                assert_eq!(vals, &two[b * rec_bytes + head..(b + 1) * rec_bytes], "TQ1_0 block {b}");
+            }
+            return;
+        }
         // Each decoded byte is a row's value with its format's offset left in (the
         // nibble, the 6-bit value before Q6_K's −32, and Q3_K's and Q2_K's as Q6_K's).
-        let raw: Vec<Vec<u8>> = (0..GROUP).map(|r| raw_row(dtype, data, r, k)).collect();
         let value = |r: usize, j: usize| -> u8 {
             let blk = &raw[r][j / 256 * dtype.block().1..];
             let (sub, i) = (j % 256 / 32, j % 32);
@@ -330,9 +399,9 @@ fn vnni_matches_avx2_bit_for_bit() {
         return;
     }
     each_format_on_avx2(3, 91, |dtype, _, blocks, data, xq| {
-        let mut vals = vec![0u8; blocks * DECODED];
+        let mut vals = vec![0u8; blocks * decoded_bytes(dtype)];
         let mut srcs = vec![records(data)];
-        if k_quant(dtype) {
+        if decodable(dtype) {
             decode(dtype, data, blocks, &mut vals);
             srcs.push(avx2::Src { rec: data.as_ptr(), vals: vals.as_ptr() });
         }

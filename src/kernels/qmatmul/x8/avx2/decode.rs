@@ -1,11 +1,12 @@
-//! The K-quants' values decoded to a byte each, once per chunk of groups, in the order
-//! the kernels read them, so that tiles after the first skip the bit unpacking.
+//! The K-quants' values decoded to a byte each (and TQ1_0's base-3 digits to TQ2_0's
+//! codes), once per chunk of groups, in the order the kernels read them, so that tiles
+//! after the first skip the unpacking.
 
 use super::*;
 
 /// A group's `blocks` K-quant records at `p`, their values decoded to bytes at `out` in
-/// the order [`k_sub`] and [`q6_out`] read them: per block, 32-byte chunks by
-/// sub-block (Q6_K: by output) and then chunk.
+/// the order [`k_sub`] and [`q6_out`] read them: per block, 32-byte chunks by sub-block
+/// (Q6_K: by output) and then chunk; or TQ1_0's, their codes as TQ2_0's ([`decode_tq1`]).
 ///
 /// # Safety
 /// AVX2 must be available; `p` holds `blocks` records, `out` room for `blocks` decoded.
@@ -14,12 +15,13 @@ pub(crate) unsafe fn decode(dtype: GgmlType, p: *const u8, blocks: usize, out: *
     unsafe {
         let (rec_bytes, head) = record(dtype);
         for b in 0..blocks {
-            let (rec, out) = (p.add(b * rec_bytes), out.add(b * DECODED));
+            let (rec, out) = (p.add(b * rec_bytes), out.add(b * decoded_bytes(dtype)));
             match dtype {
                 GgmlType::Q4K => decode_k::<false>(rec, out),
                 GgmlType::Q5K => decode_k::<true>(rec, out),
                 GgmlType::Q3K => decode_q3(rec.add(head), out),
                 GgmlType::Q2K => decode_q2(rec.add(head), out),
+                GgmlType::Tq1_0 => decode_tq1(rec.add(head), out),
                 _ => decode_q6(rec.add(head), out),
             }
         }

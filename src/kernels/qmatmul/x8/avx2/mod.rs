@@ -128,7 +128,10 @@ pub unsafe fn group(
             (GgmlType::Iq4Nl, v) => by_isa!(v, tile, q8_0 | q8_0_vnni, F_IQ4_NL),
             (GgmlType::Iq4Xs, v) => by_isa!(v, tile, q8_0 | q8_0_vnni, F_IQ4_XS),
             (GgmlType::Mxfp4, v) => by_isa!(v, tile, q8_0 | q8_0_vnni, F_MXFP4),
-            (GgmlType::Tq2_0, v) => by_isa!(v, tile, tq2_0 | tq2_0_vnni),
+            (GgmlType::Tq2_0, v) => by_isa!(v, tile, tq2_0 | tq2_0_vnni, false),
+            // TQ1_0's codes decoded ahead are TQ2_0's ([`decode_tq1`]).
+            (GgmlType::Tq1_0, v) if pre => by_isa!(v, tile, tq2_0 | tq2_0_vnni, true),
+            (GgmlType::Tq1_0, v) => by_isa!(v, tile, tq1_0 | tq1_0_vnni),
             // The K-quants' tiles of up to four rows read the records themselves. Q5_K's AVX2
             // copy ran faster there than its VNNI one; Q4_K's VNNI copy masks the nibbles in
             // place ([`k_rows_vnni`]), and its values are decoded ahead only without VNNI
@@ -148,7 +151,7 @@ pub unsafe fn group(
             other => unreachable!("{other:?}: no such interleaved kernel"),
         };
         debug_assert!((1..=TILE).contains(&tile));
-        debug_assert!(!pre || k_quant(dtype));
+        debug_assert!(!pre || decodable(dtype));
         f(src, xq, first, blocks, acc)
     }
 }
@@ -243,9 +246,12 @@ twins!(q6_two, q6_two_vnni<F: u8, PRE: bool, R: usize>
 twins!(legacy_n, legacy_n_vnni<MIN: bool, FIVE: bool, R: usize>
     (src: Src, xq: &QActs, first: usize, blocks: usize, out: &mut [[f32; GROUP]; TILE]),
     V => legacy::<V, MIN, FIVE, R>(src, xq, first, blocks, out));
-twins!(tq2_0, tq2_0_vnni<R: usize>
+twins!(tq2_0, tq2_0_vnni<ONE: bool, R: usize>
     (src: Src, xq: &QActs, first: usize, blocks: usize, out: &mut [[f32; GROUP]; TILE]),
-    V => tq2::<V, R>(src, xq, first, blocks, out));
+    V => tq2::<V, ONE, R>(src, xq, first, blocks, out));
+twins!(tq1_0, tq1_0_vnni<R: usize>
+    (src: Src, xq: &QActs, first: usize, blocks: usize, out: &mut [[f32; GROUP]; TILE]),
+    V => tq1::<V, R>(src, xq, first, blocks, out));
 twins!(q8_0, q8_0_vnni<F: u8, R: usize>
     (src: Src, xq: &QActs, first: usize, blocks: usize, out: &mut [[f32; GROUP]; TILE]),
     V => q8::<V, F, 1, R>([src], xq, first, blocks, std::array::from_mut(out)));
