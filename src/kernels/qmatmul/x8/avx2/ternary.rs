@@ -174,21 +174,28 @@ unsafe fn tq1_chunk_digits(q: __m256i) -> [__m256i; 5] {
 
 /// Runs `$body` for each of a TQ1_0 record's 64 code vectors (`$c`: four codes of each
 /// of the eight rows, digit `$n` of chunk `$ch`), unpacked from the record's values at
-/// `$codes`, with where in the block its values start (`$at`).
+/// `$codes`, with where in the block its values start (`$at`). The digits are written
+/// out, not looped over, so that `$n` is a constant: indexed by a loop counter, the
+/// digits and the sums they feed went through memory.
 macro_rules! tq1_codes {
     ($codes:expr, |$at:ident, $ch:ident, $n:ident, $c:ident| $body:block) => {
         for $ch in 0..TQ1_CHUNKS {
             let digits = tq1_chunk_digits(_mm256_loadu_si256($codes.add(32 * $ch).cast()));
-            for $n in 0..5 {
-                // The `qh` bytes hold four digits.
-                if $ch == TQ1_CHUNKS - 1 && $n == 4 {
-                    break;
-                }
-                let ($at, $c) = (tq1_at($ch, $n), digits[$n]);
-                $body
+            tq1_codes!(@digit digits, 0, |$at, $ch, $n, $c| $body);
+            tq1_codes!(@digit digits, 1, |$at, $ch, $n, $c| $body);
+            tq1_codes!(@digit digits, 2, |$at, $ch, $n, $c| $body);
+            tq1_codes!(@digit digits, 3, |$at, $ch, $n, $c| $body);
+            // The `qh` bytes hold four digits.
+            if $ch < TQ1_CHUNKS - 1 {
+                tq1_codes!(@digit digits, 4, |$at, $ch, $n, $c| $body);
             }
         }
     };
+    (@digit $digits:ident, $k:literal, |$at:ident, $ch:ident, $n:ident, $c:ident| $body:block) => {{
+        let $n: usize = $k;
+        let ($at, $c) = (tq1_at($ch, $n), $digits[$n]);
+        $body
+    }};
 }
 
 /// Bytes of a TQ1_0 record's codes decoded as TQ2_0's ([`decode_tq1`]).
