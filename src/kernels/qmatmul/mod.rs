@@ -210,6 +210,8 @@ pub struct QActs {
     half_pairs: std::sync::OnceLock<Vec<i32>>,
     /// Per 256 values, formed on first use by a ternary kernel ([`QActs::block_sums`]).
     block_sums: std::sync::OnceLock<Vec<i32>>,
+    /// Two bytes per value, formed on first use by a TQ1_0 kernel ([`QActs::split_pairs`]).
+    split: std::sync::OnceLock<Vec<i8>>,
     scales: ActScales,
 }
 
@@ -260,6 +262,13 @@ impl QActs {
     pub(super) fn block_sums(&self) -> &[i32] {
         self.block_sums.get_or_init(|| self.sums.chunks_exact(16).map(|s| s.iter().sum()).collect())
     }
+
+    /// Per 4 values `x0..x4`, the 8 bytes `0 x0 0 x2 0 x1 0 x3`: the even and the odd values
+    /// each in the high byte of an i16, where TQ1_0's one-row kernel finds its digits.
+    /// Formed once per quantization, on the first call.
+    pub(super) fn split_pairs(&self) -> &[i8] {
+        self.split.get_or_init(|| self.q.chunks_exact(4).flat_map(|x| [0, x[0], 0, x[2], 0, x[1], 0, x[3]]).collect())
+    }
 }
 
 /// How one call of the block quantizer scales its values: `Runs(h)`, each run of `h`
@@ -284,6 +293,7 @@ pub fn quantize_rows(x: &[f32], m: usize, k: usize, scales: ActScales, out: &mut
     out.pairs = Default::default();
     out.half_pairs = Default::default();
     out.block_sums = Default::default();
+    out.split = Default::default();
     out.scales = scales;
     out.q.resize(m * k, 0);
     out.d.resize(2 * blocks, 0.0);

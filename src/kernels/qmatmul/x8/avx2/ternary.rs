@@ -255,7 +255,56 @@ pub(super) unsafe fn tq1<const V: bool, const R: usize>(
             let at = |t: usize| (first + t) * blocks + b;
             let x = |t: usize, from: usize| bcast(xq.q.as_ptr().add(at(t) * 256 + from));
             let mut s = [_mm256_setzero_si256(); R];
-            if V {
+            if R == 1 {
+                // One row: `maddubs` by 3 of a byte in the low half of an i16 lane is the
+                // next digit in its high byte and what to triple for the one after in its
+                // low byte (`3t = 256·digit + (3t mod 256)`), for the even bytes and, in a
+                // second register, the odd ones. The digits are multiplied where they
+                // are, against activations placed in the high bytes ([`QActs::split_pairs`]):
+                // four vector operations a digit vector, not seven.
+                let split = xq.split_pairs().as_ptr().add(2 * at(0) * 256);
+                let xs = |from: usize, odd: usize| bcast(split.add(2 * from + 4 * odd));
+                let (w30, w03) = (_mm256_set1_epi16(3), _mm256_set1_epi16(3 << 8));
+                // VNNI: eight chains from `−Σx`; AVX2: i16 sums, at most 64 · 2 · 2 · 127.
+                let mut chains = [_mm256_setzero_si256(); 8];
+                chains[0] = if V { _mm256_set1_epi32(-sums.get_unchecked(at(0))) } else { chains[0] };
+                macro_rules! digit {
+                    ($ch:expr, $n:literal, $e:ident, $o:ident) => {
+                        let from = tq1_at($ch, $n);
+                        let (xe, xo) = (xs(from, 0), xs(from, 1));
+                        if V {
+                            chains[$n % 4] = dot4(chains[$n % 4], $e, xe);
+                            chains[4 + $n % 4] = dot4(chains[4 + $n % 4], $o, xo);
+                        } else {
+                            let two = _mm256_add_epi16(_mm256_maddubs_epi16($e, xe), _mm256_maddubs_epi16($o, xo));
+                            chains[$n % 4] = _mm256_add_epi16(chains[$n % 4], two);
+                        }
+                    };
+                }
+                for ch in 0..TQ1_CHUNKS {
+                    let q = _mm256_loadu_si256(codes.add(32 * ch).cast());
+                    let (mut e, mut o) = (_mm256_maddubs_epi16(q, w30), _mm256_maddubs_epi16(q, w03));
+                    digit!(ch, 0, e, o);
+                    (e, o) = (_mm256_maddubs_epi16(e, w30), _mm256_maddubs_epi16(o, w30));
+                    digit!(ch, 1, e, o);
+                    (e, o) = (_mm256_maddubs_epi16(e, w30), _mm256_maddubs_epi16(o, w30));
+                    digit!(ch, 2, e, o);
+                    (e, o) = (_mm256_maddubs_epi16(e, w30), _mm256_maddubs_epi16(o, w30));
+                    digit!(ch, 3, e, o);
+                    if ch < TQ1_CHUNKS - 1 {
+                        (e, o) = (_mm256_maddubs_epi16(e, w30), _mm256_maddubs_epi16(o, w30));
+                        digit!(ch, 4, e, o);
+                    }
+                }
+                let c = &chains;
+                s[0] = if V {
+                    let a = _mm256_add_epi32(_mm256_add_epi32(c[0], c[1]), _mm256_add_epi32(c[2], c[3]));
+                    let b = _mm256_add_epi32(_mm256_add_epi32(c[4], c[5]), _mm256_add_epi32(c[6], c[7]));
+                    _mm256_add_epi32(a, b)
+                } else {
+                    _mm256_add_epi16(_mm256_add_epi16(c[0], c[1]), _mm256_add_epi16(c[2], c[3]))
+                };
+            } else if V {
                 let mut chains = [[_mm256_setzero_si256(); 4]; R];
                 for (t, c) in chains.iter_mut().enumerate() {
                     c[0] = _mm256_set1_epi32(-sums.get_unchecked(at(t)));
