@@ -43,6 +43,8 @@ const CHUNK_BYTES: usize = 256 << 10;
 const TILE: usize = 4;
 /// Bytes of one K-quant block's values decoded to a byte each, for the group's rows.
 const DECODED: usize = 256 * GROUP;
+/// Bytes of one TQ1_0 block's codes decoded as TQ2_0's, for the group's rows.
+const DECODED_TQ1: usize = 64 * GROUP;
 /// How far ahead of the record in use the K-quants' one-group kernels ask for records,
 /// into L2: their loads jump about inside a record, and the hardware prefetchers alone
 /// left them short of the streaming rate.

@@ -34,7 +34,7 @@ pub(super) fn decodable(dtype: GgmlType) -> bool {
 /// Bytes of one block of `dtype`'s values [`decode`]d, for the group's rows.
 pub(super) fn decoded_bytes(dtype: GgmlType) -> usize {
     if dtype == GgmlType::Tq1_0 {
-        64 * GROUP
+        DECODED_TQ1
     } else {
         DECODED
     }

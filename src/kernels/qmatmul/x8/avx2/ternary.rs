@@ -32,7 +32,7 @@ pub(super) unsafe fn tq2<const V: bool, const ONE: bool, const R: usize>(
         let mut acc = [_mm256_setzero_ps(); R];
         for b in 0..blocks {
             let rec = src.rec.add(b * rec_bytes);
-            let codes = if ONE { src.vals.add(b * TQ2_CODES) } else { rec.add(head) };
+            let codes = if ONE { src.vals.add(b * DECODED_TQ1) } else { rec.add(head) };
             let at = |t: usize| (first + t) * blocks + b;
             let s: [__m256i; R] = if V {
                 tq2_block_vnni::<R>(codes, xq.q.as_ptr(), at, sums)
@@ -198,16 +198,13 @@ macro_rules! tq1_codes {
     }};
 }
 
-/// Bytes of a TQ1_0 record's codes decoded as TQ2_0's ([`decode_tq1`]).
-pub(super) const TQ2_CODES: usize = 64 * GROUP;
-
 /// One group's TQ1_0 record's codes (at `codes`) as a TQ2_0 record holds them, for
 /// [`decode`]: each 4-value run a digit vector holds is one 2-bit field of a TQ2_0 chunk,
 /// for all eight rows at once ([`tq1_at`]: values `128h + 32l + 4c + i` are field `l` of
 /// chunk `8h + c`), so a chunk is four digit vectors shifted and or-ed, no lane moved.
 ///
 /// # Safety
-/// AVX2 must be available; `codes` holds a record's values and `out` [`TQ2_CODES`] bytes.
+/// AVX2 must be available; `codes` holds a record's values and `out` [`DECODED_TQ1`] bytes.
 #[inline(always)]
 pub(super) unsafe fn decode_tq1(codes: *const u8, out: *mut u8) {
     unsafe {
@@ -229,11 +226,12 @@ pub(super) unsafe fn decode_tq1(codes: *const u8, out: *mut u8) {
 }
 
 /// TQ1_0 read from its records, for tiles of up to four rows: [`tq2`]'s sums from base-3
-/// digits, five a byte, decoded in registers (six vector operations per 32 codes; larger
-/// steps decode them once per chunk, [`decode_tq1`], and run [`tq2`]). The same codes
-/// give the same integers, so TQ1_0 computes exactly what the same weights give as
-/// TQ2_0. AVX2's i16 sums hold a block as TQ2_0's do; VNNI's four chains a row (digit
-/// `n`'s in chain `n mod 4`) start from `−Σx`.
+/// digits, five a byte, decoded in registers ([`tq1_chunk_digits`], seven vector
+/// operations per 32 codes; one row reads them with `maddubs`, [`tq1_row`]; larger steps
+/// decode them once per chunk, [`decode_tq1`], and run [`tq2`]). The same codes give the
+/// same integers, so TQ1_0 computes exactly what the same weights give as TQ2_0. AVX2's
+/// i16 sums hold a block as TQ2_0's do; VNNI's four chains a row (digit `n`'s in chain
+/// `n mod 4`) start from `−Σx`.
 ///
 /// # Safety
 /// As [`tq2`]'s.
@@ -256,54 +254,7 @@ pub(super) unsafe fn tq1<const V: bool, const R: usize>(
             let x = |t: usize, from: usize| bcast(xq.q.as_ptr().add(at(t) * 256 + from));
             let mut s = [_mm256_setzero_si256(); R];
             if R == 1 {
-                // One row: `maddubs` by 3 of a byte in the low half of an i16 lane is the
-                // next digit in its high byte and what to triple for the one after in its
-                // low byte (`3t = 256·digit + (3t mod 256)`), for the even bytes and, in a
-                // second register, the odd ones. The digits are multiplied where they
-                // are, against activations placed in the high bytes ([`QActs::split_pairs`]):
-                // four vector operations a digit vector, not seven.
-                let split = xq.split_pairs().as_ptr().add(2 * at(0) * 256);
-                let xs = |from: usize, odd: usize| bcast(split.add(2 * from + 4 * odd));
-                let (w30, w03) = (_mm256_set1_epi16(3), _mm256_set1_epi16(3 << 8));
-                // VNNI: eight chains from `−Σx`; AVX2: i16 sums, at most 64 · 2 · 2 · 127.
-                let mut chains = [_mm256_setzero_si256(); 8];
-                chains[0] = if V { _mm256_set1_epi32(-sums.get_unchecked(at(0))) } else { chains[0] };
-                macro_rules! digit {
-                    ($ch:expr, $n:literal, $e:ident, $o:ident) => {
-                        let from = tq1_at($ch, $n);
-                        let (xe, xo) = (xs(from, 0), xs(from, 1));
-                        if V {
-                            chains[$n % 4] = dot4(chains[$n % 4], $e, xe);
-                            chains[4 + $n % 4] = dot4(chains[4 + $n % 4], $o, xo);
-                        } else {
-                            let two = _mm256_add_epi16(_mm256_maddubs_epi16($e, xe), _mm256_maddubs_epi16($o, xo));
-                            chains[$n % 4] = _mm256_add_epi16(chains[$n % 4], two);
-                        }
-                    };
-                }
-                for ch in 0..TQ1_CHUNKS {
-                    let q = _mm256_loadu_si256(codes.add(32 * ch).cast());
-                    let (mut e, mut o) = (_mm256_maddubs_epi16(q, w30), _mm256_maddubs_epi16(q, w03));
-                    digit!(ch, 0, e, o);
-                    (e, o) = (_mm256_maddubs_epi16(e, w30), _mm256_maddubs_epi16(o, w30));
-                    digit!(ch, 1, e, o);
-                    (e, o) = (_mm256_maddubs_epi16(e, w30), _mm256_maddubs_epi16(o, w30));
-                    digit!(ch, 2, e, o);
-                    (e, o) = (_mm256_maddubs_epi16(e, w30), _mm256_maddubs_epi16(o, w30));
-                    digit!(ch, 3, e, o);
-                    if ch < TQ1_CHUNKS - 1 {
-                        (e, o) = (_mm256_maddubs_epi16(e, w30), _mm256_maddubs_epi16(o, w30));
-                        digit!(ch, 4, e, o);
-                    }
-                }
-                let c = &chains;
-                s[0] = if V {
-                    let a = _mm256_add_epi32(_mm256_add_epi32(c[0], c[1]), _mm256_add_epi32(c[2], c[3]));
-                    let b = _mm256_add_epi32(_mm256_add_epi32(c[4], c[5]), _mm256_add_epi32(c[6], c[7]));
-                    _mm256_add_epi32(a, b)
-                } else {
-                    _mm256_add_epi16(_mm256_add_epi16(c[0], c[1]), _mm256_add_epi16(c[2], c[3]))
-                };
+                s[0] = tq1_row::<V>(codes, xq, at(0), *sums.get_unchecked(at(0)));
             } else if V {
                 let mut chains = [[_mm256_setzero_si256(); 4]; R];
                 for (t, c) in chains.iter_mut().enumerate() {
@@ -327,5 +278,66 @@ pub(super) unsafe fn tq1<const V: bool, const R: usize>(
             weigh::<R>(rec, &scaled::<V, R>(s, xq, at), &mut acc);
         }
         store(&acc, out);
+    }
+}
+
+/// One TQ1_0 block's sums for one activation row (its block at index `at` of `xq`, the
+/// block's activation sum `sum`), as [`tq1`] returns them: with `V`, `Σ t·x`; else the
+/// i16 sums of `Σ u·x` (at most 64 · 2 · 2 · 127). `maddubs` by 3 of a byte in the low
+/// half of an i16 lane is the next digit in its high byte and what to triple for the one
+/// after in its low byte (`3t = 256·digit + (3t mod 256)`), for the even bytes and, in a
+/// second register, the odd ones. The digits are multiplied where they are, against
+/// activations placed in the high bytes ([`QActs::split_pairs`]): four vector operations
+/// a digit vector, not seven. VNNI keeps eight chains, the first from `−Σx`.
+///
+/// # Safety
+/// As [`tq1`]'s, for one row; `codes` holds a record's values.
+#[inline(always)]
+unsafe fn tq1_row<const V: bool>(codes: *const u8, xq: &QActs, at: usize, sum: i32) -> __m256i {
+    unsafe {
+        let split = xq.split_pairs().as_ptr().add(2 * at * 256);
+        let xs = |from: usize, odd: usize| bcast(split.add(2 * from + 4 * odd));
+        let (w30, w03) = (_mm256_set1_epi16(3), _mm256_set1_epi16(3 << 8));
+        let mut chains = [_mm256_setzero_si256(); 8];
+        if V {
+            chains[0] = _mm256_set1_epi32(-sum);
+        }
+        macro_rules! digit {
+            ($ch:expr, $n:literal, $e:ident, $o:ident) => {
+                let from = tq1_at($ch, $n);
+                let (xe, xo) = (xs(from, 0), xs(from, 1));
+                if V {
+                    chains[$n % 4] = dot4(chains[$n % 4], $e, xe);
+                    chains[4 + $n % 4] = dot4(chains[4 + $n % 4], $o, xo);
+                } else {
+                    let two = _mm256_add_epi16(_mm256_maddubs_epi16($e, xe), _mm256_maddubs_epi16($o, xo));
+                    chains[$n % 4] = _mm256_add_epi16(chains[$n % 4], two);
+                }
+            };
+        }
+        for ch in 0..TQ1_CHUNKS {
+            let q = _mm256_loadu_si256(codes.add(32 * ch).cast());
+            let (mut e, mut o) = (_mm256_maddubs_epi16(q, w30), _mm256_maddubs_epi16(q, w03));
+            digit!(ch, 0, e, o);
+            (e, o) = (_mm256_maddubs_epi16(e, w30), _mm256_maddubs_epi16(o, w30));
+            digit!(ch, 1, e, o);
+            (e, o) = (_mm256_maddubs_epi16(e, w30), _mm256_maddubs_epi16(o, w30));
+            digit!(ch, 2, e, o);
+            (e, o) = (_mm256_maddubs_epi16(e, w30), _mm256_maddubs_epi16(o, w30));
+            digit!(ch, 3, e, o);
+            // The `qh` bytes hold four digits.
+            if ch < TQ1_CHUNKS - 1 {
+                (e, o) = (_mm256_maddubs_epi16(e, w30), _mm256_maddubs_epi16(o, w30));
+                digit!(ch, 4, e, o);
+            }
+        }
+        let c = &chains;
+        if V {
+            let a = _mm256_add_epi32(_mm256_add_epi32(c[0], c[1]), _mm256_add_epi32(c[2], c[3]));
+            let b = _mm256_add_epi32(_mm256_add_epi32(c[4], c[5]), _mm256_add_epi32(c[6], c[7]));
+            _mm256_add_epi32(a, b)
+        } else {
+            _mm256_add_epi16(_mm256_add_epi16(c[0], c[1]), _mm256_add_epi16(c[2], c[3]))
+        }
     }
 }
