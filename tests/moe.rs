@@ -5,9 +5,10 @@
 
 mod common;
 
-use common::{assert_batch_invariant, kl_and_agreement, model, shared_models};
+use common::{assert_batch_invariant, kl_and_agreement, kl_and_agreement_kv, model, shared_models};
 use std::path::Path;
 use weft::kernels::quant::GgmlType;
+use weft::kv::KvCacheDtype;
 use weft::loaded::LoadedModel;
 use weft::model::file_type::parse_file_type_name;
 use weft::model::gguf::GgufFile;
@@ -77,11 +78,13 @@ fn gpt_oss_experts_in_blocks_keep_their_biases() {
     assert_batch_invariant(std::sync::Arc::new(q), "tiny-gpt-oss");
 }
 
-/// tiny-gpt-oss's GGUF as stored: its MXFP4 experts computed in their format (int8
-/// activations) against the same file widened to f32, close and batch invariant. (Random
-/// routing flips between near-equal experts on any rounding, as for the Q8_0 experts above.)
+/// tiny-gpt-oss's GGUF as stored: its MXFP4 experts computed in their format (16-bit
+/// activations as two int8 rows) against the same file widened to f32, both over f32 KV
+/// caches: the same top-1 at 99 % of teacher-forced steps (all of them today; int8 alone
+/// agreed on 92.7 %, the random routing flipping between near-equal experts), and batch
+/// invariant.
 #[test]
-fn mxfp4_experts_computed_as_stored_stay_close_to_their_exact_values() {
+fn mxfp4_experts_computed_as_stored_agree_with_their_exact_values() {
     let Some(models) = shared_models() else { return };
     let path = models.join("tiny-gpt-oss/tiny-gpt-oss.gguf");
     assert_eq!(GgufFile::open(&path).unwrap().tensors["blk.0.ffn_down_exps.weight"].dtype, GgmlType::Mxfp4);
@@ -89,9 +92,9 @@ fn mxfp4_experts_computed_as_stored_stay_close_to_their_exact_values() {
     let by = q.model.products_by_format();
     assert!(by.iter().any(|(t, _)| *t == Some(GgmlType::Mxfp4)), "{by:?}");
     let exact = LoadedModel::open(&path, WeightDtype::F32).unwrap();
-    let (kl, agree) = kl_and_agreement(&exact, &q, "tiny-gpt-oss");
-    eprintln!("tiny-gpt-oss MXFP4 as stored: mean KLD {kl:.5}, top-1 agreement {:.1}%", agree * 100.0);
-    assert!(agree >= 0.8 && kl < 0.1, "KLD {kl}, agreement {agree}");
+    let (kl, agree) = kl_and_agreement_kv(&exact, &q, "tiny-gpt-oss", KvCacheDtype::F32);
+    eprintln!("tiny-gpt-oss MXFP4 as stored: mean KLD {kl:.2e}, top-1 agreement {:.1}%", agree * 100.0);
+    assert!(agree >= 0.99 && kl < 1e-4, "KLD {kl}, agreement {agree}");
     assert_batch_invariant(std::sync::Arc::new(q), "tiny-gpt-oss");
 }
 

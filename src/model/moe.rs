@@ -7,7 +7,7 @@ use super::config::MoeConfig;
 use super::loader::WeightSource;
 use super::resize;
 use super::weight::{Weight, WeightDtype};
-use crate::kernels::qmatmul::{qmatmul_each, quantize_rows, Product, QActs, QMatrix};
+use crate::kernels::qmatmul::{qmatmul_each, Product, QActs, QMatrix};
 use crate::kernels::quant::GgmlType;
 use crate::kernels::rmsnorm;
 use anyhow::{Context, Result};
@@ -419,7 +419,7 @@ impl Experts {
         s.xq.par_iter_mut().zip(&segments).zip(&self.experts).zip(counts).for_each(|(((q, x), e), &n)| {
             if n > 0 {
                 let w = quant(&e.gate_up);
-                quantize_rows(x, n, w.cols(), w.act_scales(), q);
+                w.quantize(x, n, q);
             }
         });
         run_products(&self.experts, counts, &s.xq, gu, 2 * f, |e| quant(&e.gate_up));
@@ -431,7 +431,7 @@ impl Experts {
         s.aq.par_iter_mut().zip(&segments).zip(&self.experts).zip(counts).for_each(|(((q, a), e), &n)| {
             if n > 0 {
                 let w = quant(&e.down);
-                quantize_rows(a, n, w.cols(), w.act_scales(), q);
+                w.quantize(a, n, q);
             }
         });
         run_products(&self.experts, counts, &s.aq, ys, d, |e| quant(&e.down));

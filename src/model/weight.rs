@@ -3,7 +3,7 @@
 
 use super::loader::WeightSource;
 use crate::kernels::matmul::Half;
-use crate::kernels::qmatmul::{qmatmul, quantize_rows, QActs, QMatrix};
+use crate::kernels::qmatmul::{qmatmul, QActs, QMatrix};
 use crate::kernels::quant::GgmlType;
 use crate::kernels::quantize::{fitting, quantize_matrix};
 use crate::kernels::ternary;
@@ -210,7 +210,7 @@ impl Weight {
         match self {
             Weight::F32(w) => matmul(x, w, y, m),
             Weight::Quant(w) => {
-                quantize_rows(x, m, w.cols(), w.act_scales(), xq);
+                w.quantize(x, m, xq);
                 qmatmul(xq, w, y, m);
             }
         }

@@ -226,10 +226,16 @@ pub fn log_softmax(x: &[f32]) -> Vec<f64> {
 /// (mean KL(exact ‖ other), top-1 agreement) over every teacher-forced step of the cases
 /// of `refs`: how far `other` (quantized weights or activations) strays from `exact`.
 pub fn kl_and_agreement(exact: &LoadedModel, other: &LoadedModel, refs: &str) -> (f64, f64) {
+    kl_and_agreement_kv(exact, other, refs, KvCacheDtype::Auto)
+}
+
+/// [`kl_and_agreement`] with both models over KV caches of the element type `kv_dtype`
+/// asks for (`Auto` gives a quantized model an f16 cache, which strays on its own).
+pub fn kl_and_agreement_kv(exact: &LoadedModel, other: &LoadedModel, refs: &str, kv_dtype: KvCacheDtype) -> (f64, f64) {
     let (mut kl, mut agree, mut steps) = (0.0, 0, 0);
     for case in reference(refs) {
-        let a = teacher_forced(exact, &case.prompt_ids, &case.generated_ids);
-        let b = teacher_forced(other, &case.prompt_ids, &case.generated_ids);
+        let a = teacher_forced_kv(exact, &case.prompt_ids, &case.generated_ids, kv_dtype);
+        let b = teacher_forced_kv(other, &case.prompt_ids, &case.generated_ids, kv_dtype);
         for (p, q) in a.iter().zip(&b) {
             let (lp, lq) = (log_softmax(p), log_softmax(q));
             kl += lp.iter().zip(&lq).map(|(x, y)| x.exp() * (x - y)).sum::<f64>();

@@ -118,7 +118,9 @@ fn step_ceiling(
                 }
             }
         };
-        seconds += n as f64 / (rate * 1e9);
+        // A format that takes 16-bit activations multiplies each weight by two int8 rows.
+        let passes = if t.is_some_and(crate::kernels::qmatmul::takes_wide) { 2.0 } else { 1.0 };
+        seconds += passes * n as f64 / (rate * 1e9);
         let name = t.map_or("float".to_string(), |t| format!("{t:?}"));
         formats.push((name, n as f64 / total as f64, rate));
     }

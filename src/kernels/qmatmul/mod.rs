@@ -107,6 +107,30 @@ impl QMatrix {
         self.parts.iter().map(need).max().unwrap_or_default()
     }
 
+    /// Quantizes `m` rows of `x` for this matrix: scaled as [`QMatrix::act_scales`] says,
+    /// and, where a part takes 16-bit activations ([`takes_wide`]), each row again as a
+    /// pair of int8 rows, its values and what they leave over.
+    pub fn quantize(&self, x: &[f32], m: usize, out: &mut QActs) {
+        let (k, scales) = (self.k, self.act_scales());
+        quantize_rows(x, m, k, scales, out);
+        out.has_wide = self.parts.iter().any(|p| takes_wide(p.dtype));
+        if out.has_wide {
+            let mut pairs = std::mem::take(&mut out.pairs_f32);
+            pairs.resize(2 * m * k, 0.0);
+            let rows = pairs.par_chunks_mut(2 * k).zip(x[..m * k].par_chunks(k));
+            rows.zip(out.q.par_chunks(k).zip(out.d.par_chunks(k / QH))).for_each(|((pair, x), (q, d))| {
+                let (hi, lo) = pair.split_at_mut(k);
+                hi.copy_from_slice(x);
+                for (((r, x), q), &d) in lo.chunks_exact_mut(QH).zip(x.chunks_exact(QH)).zip(q.chunks_exact(QH)).zip(d)
+                {
+                    r.iter_mut().zip(x).zip(q).for_each(|((r, &x), &q)| *r = x - d * q as f32);
+                }
+            });
+            quantize_rows(&pairs, 2 * m, k, scales, out.wide.get_or_insert_with(Default::default));
+            out.pairs_f32 = pairs;
+        }
+    }
+
     /// Rows (`n`).
     pub fn rows(&self) -> usize {
         self.n
@@ -190,6 +214,16 @@ impl ActScales {
     }
 }
 
+/// Whether `dtype`'s parts take 16-bit activations: each row as two int8 rows, its values
+/// and the values of what they leave over, run as neighbours in one tile (so the weights
+/// unpack once for both) and their results added. MXFP4, for gpt-oss: trained with 16-bit
+/// activations against its 4-bit experts; on its random-weight fixture int8 activations
+/// alone agreed with the exact dequantization on 92.7 % of teacher-forced steps, 16-bit
+/// on all of them.
+pub fn takes_wide(dtype: GgmlType) -> bool {
+    dtype == GgmlType::Mxfp4
+}
+
 /// `X`'s rows quantized for [`qmatmul`].
 #[derive(Default)]
 pub struct QActs {
@@ -213,9 +247,22 @@ pub struct QActs {
     /// Two bytes per value, formed on first use by a TQ1_0 kernel ([`QActs::split_pairs`]).
     split: std::sync::OnceLock<Vec<i8>>,
     scales: ActScales,
+    /// For [`takes_wide`] parts ([`QMatrix::quantize`]): `2m` rows, each row's values and
+    /// then its remainder `x − d·q`, quantized the same way; kept for its buffers.
+    wide: Option<Box<QActs>>,
+    /// Whether `wide` holds this quantization's rows.
+    has_wide: bool,
+    /// Scratch for `wide`'s rows in f32.
+    pairs_f32: Vec<f32>,
 }
 
 impl QActs {
+    /// The paired rows a part of `dtype` computes with, when it takes them and this
+    /// quantization has them.
+    pub(super) fn wide_rows(&self, dtype: GgmlType) -> Option<&QActs> {
+        self.wide.as_deref().filter(|_| self.has_wide && takes_wide(dtype))
+    }
+
     /// Per 16 values `x0..x16`, the i16 pair `−32 · (x0 + x1 + x4 + x5 + x8 + …, x2 + x3 +
     /// x6 + x7 + x10 + …)`: what Q6_K's −32 takes off the lanes of four `maddubs` of four
     /// values each, so that its kernel applies the offset with one 16-bit add per 16
@@ -294,6 +341,7 @@ pub fn quantize_rows(x: &[f32], m: usize, k: usize, scales: ActScales, out: &mut
     out.half_pairs = Default::default();
     out.block_sums = Default::default();
     out.split = Default::default();
+    out.has_wide = false;
     out.scales = scales;
     out.q.resize(m * k, 0);
     out.d.resize(2 * blocks, 0.0);
@@ -679,6 +727,49 @@ mod tests {
                         assert_eq!(run(m).0, all[..m * n], "{dtype:?} k={k} n={n} m={m}");
                     }
                 }
+            }
+        }
+    }
+
+    /// MXFP4 takes 16-bit activations: through [`QMatrix::quantize`], every row count and
+    /// shape (one group, groups paired with VNNI, a ragged tail row by row, pooled tasks)
+    /// gives the f32 product with the exactly dequantized weights to within 2e-5 of its
+    /// magnitude, a hundred times closer than int8 alone, and each row the same whatever
+    /// the batch.
+    #[test]
+    fn wide_activations_compute_within_float_rounding() {
+        let dtype = GgmlType::Mxfp4;
+        const M: usize = 11;
+        let k = 3 * QB;
+        for n in [1, x8::GROUP, 2 * x8::GROUP + 3, 24 * x8::GROUP + 3] {
+            let raw = random_blocks(dtype, n * k / QB, 23);
+            let w = QMatrix::new(k, vec![(dtype, n, (&raw[..]).into())]).unwrap();
+            let x = random_vec(M * k, 24);
+            let run = |m: usize, wide: bool| {
+                let mut xq = QActs::default();
+                if wide {
+                    w.quantize(&x, m, &mut xq);
+                } else {
+                    quantize_rows(&x, m, k, w.act_scales(), &mut xq);
+                }
+                let mut y = vec![f32::NAN; (m + 1) * n];
+                qmatmul(&xq, &w, &mut y, m);
+                assert!(y[m * n..].iter().all(|v| v.is_nan()), "n={n} m={m}: wrote past its rows");
+                y.truncate(m * n);
+                y
+            };
+            let (wide, narrow) = (run(M, true), run(M, false));
+            let wf = dequantize(dtype, &raw);
+            let (mut worst_wide, mut worst_narrow) = (0f64, 0f64);
+            for (i, j) in (0..M).flat_map(|i| (0..n).map(move |j| (i, j))) {
+                let terms = (0..k).map(|c| wf[j * k + c] as f64 * x[i * k + c] as f64);
+                let (want, size) = terms.fold((0.0, 0.0), |(s, a), t| (s + t, a + t.abs()));
+                worst_wide = worst_wide.max((wide[i * n + j] as f64 - want).abs() / size);
+                worst_narrow = worst_narrow.max((narrow[i * n + j] as f64 - want).abs() / size);
+            }
+            assert!(worst_wide <= 2e-5 && worst_wide * 100.0 <= worst_narrow, "n={n}: {worst_wide} {worst_narrow}");
+            for m in 0..M {
+                assert_eq!(run(m, true), wide[..m * n], "n={n} m={m}");
             }
         }
     }

@@ -30,6 +30,12 @@ pub(super) unsafe fn rows_task(
     y: SharedOut,
 ) {
     let blocks = k / QB;
+    // A wide part's rows come in pairs, neighbours in every tile, added as written.
+    const { assert!(TILE.is_multiple_of(2)) };
+    let (xq, m, wide) = match xq.wide_rows(p.dtype) {
+        Some(pairs) => (pairs, 2 * m, true),
+        None => (xq, m, false),
+    };
     // Activation tile outer, weight rows inner: a tile (8 rows) and the task's weight rows
     // both stay in L1 however long the step is.
     let mut i = 0;
@@ -38,18 +44,27 @@ pub(super) unsafe fn rows_task(
         for r in rows.clone() {
             let row = &p.data[r * row_bytes..(r + 1) * row_bytes];
             let mut acc = [0f32; TILE];
-            #[cfg(target_arch = "x86_64")]
-            if avx2::available() {
-                // SAFETY: AVX2, FMA and F16C were detected; the row and activations hold `blocks` blocks.
-                unsafe { avx2::dot_rows(p.dtype, row, xq, i, tile, blocks, &mut acc) };
+            dot_rows(p.dtype, row, xq, i, tile, blocks, &mut acc);
+            if wide {
+                let sums: [f32; TILE / 2] = std::array::from_fn(|t| acc[2 * t] + acc[2 * t + 1]);
+                write(y, n, col0 + r, i / 2, &sums[..tile / 2]);
+            } else {
                 write(y, n, col0 + r, i, &acc[..tile]);
-                continue;
             }
-            portable::dot_rows(p.dtype, row, xq, i, tile, blocks, &mut acc);
-            write(y, n, col0 + r, i, &acc[..tile]);
         }
         i += tile;
     }
+}
+
+/// One weight row against activation rows `first..first + tile`: AVX2 where the CPU has
+/// it, else the portable loop.
+fn dot_rows(dtype: GgmlType, row: &[u8], xq: &QActs, first: usize, tile: usize, blocks: usize, acc: &mut [f32; TILE]) {
+    #[cfg(target_arch = "x86_64")]
+    if avx2::available() {
+        // SAFETY: AVX2, FMA and F16C were detected; the row and activations hold `blocks` blocks.
+        return unsafe { avx2::dot_rows(dtype, row, xq, first, tile, blocks, acc) };
+    }
+    portable::dot_rows(dtype, row, xq, first, tile, blocks, acc)
 }
 
 /// A decoded 32-value weight block: `w_i · scale[i / 16] + offset[i / 16]`.

@@ -24,6 +24,13 @@ pub(crate) unsafe fn groups_task(
     m: usize,
     y: SharedOut,
 ) {
+    // A wide part's rows come in pairs, neighbours in every tile (tiles are even), added
+    // as they are written.
+    const { assert!(TILE.is_multiple_of(2)) };
+    let (xq, m, wide) = match xq.wide_rows(p.dtype) {
+        Some(pairs) => (pairs, 2 * m, true),
+        None => (xq, m, false),
+    };
     let blocks = k / p.dtype.block().0;
     let group_bytes = blocks * record(p.dtype).0;
     // With more than one tile, K-quant and TQ1_0 values are decoded once per chunk, and
@@ -55,8 +62,16 @@ pub(crate) unsafe fn groups_task(
             let vals = |g: usize| (decoded_bytes > 0).then(|| &scratch[(g - first) * decoded_bytes..][..decoded_bytes]);
             // SAFETY: the caller owns these eight columns of rows `i..i + tile`.
             let put = |acc: &[[f32; GROUP]; TILE], g: usize, i: usize, tile: usize| unsafe {
-                for (t, row) in acc[..tile].iter().enumerate() {
-                    std::ptr::copy_nonoverlapping(row.as_ptr(), y.0.add((i + t) * n + col0 + g * GROUP), GROUP)
+                let at = |row: usize| y.0.add(row * n + col0 + g * GROUP);
+                if wide {
+                    for (t, two) in acc[..tile].chunks_exact(2).enumerate() {
+                        let sum: [f32; GROUP] = std::array::from_fn(|c| two[0][c] + two[1][c]);
+                        std::ptr::copy_nonoverlapping(sum.as_ptr(), at(i / 2 + t), GROUP)
+                    }
+                } else {
+                    for (t, row) in acc[..tile].iter().enumerate() {
+                        std::ptr::copy_nonoverlapping(row.as_ptr(), at(i + t), GROUP)
+                    }
                 }
             };
             // While the tiles run over this chunk, the next chunk's records (when it is to be
