@@ -98,6 +98,108 @@ fn mxfp4_experts_computed_as_stored_agree_with_their_exact_values() {
     assert_batch_invariant(std::sync::Arc::new(q), "tiny-gpt-oss");
 }
 
+/// gpt-oss as released on Hugging Face, its experts in MXFP4 (`_blocks` and `_scales`,
+/// `quantization_config` mxfp4), written here from the fixture's GGUF, whose converter
+/// repacked such a checkpoint's blocks bit for bit: widened, it computes exactly what
+/// the dequantized checkpoint does; as stored, its experts stay MXFP4 and agree with that.
+#[test]
+fn gpt_oss_loads_as_released_with_mxfp4_experts() {
+    let Some(models) = shared_models() else { return };
+    let float_dir = models.join("tiny-gpt-oss");
+    let dir = tempfile::tempdir().unwrap();
+    released_checkpoint(&float_dir, dir.path());
+    let released = LoadedModel::open(dir.path(), WeightDtype::F32).unwrap();
+    let float = model("tiny-gpt-oss");
+    let case = &common::reference("tiny-gpt-oss")[0];
+    let steps = |m: &LoadedModel| common::teacher_forced(m, &case.prompt_ids, &case.generated_ids);
+    assert!(steps(&released) == steps(&float), "widened MXFP4 differs from the dequantized checkpoint");
+    let q = LoadedModel::open(dir.path(), WeightDtype::Auto).unwrap();
+    let by = q.model.products_by_format();
+    assert!(by.iter().any(|(t, _)| *t == Some(GgmlType::Mxfp4)), "{by:?}");
+    let (kl, agree) = kl_and_agreement_kv(&released, &q, "tiny-gpt-oss", KvCacheDtype::F32);
+    assert!(agree >= 0.99 && kl < 1e-4, "KLD {kl}, agreement {agree}");
+
+    // A scale byte of 0xFF is a load error naming the tensor.
+    let st = dir.path().join("model.safetensors");
+    let bytes = std::fs::read(&st).unwrap();
+    let scales = "model.layers.1.mlp.experts.down_proj_scales";
+    let view = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let at = view.tensor(scales).unwrap().data().as_ptr() as usize - bytes.as_ptr() as usize;
+    let mut bad = bytes.clone();
+    bad[at + 3] = 0xFF;
+    std::fs::write(&st, bad).unwrap();
+    let err = LoadedModel::open(dir.path(), WeightDtype::Auto).err().expect("a NaN scale loads").to_string();
+    assert!(err.contains("down_proj") && err.contains("0xFF"), "{err}");
+
+    // A quantization this engine does not read is refused, not loaded as plain weights.
+    let config = dir.path().join("config.json");
+    let mut c: serde_json::Value = serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
+    c["quantization_config"] = serde_json::json!({"quant_method": "awq"});
+    std::fs::write(&config, c.to_string()).unwrap();
+    let err = format!("{:#}", LoadedModel::open(dir.path(), WeightDtype::Auto).err().expect("awq loads"));
+    assert!(err.contains("'awq' is not supported"), "{err}");
+}
+
+/// Writes `float_dir`'s gpt-oss checkpoint into `out` as released: the experts' matrices as
+/// MXFP4 blocks (from the same model's GGUF) in place of their floats, and the config's
+/// `quantization_config` saying so.
+fn released_checkpoint(float_dir: &Path, out: &Path) {
+    use safetensors::{tensor::TensorView, Dtype};
+    for f in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
+        std::fs::copy(float_dir.join(f), out.join(f)).unwrap();
+    }
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(float_dir.join("config.json")).unwrap()).unwrap();
+    config["quantization_config"] = serde_json::json!({"quant_method": "mxfp4"});
+    std::fs::write(out.join("config.json"), config.to_string()).unwrap();
+    let gguf = GgufFile::open(&float_dir.join("tiny-gpt-oss.gguf")).unwrap();
+    // GGUF's MXFP4 rows (a scale byte, value j low and j + 16 high in byte j) as the
+    // checkpoint's `[rows, blocks, 16]` codes (values 2i low and 2i + 1 high) and scales.
+    let split = |raw: &[u8]| -> (Vec<u8>, Vec<u8>) {
+        let (mut codes, mut scales) = (Vec::new(), Vec::new());
+        for b in raw.chunks_exact(17) {
+            let code = |v: usize| if v < 16 { b[1 + v] & 0xF } else { b[1 + v - 16] >> 4 };
+            scales.push(b[0]);
+            codes.extend((0..16).map(|i| code(2 * i) | code(2 * i + 1) << 4));
+        }
+        (codes, scales)
+    };
+    let float_bytes = std::fs::read(float_dir.join("model.safetensors")).unwrap();
+    let float = safetensors::SafeTensors::deserialize(&float_bytes).unwrap();
+    let mut tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = float
+        .tensors()
+        .into_iter()
+        .filter(|(name, _)| !name.ends_with("experts.gate_up_proj") && !name.ends_with("experts.down_proj"))
+        .map(|(name, t)| (name, t.dtype(), t.shape().to_vec(), t.data().to_vec()))
+        .collect();
+    for layer in 0.. {
+        let info = |w: &str| gguf.tensors.get(&format!("blk.{layer}.ffn_{w}_exps.weight"));
+        let (Some(gate), Some(up), Some(down)) = (info("gate"), info("up"), info("down")) else { break };
+        assert_eq!(gate.dtype, GgmlType::Mxfp4);
+        let [n, f, d] = gate.shape[..] else { panic!("{:?}", gate.shape) };
+        let row = d / 32 * 17;
+        // The checkpoint's gate_up rows interleave gate's (even) and up's (odd).
+        let (gate, up) = (gguf.raw(gate), gguf.raw(up));
+        let rows: Vec<u8> = (0..n * f)
+            .flat_map(|r| [&gate[r * row..(r + 1) * row], &up[r * row..(r + 1) * row]])
+            .flatten()
+            .copied()
+            .collect();
+        let name = |w: &str| format!("model.layers.{layer}.mlp.experts.{w}");
+        let (codes, scales) = split(&rows);
+        tensors.push((name("gate_up_proj_blocks"), Dtype::U8, vec![n, 2 * f, d / 32, 16], codes));
+        tensors.push((name("gate_up_proj_scales"), Dtype::U8, vec![n, 2 * f, d / 32], scales));
+        let (codes, scales) = split(gguf.raw(down));
+        tensors.push((name("down_proj_blocks"), Dtype::U8, vec![n, d, f / 32, 16], codes));
+        tensors.push((name("down_proj_scales"), Dtype::U8, vec![n, d, f / 32], scales));
+    }
+    let views: Vec<(String, TensorView)> = tensors
+        .iter()
+        .map(|(name, dtype, shape, data)| (name.clone(), TensorView::new(*dtype, shape.clone(), data).unwrap()))
+        .collect();
+    safetensors::serialize_to_file(views, None, &out.join("model.safetensors")).unwrap();
+}
+
 /// Expert counts out of range and a router of the wrong shape are load errors that say
 /// what is wrong, never a panic in a step.
 #[test]

@@ -600,12 +600,16 @@ fn gguf_query_pre_attn_scalar(arch: Arch, hidden: usize, heads: usize, head_dim:
     }
 }
 
-/// A Hugging Face `quantization_config` this engine can read: BitNet's offline-packed
-/// ternary weights, multiplied by their scale (`autobitlinear`, as 2B-4T is released).
-/// Anything else is refused rather than loaded as if it were plain weights.
+/// A Hugging Face `quantization_config` this engine can read: gpt-oss's MXFP4 experts
+/// (as released), and BitNet's offline-packed ternary weights, multiplied by their scale
+/// (`autobitlinear`, as 2B-4T is released). Anything else is refused rather than loaded
+/// as if it were plain weights.
 fn check_quantization(arch: Arch, q: &serde_json::Value) -> Result<()> {
     let field = |k: &str| q.get(k).and_then(|v| v.as_str());
     let method = field("quant_method").unwrap_or("?");
+    if arch == Arch::GptOss && method == "mxfp4" {
+        return Ok(());
+    }
     ensure!(arch == Arch::BitNet && method == "bitnet", "quantization_config quant_method '{method}' is not supported");
     let class = field("linear_class").unwrap_or("bitlinear");
     ensure!(

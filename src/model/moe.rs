@@ -10,7 +10,7 @@ use super::weight::{Weight, WeightDtype};
 use crate::kernels::qmatmul::{qmatmul_each, Product, QActs, QMatrix};
 use crate::kernels::quant::GgmlType;
 use crate::kernels::rmsnorm;
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use rayon::prelude::*;
 
 /// The gated activation of an MLP: `[rows, 2 f]` gate and up halves to `[rows, f]`.
@@ -461,11 +461,13 @@ fn add_biases(
     }
 }
 
-/// gpt-oss's experts as its Hugging Face checkpoints hold them (dequantized): fused
+/// gpt-oss's experts as its Hugging Face checkpoints hold them: fused
 /// `mlp.experts.gate_up_proj` `[experts, hidden, 2 ffn]` with gate in the even and up in
 /// the odd columns (`x · W`), its bias `[experts, 2 ffn]` interleaved alike, and
 /// `down_proj` `[experts, ffn, hidden]` with its bias `[experts, hidden]`; cut into each
-/// expert's matrices in `[out, in]` rows.
+/// expert's matrices in `[out, in]` rows. As released, the two matrices are MXFP4 blocks
+/// in `[out, in]` rows (the source gives them as GGUF's blocks), kept so unless `dtype` is
+/// f32; dequantized checkpoints hold them as floats.
 fn fused_gpt_oss(
     src: &dyn WeightSource,
     layer: usize,
@@ -475,24 +477,51 @@ fn fused_gpt_oss(
 ) -> Result<Vec<Expert>> {
     let (n, f) = (c.num_experts, c.expert_ffn);
     let at = |s: &str| format!("model.layers.{layer}.mlp.experts.{s}");
-    let gate_up = src.load(&at("gate_up_proj"), &[n, d, 2 * f])?;
     let gate_up_bias = src.load(&at("gate_up_proj_bias"), &[n, 2 * f])?;
-    let down = src.load(&at("down_proj"), &[n, f, d])?;
     let down_bias = src.load(&at("down_proj_bias"), &[n, d])?;
+    // Row r of the stacked matrix: gate's r (column 2r), then up's (column 2(r − f) + 1).
+    let column = |r: usize| if r < f { 2 * r } else { 2 * (r - f) + 1 };
+    let biases = |e: usize| {
+        let bias = &gate_up_bias.data()[e * 2 * f..(e + 1) * 2 * f];
+        (Some((0..2 * f).map(|r| bias[column(r)]).collect()), Some(down_bias.data()[e * d..(e + 1) * d].to_vec()))
+    };
+    if let Some((t, gate_up)) = src.load_blocks(&at("gate_up_proj"), &[n, 2 * f, d])? {
+        // As released: MXFP4 rows `[out, in]`, gate's and up's interleaved as the columns above.
+        let Some((_, down)) = src.load_blocks(&at("down_proj"), &[n, d, f])? else {
+            bail!("layer {layer}: experts' gate_up_proj is stored in MXFP4 blocks but down_proj is not")
+        };
+        let (gu_row, down_rows) = (d / t.block().0 * t.block().1, d * f / t.block().0 * t.block().1);
+        let experts = (0..n)
+            .map(|e| {
+                let row = |r: usize| &gate_up[(e * 2 * f + r) * gu_row..][..gu_row];
+                let rows: Vec<u8> = (0..2 * f).flat_map(|r| row(column(r)).iter().copied()).collect();
+                let (gate_up_bias, down_bias) = biases(e);
+                Ok(Expert {
+                    gate_up: Weight::from_blocks(t, rows.into(), 2 * f, d, dtype)?,
+                    down: Weight::from_blocks(t, down[e * down_rows..(e + 1) * down_rows].into(), d, f, dtype)?,
+                    gate_up_bias,
+                    down_bias,
+                })
+            })
+            .collect();
+        src.release(&at("gate_up_proj"));
+        src.release(&at("down_proj"));
+        return experts;
+    }
+    let gate_up = src.load(&at("gate_up_proj"), &[n, d, 2 * f])?;
+    let down = src.load(&at("down_proj"), &[n, f, d])?;
     let mut experts = Vec::with_capacity(n);
     for e in 0..n {
         let gu = &gate_up.data()[e * d * 2 * f..(e + 1) * d * 2 * f];
-        // Row r of the stacked matrix: gate's r (column 2r), then up's (column 2(r − f) + 1).
-        let column = |r: usize| if r < f { 2 * r } else { 2 * (r - f) + 1 };
         let rows: Vec<f32> = (0..2 * f).flat_map(|r| (0..d).map(move |i| gu[i * 2 * f + column(r)])).collect();
-        let bias = &gate_up_bias.data()[e * 2 * f..(e + 1) * 2 * f];
         let dn = &down.data()[e * f * d..(e + 1) * f * d];
         let down_rows: Vec<f32> = (0..d).flat_map(|o| (0..f).map(move |i| dn[i * d + o])).collect();
+        let (gate_up_bias, down_bias) = biases(e);
         experts.push(Expert {
             gate_up: Weight::from_values(&rows, 2 * f, d, dtype)?,
             down: Weight::from_values(&down_rows, d, f, dtype)?,
-            gate_up_bias: Some((0..2 * f).map(|r| bias[column(r)]).collect()),
-            down_bias: Some(down_bias.data()[e * d..(e + 1) * d].to_vec()),
+            gate_up_bias,
+            down_bias,
         });
     }
     Ok(experts)

@@ -86,6 +86,15 @@ impl Weight {
         Ok(Weight::F32(PackedMatrix::pack(values, rows, k)))
     }
 
+    /// A `[rows, k]` matrix from block-format rows cut at load (experts from a fused
+    /// tensor): kept in the format unless `dtype` is f32, then dequantized.
+    pub fn from_blocks(t: GgmlType, raw: Cow<'_, [u8]>, rows: usize, k: usize, dtype: WeightDtype) -> Result<Self> {
+        if dtype.keeps_stored() {
+            return Ok(Weight::Quant(QMatrix::new(k, vec![(t, rows, raw)])?));
+        }
+        Ok(Weight::F32(PackedMatrix::pack(&crate::kernels::quant::dequantize(t, &raw), rows, k)))
+    }
+
     /// BitNet's ternary projections: with `dtype` auto, TQ1_0 or TQ2_0 blocks computed with
     /// per-row int8 activations, as the model was trained, from whatever ternary form the
     /// file holds (sources give I2_S and packed Hugging Face weights as TQ2_0) or from

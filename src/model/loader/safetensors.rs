@@ -125,6 +125,44 @@ impl SafetensorsWeights {
         }
         Ok(Some((codes, scale)))
     }
+
+    /// A matrix stack `[.., rows, k]` stored in MXFP4 as gpt-oss is released (uint8
+    /// `<name>_blocks` `[.., rows, k / 32, 16]`, two E2M1 codes a byte, the earlier value
+    /// in the low nibble, and `<name>_scales` `[.., rows, k / 32]`, E8M0): its rows as
+    /// GGUF's MXFP4 blocks (a scale byte, then value `j` in the low nibble of byte `j` and
+    /// value `j + 16` in its high one), or `None` when `name` is not stored so.
+    fn mxfp4(&self, name: &str, shape: &[usize]) -> Result<Option<Vec<u8>>> {
+        let (Some(b), Some(s)) =
+            (self.entries.get(&format!("{name}_blocks")), self.entries.get(&format!("{name}_scales")))
+        else {
+            return Ok(None);
+        };
+        let (path, map) = &self.files[b.file];
+        let fail = |why: String| anyhow::anyhow!("{}: tensor {name}: {why}", path.display());
+        let Some((&k, outer)) = shape.split_last().filter(|(&k, _)| k > 0 && k.is_multiple_of(32)) else {
+            return Err(fail(format!("MXFP4 blocks for shape {shape:?}, whose rows are not whole blocks of 32")));
+        };
+        let blocks_shape = [outer, &[k / 32, 16]].concat();
+        let scales_shape = [outer, &[k / 32]].concat();
+        if b.dtype != Dtype::U8 || s.dtype != Dtype::U8 || b.shape != blocks_shape || s.shape != scales_shape {
+            return Err(fail(format!(
+                "MXFP4 blocks {:?} {:?} and scales {:?} {:?}, expected U8 {blocks_shape:?} and {scales_shape:?}",
+                b.dtype, b.shape, s.dtype, s.shape
+            )));
+        }
+        let codes = &map[b.offset..b.offset + b.len_bytes];
+        let scales = &self.files[s.file].1[s.offset..s.offset + s.len_bytes];
+        if let Some(i) = scales.iter().position(|&e| e == 0xFF) {
+            return Err(fail(format!("MXFP4 block {i} has scale byte 0xFF (NaN in E8M0)")));
+        }
+        let mut out = Vec::with_capacity(scales.len() * 17);
+        for (&e, hf) in scales.iter().zip(codes.chunks_exact(16)) {
+            let code = |v: usize| hf[v / 2] >> (4 * (v % 2)) & 0xF;
+            out.push(e);
+            out.extend((0..16).map(|j| code(j) | code(j + 16) << 4));
+        }
+        Ok(Some(out))
+    }
 }
 
 impl WeightSource for SafetensorsWeights {
@@ -133,6 +171,9 @@ impl WeightSource for SafetensorsWeights {
     }
 
     fn load_blocks(&self, name: &str, shape: &[usize]) -> Result<Option<(GgmlType, Cow<'_, [u8]>)>> {
+        if let Some(raw) = self.mxfp4(name, shape)? {
+            return Ok(Some((GgmlType::Mxfp4, Cow::Owned(raw))));
+        }
         let Some((codes, scale)) = self.packed_ternary(name, shape)? else { return Ok(None) };
         Ok(ternary::codes_to_tq2_0(&codes, shape[1], scale).map(|b| (GgmlType::Tq2_0, Cow::Owned(b))))
     }
