@@ -257,10 +257,14 @@ pub struct QActs {
 }
 
 impl QActs {
-    /// The paired rows a part of `dtype` computes with, when it takes them and this
-    /// quantization has them.
-    pub(super) fn wide_rows(&self, dtype: GgmlType) -> Option<&QActs> {
-        self.wide.as_deref().filter(|_| self.has_wide && takes_wide(dtype))
+    /// The rows a part of `dtype` computes with, of these `m`: the `2m` paired rows when it
+    /// takes them and this quantization has them (then `true`: add each pair's results),
+    /// else these.
+    pub(super) fn for_part(&self, dtype: GgmlType, m: usize) -> (&QActs, usize, bool) {
+        match self.wide.as_deref().filter(|_| self.has_wide && takes_wide(dtype)) {
+            Some(pairs) => (pairs, 2 * m, true),
+            None => (self, m, false),
+        }
     }
 
     /// Per 16 values `x0..x16`, the i16 pair `−32 · (x0 + x1 + x4 + x5 + x8 + …, x2 + x3 +

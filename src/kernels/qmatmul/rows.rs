@@ -32,10 +32,7 @@ pub(super) unsafe fn rows_task(
     let blocks = k / QB;
     // A wide part's rows come in pairs, neighbours in every tile, added as written.
     const { assert!(TILE.is_multiple_of(2)) };
-    let (xq, m, wide) = match xq.wide_rows(p.dtype) {
-        Some(pairs) => (pairs, 2 * m, true),
-        None => (xq, m, false),
-    };
+    let (xq, m, wide) = xq.for_part(p.dtype, m);
     // Activation tile outer, weight rows inner: a tile (8 rows) and the task's weight rows
     // both stay in L1 however long the step is.
     let mut i = 0;

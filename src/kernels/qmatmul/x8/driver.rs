@@ -27,10 +27,7 @@ pub(crate) unsafe fn groups_task(
     // A wide part's rows come in pairs, neighbours in every tile (tiles are even), added
     // as they are written.
     const { assert!(TILE.is_multiple_of(2)) };
-    let (xq, m, wide) = match xq.wide_rows(p.dtype) {
-        Some(pairs) => (pairs, 2 * m, true),
-        None => (xq, m, false),
-    };
+    let (xq, m, wide) = xq.for_part(p.dtype, m);
     let blocks = k / p.dtype.block().0;
     let group_bytes = blocks * record(p.dtype).0;
     // With more than one tile, K-quant and TQ1_0 values are decoded once per chunk, and
