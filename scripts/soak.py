@@ -6,10 +6,12 @@ lengths drawn from workloads/chat-mix.json (short chat turns to several thousand
 multi-turn chats that share a long system prompt, completions and chat, streamed and not,
 n > 1, stop strings, logprobs, clients that disconnect mid-stream, and a prompt over the
 context. It asserts that no response is a 5xx, that the over-long prompt is a 400 naming
-max_model_len, that weft:engine_failures_total stays 0, that every KV block is free once
-idle, and that each greedy answer equals the same request sent again alone.
+max_model_len, that weft:engine_failures_total stays 0, that sequences were preempted (the
+cache is small for that), that every KV block is free once idle, and that each greedy answer
+equals the same request sent again alone.
 
     python3 scripts/soak.py [--weft target/release/weft] [--model PATH] [--requests 40] [--seed 0]
+        [--kv-cache-memory 80M] [--serve-arg=--speculative-config --serve-arg='{...}']
 
 The model defaults to SmolLM2 from ../shared/models, else the copy `weft generate` caches.
 """
@@ -136,11 +138,11 @@ def metric(text, name):
     return float(m.group(1)) if m else None
 
 
-def plan(rng, mix, requests, ctx):
+def plan(rng, mix, requests, most_words):
     """The seeded requests: (kind, endpoint, body, greedy, disconnect_after)."""
     out = []
     for _ in range(requests):
-        words = min(draw(rng, mix["prompt_tokens"]), LONGEST)
+        words = min(draw(rng, mix["prompt_tokens"]), LONGEST, most_words)
         max_tokens = min(draw(rng, mix["output_tokens"]), 32)
         chat = rng.random() < 0.5
         body = {"max_tokens": max_tokens, "temperature": 0, "seed": rng.randint(0, 1000)}
@@ -176,6 +178,8 @@ def main():
     ap.add_argument("--clients", type=int, default=6)
     ap.add_argument("--conversations", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kv-cache-memory", default="80M", help="small enough that sequences are preempted")
+    ap.add_argument("--serve-arg", action="append", default=[], help="one more argument for weft serve")
     args = ap.parse_args()
     if args.model is None:
         raise SystemExit("soak: no SmolLM2 in ../shared/models or weft's cache; pass --model")
@@ -183,9 +187,9 @@ def main():
         mix = json.load(f)
 
     port = free_port()
-    # A cache (about 5,600 tokens of SmolLM2) that holds the longest request but not every
-    # stream at once, so that sequences are preempted too.
-    cmd = [args.weft, "serve", "--model", args.model, "--port", str(port), "--kv-cache-memory", "128M"]
+    # By default a cache (about 3,500 tokens of SmolLM2) that holds the longest request but
+    # not every stream at once, so that sequences are preempted too.
+    cmd = [args.weft, "serve", "--model", args.model, "--port", str(port), "--kv-cache-memory", args.kv_cache_memory] + args.serve_arg
     print("soak:", " ".join(cmd), flush=True)
     server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     log = []
@@ -206,10 +210,16 @@ def main():
             raise SystemExit("soak: the server did not become healthy")
         ctx = json.loads(client.get("/v1/models")[1])["data"][0].get("max_model_len", 8192)
 
+        # Prompts within the context with room for the output and a chat template, so that
+        # small-context models and small vocabularies get their share of long prompts, not 400s.
+        sample = text_of(random.Random(args.seed), 200)
+        per_word = client.post("/tokenize", {"prompt": sample})[1]["count"] / 200
+        most_words = max(10, int((ctx - 100) / per_word))
+
         rng = random.Random(args.seed)
-        work = plan(rng, mix, args.requests, ctx)
+        work = plan(rng, mix, args.requests, most_words)
         # Multi-turn chats: a shared long system prompt, then turns that carry the history.
-        system = text_of(rng, 1500)
+        system = text_of(rng, min(1500, most_words // 3))
         convs = [[text_of(rng, rng.randint(10, 80)) for _ in range(3)] for _ in range(args.conversations)]
         results, lock = [], threading.Lock()
 
@@ -279,6 +289,8 @@ def main():
             failures.append(f"weft:engine_failures_total is {engine_failures}")
         if metric(text, "weft:kv_cache_usage_perc") != 0 or metric(text, "weft:num_requests_running") != 0:
             failures.append("the KV cache is not empty once idle")
+        if not metric(text, "weft:num_preemptions_total"):
+            failures.append("no sequence was preempted: pass a smaller --kv-cache-memory")
 
         # Greedy answers again, alone.
         compared = 0
@@ -301,15 +313,22 @@ def main():
             compared += 1
 
         prompts = [len(i[2].get("prompt", "").split()) or sum(len(m["content"].split()) for m in i[2]["messages"]) for i, *_ in results]
-        statuses = {}
-        for _, s, _, _ in results:
+        statuses, refusals = {}, set()
+        for _, s, got, _ in results:
             statuses[s] = statuses.get(s, 0) + 1
+            if 400 <= s < 500:
+                try:
+                    body = got if isinstance(got, dict) else json.loads(got)
+                    refusals.add(body["error"]["message"])
+                except (ValueError, KeyError, TypeError):
+                    refusals.add(str(got)[:200])
         print(
             f"soak: {len(results)} requests in {busy:.0f} s from {args.clients} clients and {len(convs)} conversations; "
             f"statuses {statuses}; prompt words {min(prompts)}-{max(prompts)} (median {sorted(prompts)[len(prompts) // 2]}); "
             f"disconnects {sum(1 for r in results if r[3] == 'disconnected')}; greedy answers compared alone {compared}; "
             f"preemptions {metric(text, 'weft:num_preemptions_total')}; prefix-cache hit tokens {metric(text, 'weft:prefix_cache_hits_total')}; "
             f"engine failures {engine_failures}",
+            *(f"\n  refused: {r}" for r in sorted(refusals)),
             flush=True,
         )
     finally:
