@@ -51,10 +51,16 @@ pub(super) fn decodes(dtype: GgmlType) -> bool {
 }
 
 /// Whether two groups of `dtype` run side by side ([`pair`]) when more than one tile of
-/// rows runs over them: every broadcast of activations then feeds two multiply-adds. Q8_0
-/// pairs only with VNNI, whose 32 registers hold both groups' sums.
+/// rows runs over them: every broadcast of activations then feeds two multiply-adds (with
+/// VNNI, one 512-bit `vpdpbusd`). Q8_0 and the ternary formats pair only with VNNI, whose
+/// 32 registers hold both groups' sums.
 pub(super) fn pairs(dtype: GgmlType) -> bool {
-    k_quant(dtype) || signed_bytes(dtype) && vnni()
+    k_quant(dtype) || (signed_bytes(dtype) || ternary(dtype)) && vnni()
+}
+
+/// Whether `dtype` is one of the ternary formats, which run on [`avx2::tq2`]'s kernels.
+pub(super) fn ternary(dtype: GgmlType) -> bool {
+    matches!(dtype, GgmlType::Tq2_0 | GgmlType::Tq1_0)
 }
 
 /// Whether `dtype` runs on [`avx2::q8`]'s kernels, its values signed bytes: Q8_0's, and

@@ -363,13 +363,13 @@ fn pairs_change_nothing() {
         let mut xq = QActs::default();
         quantize_rows(&random_vec(TILE * k, 82), TILE, k, act_scales(dtype), &mut xq);
         // Alone from decoded values where the format has them (else from the records);
-        // paired as the step runs them: from decoded values, or with VNNI (Q4_K, Q8_0)
-        // from the records.
+        // paired as the step runs them: from decoded values, or with VNNI (Q4_K, Q8_0,
+        // TQ2_0) from the records.
         let vals: Vec<Option<Vec<u8>>> = [a, b]
             .iter()
             .map(|d| {
-                k_quant(dtype).then(|| {
-                    let mut v = vec![0u8; blocks * DECODED];
+                decodable(dtype).then(|| {
+                    let mut v = vec![0u8; blocks * decoded_bytes(dtype)];
                     decode(dtype, d, blocks, &mut v);
                     v
                 })
@@ -424,28 +424,33 @@ fn vnni_matches_avx2_bit_for_bit() {
         quantize_rows(&random_vec(TILE * k, 94), TILE, k, act_scales(dtype), &mut xq);
         let (a, b) = data.split_at(data.len() / 2);
         if !k_quant(dtype) {
-            // Q8_0 and IQ4 pair with VNNI only: against the AVX2 kernel alone.
+            // Q8_0, IQ4, MXFP4 and the ternary formats pair with VNNI only: against the
+            // AVX2 kernel alone (TQ1_0 from its codes decoded ahead, as the step runs it).
+            let decoded: Vec<Vec<u8>> = [a, b]
+                .iter()
+                .map(|d| {
+                    let mut v = vec![0u8; blocks * decoded_bytes(dtype)];
+                    if decodes(dtype) {
+                        decode(dtype, d, blocks, &mut v);
+                    }
+                    v
+                })
+                .collect();
+            let src = |g: usize| avx2::Src {
+                rec: [a, b][g].as_ptr(),
+                vals: if decodes(dtype) { decoded[g].as_ptr() } else { std::ptr::null() },
+            };
             for tile in 1..=TILE {
                 let mut vnni = [[[0f32; GROUP]; TILE]; 2];
-                // SAFETY: as above, for two groups' records.
+                // SAFETY: as above, for two groups' records (and decoded values).
                 unsafe {
-                    avx2::pair(
-                        true,
-                        dtype,
-                        [records(a), records(b)],
-                        &xq,
-                        0,
-                        tile,
-                        blocks,
-                        &mut vnni,
-                        avx2::Ahead::NONE,
-                    )
+                    avx2::pair(true, dtype, [src(0), src(1)], &xq, 0, tile, blocks, &mut vnni, avx2::Ahead::NONE)
                 };
-                for (g, d) in [a, b].into_iter().enumerate() {
+                for (g, vnni) in vnni.iter().enumerate() {
                     let mut avx2 = [[0f32; GROUP]; TILE];
-                    // SAFETY: as above, one group's records.
-                    unsafe { avx2::group(false, dtype, records(d), &xq, 0, tile, blocks, &mut avx2) };
-                    assert_eq!(avx2, vnni[g], "{dtype:?} paired, tile {tile}, group {g}");
+                    // SAFETY: as above, one group's records (and decoded values).
+                    unsafe { avx2::group(false, dtype, src(g), &xq, 0, tile, blocks, &mut avx2) };
+                    assert_eq!(&avx2, vnni, "{dtype:?} paired, tile {tile}, group {g}");
                 }
             }
             continue;

@@ -177,15 +177,17 @@ pub unsafe fn pair(
     unsafe {
         let pre = !src[0].vals.is_null();
         debug_assert!((1..=TILE).contains(&tile) && src.iter().all(|s| s.vals.is_null() != pre));
-        if signed_bytes(dtype) {
-            // Q8_0's share of records is asked for before the call: a check per block of
+        if signed_bytes(dtype) || ternary(dtype) {
+            // Their share of records is asked for before the call: a check per block of
             // 32 values measured slower.
-            debug_assert!(vnni && !pre && ahead.len == 0);
+            debug_assert!(vnni && ahead.len == 0 && pre == (dtype == GgmlType::Tq1_0));
             let f = match dtype {
                 GgmlType::Q8_0 => by_tile!(tile, q8_two_vnni, F_Q8_0),
                 GgmlType::Iq4Nl => by_tile!(tile, q8_two_vnni, F_IQ4_NL),
                 GgmlType::Mxfp4 => by_tile!(tile, q8_two_vnni, F_MXFP4),
-                _ => by_tile!(tile, q8_two_vnni, F_IQ4_XS),
+                GgmlType::Iq4Xs => by_tile!(tile, q8_two_vnni, F_IQ4_XS),
+                GgmlType::Tq2_0 => by_tile!(tile, tq2_two_vnni, false),
+                _ => by_tile!(tile, tq2_two_vnni, true),
             };
             return f(src, xq, first, blocks, acc);
         }
@@ -268,6 +270,21 @@ unsafe fn q8_two_vnni<const F: u8, const R: usize>(
     out: &mut [[[f32; GROUP]; TILE]; 2],
 ) {
     unsafe { q8::<true, F, 2, R>(src, xq, first, blocks, out) }
+}
+
+/// Two groups of TQ2_0 (TQ1_0's decoded ahead with `ONE`) side by side, with VNNI only ([`pairs`]).
+///
+/// # Safety
+/// As [`tq2_two`]'s, and what [`vnni`] checks.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn tq2_two_vnni<const ONE: bool, const R: usize>(
+    src: [Src; 2],
+    xq: &QActs,
+    first: usize,
+    blocks: usize,
+    out: &mut [[[f32; GROUP]; TILE]; 2],
+) {
+    unsafe { tq2_two::<ONE, R>(src, xq, first, blocks, out) }
 }
 
 /// The formats that run on [`q8`]'s kernels ([`signed_bytes`]), as its const argument `F`.

@@ -41,6 +41,16 @@ pub(super) unsafe fn q8<const V: bool, const F: u8, const G: usize, const R: usi
         let blocks = blocks * subs;
         let values = if F == F_MXFP4 { &MXFP4_VALUES } else { &IQ4_VALUES };
         let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(values.as_ptr().cast()));
+        if V && G == 2 {
+            return q8_two_vnni_block::<F, R>(
+                [src[0], src[G - 1]],
+                xq,
+                first,
+                blocks,
+                subs,
+                [out.as_mut_ptr(), out.as_mut_ptr().add(G - 1)],
+            );
+        }
         let ones = _mm256_set1_epi16(1);
         let mut acc = [[_mm256_setzero_ps(); G]; R];
         for b in 0..blocks {
@@ -101,6 +111,90 @@ pub(super) unsafe fn q8<const V: bool, const F: u8, const G: usize, const R: usi
                 *col = acc[g];
             }
             store(&col, out);
+        }
+    }
+}
+
+/// [`q8`] for two groups with VNNI, both in each 512-bit register ([`two_groups`]):
+/// the same operations per lane as one group's, so the same bits. `blocks` counts 32-value
+/// blocks, `subs` of them to a record; `out` points at each group's sums.
+///
+/// # Safety
+/// As [`q8`]'s, for two groups, and what [`vnni`] checks.
+#[inline(always)]
+unsafe fn q8_two_vnni_block<const F: u8, const R: usize>(
+    src: [Src; 2],
+    xq: &QActs,
+    first: usize,
+    blocks: usize,
+    subs: usize,
+    out: [*mut [[f32; GROUP]; TILE]; 2],
+) {
+    unsafe {
+        let dtype = match F {
+            F_IQ4_NL => GgmlType::Iq4Nl,
+            F_IQ4_XS => GgmlType::Iq4Xs,
+            F_MXFP4 => GgmlType::Mxfp4,
+            _ => GgmlType::Q8_0,
+        };
+        let ((rec_bytes, head), sc_at) = (record(dtype), shape(dtype).bytes_at());
+        let values = if F == F_MXFP4 { &MXFP4_VALUES } else { &IQ4_VALUES };
+        let table = _mm512_broadcast_i32x4(_mm_loadu_si128(values.as_ptr().cast()));
+        let mut acc = [_mm512_setzero_ps(); R];
+        for b in 0..blocks {
+            let sub = b % subs;
+            let rec = [src[0].rec.add(b / subs * rec_bytes), src[1].rec.add(b / subs * rec_bytes)];
+            let mut dw = [_mm256_setzero_ps(); 2];
+            for (dw, rec) in dw.iter_mut().zip(rec) {
+                *dw = if F == F_MXFP4 { e8m0x8(rec) } else { _mm256_cvtph_ps(_mm_loadu_si128(rec.cast())) };
+                if F == F_IQ4_XS {
+                    let sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(rec.add(sc_at + GROUP * sub).cast()));
+                    *dw = _mm256_mul_ps(*dw, _mm256_cvtepi32_ps(sc));
+                }
+            }
+            let dw = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+                _mm512_castps_pd(_mm512_castps256_ps512(dw[0])),
+                _mm256_castps_pd(dw[1]),
+            ));
+            for h in 0..2 {
+                // `w + 128` is unsigned, and `Σ (w + 128)·x` starts from `−128 · Σx`.
+                let mut s = [_mm512_setzero_si512(); R];
+                for (t, s) in s.iter_mut().enumerate() {
+                    *s = _mm512_set1_epi32(-128 * xq.sums.get_unchecked(2 * ((first + t) * blocks + b) + h));
+                }
+                for c in 0..4 {
+                    let w = if F == F_Q8_0 {
+                        let at = head + 32 * (4 * h + c);
+                        two_groups(rec[0].add(at), rec[1].add(at))
+                    } else {
+                        let at = head + 128 * sub + 32 * c;
+                        let v = two_groups(rec[0].add(at), rec[1].add(at));
+                        let v = if h == 0 { v } else { _mm512_srli_epi16(v, 4) };
+                        _mm512_shuffle_epi8(table, _mm512_and_si512(v, _mm512_set1_epi8(0xF)))
+                    };
+                    let uw = _mm512_xor_si512(w, _mm512_set1_epi8(-128));
+                    for (t, s) in s.iter_mut().enumerate() {
+                        let x = xq.q.as_ptr().add(((first + t) * blocks + b) * QB + QH * h + 4 * c);
+                        *s = _mm512_dpbusd_epi32(*s, uw, _mm512_set1_epi32(x.cast::<i32>().read_unaligned()));
+                    }
+                }
+                for (t, (acc, s)) in acc.iter_mut().zip(&s).enumerate() {
+                    let dx = _mm512_set1_ps(*xq.d.get_unchecked(2 * ((first + t) * blocks + b) + h));
+                    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(*s), _mm512_mul_ps(dw, dx), *acc);
+                }
+            }
+        }
+        for (g, out) in out.into_iter().enumerate() {
+            let mut col = [_mm256_setzero_ps(); R];
+            for (col, acc) in col.iter_mut().zip(&acc) {
+                let half = _mm512_castps_pd(*acc);
+                *col = _mm256_castpd_ps(if g == 0 {
+                    _mm512_castpd512_pd256(half)
+                } else {
+                    _mm512_extractf64x4_pd::<1>(half)
+                });
+            }
+            store(&col, &mut *out);
         }
     }
 }

@@ -63,6 +63,77 @@ pub(super) unsafe fn tq2<const V: bool, const ONE: bool, const R: usize>(
     }
 }
 
+/// [`tq2`] for two groups with VNNI (TQ1_0's with `ONE`, decoded ahead), both in each
+/// 512-bit register ([`two_groups`]): each broadcast of activations feeds both groups'
+/// sixteen rows in one `vpdpbusd`. The same operations per lane as one group's in
+/// [`tq2_block_vnni`], [`scaled`] and [`weigh`], so the same bits.
+///
+/// # Safety
+/// As [`tq2`]'s with `V`, for two groups.
+#[inline(always)]
+pub(super) unsafe fn tq2_two<const ONE: bool, const R: usize>(
+    src: [Src; 2],
+    xq: &QActs,
+    first: usize,
+    blocks: usize,
+    out: &mut [[[f32; GROUP]; TILE]; 2],
+) {
+    unsafe {
+        let (rec_bytes, head) = record(if ONE { GgmlType::Tq1_0 } else { GgmlType::Tq2_0 });
+        let sums = xq.block_sums();
+        let x = xq.q.as_ptr();
+        let mask =
+            [_mm512_set1_epi8(0x03), _mm512_set1_epi8(0x0C), _mm512_set1_epi8(0x30), _mm512_set1_epi8(0xC0u8 as i8)];
+        let mut acc = [_mm512_setzero_ps(); R];
+        for b in 0..blocks {
+            let rec = [src[0].rec.add(b * rec_bytes), src[1].rec.add(b * rec_bytes)];
+            let codes: [*const u8; 2] = if ONE {
+                [src[0].vals.add(b * DECODED_TQ1), src[1].vals.add(b * DECODED_TQ1)]
+            } else {
+                [rec[0].add(head), rec[1].add(head)]
+            };
+            let at = |t: usize| (first + t) * blocks + b;
+            let mut s = [[_mm512_setzero_si512(); 4]; R];
+            for (t, s) in s.iter_mut().enumerate() {
+                s[0] = _mm512_set1_epi32(-sums.get_unchecked(at(t)));
+            }
+            for ch in 0..16 {
+                let v = two_groups(codes[0].add(32 * ch), codes[1].add(32 * ch));
+                let base = 128 * (ch / 8) + 4 * (ch % 8);
+                for (l, &m) in mask.iter().enumerate() {
+                    let u = _mm512_and_si512(v, m);
+                    for (t, s) in s.iter_mut().enumerate() {
+                        let xb = x.add(at(t) * 256 + base + 32 * l).cast::<i32>().read_unaligned();
+                        s[l] = _mm512_dpbusd_epi32(s[l], u, _mm512_set1_epi32(xb));
+                    }
+                }
+            }
+            let dw = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+                _mm512_castps_pd(_mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128(rec[0].cast())))),
+                _mm256_castps_pd(_mm256_cvtph_ps(_mm_loadu_si128(rec[1].cast()))),
+            ));
+            for (t, (acc, s)) in acc.iter_mut().zip(&s).enumerate() {
+                let high = _mm512_add_epi32(_mm512_srai_epi32::<2>(s[1]), _mm512_srai_epi32::<4>(s[2]));
+                let sum = _mm512_add_epi32(_mm512_add_epi32(s[0], high), _mm512_srai_epi32::<6>(s[3]));
+                let blk = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(*xq.d.get_unchecked(16 * at(t))));
+                *acc = _mm512_fmadd_ps(dw, blk, *acc);
+            }
+        }
+        for (g, out) in out.iter_mut().enumerate() {
+            let mut col = [_mm256_setzero_ps(); R];
+            for (col, acc) in col.iter_mut().zip(&acc) {
+                let both = _mm512_castps_pd(*acc);
+                *col = _mm256_castpd_ps(if g == 0 {
+                    _mm512_castpd512_pd256(both)
+                } else {
+                    _mm512_extractf64x4_pd::<1>(both)
+                });
+            }
+            store(&col, out);
+        }
+    }
+}
+
 /// A block's integer sums `s` of the tile's rows (row `t`'s block at index `at(t)`), as
 /// `Σ t·x` times the row's activation scale: with `V` they are already, else they are
 /// the i16 sums of `Σ u·x`, widened and the block's activation sum taken off.

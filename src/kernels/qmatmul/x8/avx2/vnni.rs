@@ -17,12 +17,14 @@ pub(super) unsafe fn dot4(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
 /// One block of two groups' Q4_K records (`rec`), or Q5_K values decoded ahead
 /// (`vals`, with `FIVE`), against four activation rows from sub-block index `at(0)`
 /// (rows `at(1) - at(0)` apart): each row's scaled integer sums of the block, added to
-/// `dots`. Q4_K's come straight from the nibbles: a chunk of nibbles feeds both of its
-/// sub-blocks, the low ones masked, the high ones masked in place (16 times their
-/// value), so there is no shift and no decode pass; the low sub-block's sums take 16
-/// times their scale, and the block's sums, all multiples of 16, are divided back
-/// exactly (at most 16 · 8 · 32 · 15 · 127 · 63 < 2³¹ per lane). The same integers as
-/// [`k_sub`]'s.
+/// `dots`. Both groups share each 512-bit register, the first group's eight rows in the
+/// low half ([`two_groups`]): one `vpdpbusd` does what two did on 256-bit halves, and
+/// CPUs with full-width AVX-512 (Zen 5) run it as fast. Q4_K's come straight from the
+/// nibbles: a chunk of nibbles feeds both of its sub-blocks, the low ones masked, the
+/// high ones masked in place (16 times their value), so there is no shift and no
+/// decode pass; the low sub-block's sums take 16 times their scale, and the block's
+/// sums, all multiples of 16, are divided back exactly (at most 16 · 8 · 32 · 15 · 127 ·
+/// 63 < 2³¹ per lane). The same integers as [`k_sub`]'s.
 ///
 /// # Safety
 /// What [`vnni`] checks must be available; `rec` (or `vals` with `FIVE`) holds a block of
@@ -40,7 +42,7 @@ pub(super) unsafe fn k_block_vnni<const FIVE: bool, const G: usize, const R: usi
         let head = record(GgmlType::Q4K).1;
         let x = xq.q.as_ptr().add(at(0) * QB);
         let row = (at(1) - at(0)) * QB;
-        let mut sums = [[_mm256_setzero_si256(); G]; R];
+        let mut sums = [_mm512_setzero_si512(); 4];
         for pair in 0..4 {
             let s = if FIVE {
                 // Sub-block `2·pair`'s decoded chunks, then `2·pair + 1`'s.
@@ -50,24 +52,46 @@ pub(super) unsafe fn k_block_vnni<const FIVE: bool, const G: usize, const R: usi
                 let w = |g: usize| rec[g.min(G - 1)].add(head + 256 * pair);
                 nibbles_4x2_vnni(w(0), w(1), x.add(2 * pair * QB), row)
             };
-            for (g, &rec) in rec.iter().enumerate() {
-                // Plain loads, not a closure (see [`k_sub`]): sub-blocks `2·pair` and `2·pair + 1`.
-                let sc = rec.add(32 + 16 * pair);
-                let lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64(sc.cast()));
-                let lo = if FIVE { lo } else { _mm256_slli_epi32(lo, 4) };
-                let hi = _mm256_cvtepu8_epi32(_mm_loadl_epi64(sc.add(8).cast()));
-                for (sums, s) in sums.iter_mut().zip(&s) {
-                    let scaled = _mm256_add_epi32(_mm256_mullo_epi32(s[g][0], lo), _mm256_mullo_epi32(s[g][1], hi));
-                    sums[g] = _mm256_add_epi32(sums[g], scaled);
-                }
+            // Plain loads, not a closure (see [`k_sub`]): sub-blocks `2·pair` and `2·pair + 1`.
+            let sc = |g: usize| rec[g.min(G - 1)].add(32 + 16 * pair);
+            let lo = _mm512_cvtepu8_epi32(two_groups_8(sc(0), sc(1)));
+            let lo = if FIVE { lo } else { _mm512_slli_epi32(lo, 4) };
+            let hi = _mm512_cvtepu8_epi32(two_groups_8(sc(0).add(8), sc(1).add(8)));
+            for (sums, s) in sums.iter_mut().zip(&s) {
+                let scaled = _mm512_add_epi32(_mm512_mullo_epi32(s[0], lo), _mm512_mullo_epi32(s[1], hi));
+                *sums = _mm512_add_epi32(*sums, scaled);
             }
         }
-        for (dots, sums) in dots.iter_mut().zip(&sums) {
-            for (dot, s) in dots.iter_mut().zip(sums) {
-                *dot = _mm256_add_epi32(*dot, if FIVE { *s } else { _mm256_srai_epi32(*s, 4) });
+        for (dots, &sums) in dots.iter_mut().zip(&sums) {
+            let sums = if FIVE { sums } else { _mm512_srai_epi32(sums, 4) };
+            let halves = [_mm512_castsi512_si256(sums), _mm512_extracti64x4_epi64::<1>(sums)];
+            for (dot, s) in dots.iter_mut().zip(halves) {
+                *dot = _mm256_add_epi32(*dot, s);
             }
         }
     }
+}
+
+/// 32 bytes of each of two groups (at `a`, `b`) in one register, `a`'s in the low half:
+/// lane `r` and lane `8 + r` hold row `r` of the first and the second group.
+///
+/// # Safety
+/// What [`vnni`] checks must be available and `a`, `b` hold 32 bytes each.
+#[inline(always)]
+pub(super) unsafe fn two_groups(a: *const u8, b: *const u8) -> __m512i {
+    unsafe {
+        let lo = _mm512_castsi256_si512(_mm256_loadu_si256(a.cast()));
+        _mm512_inserti64x4::<1>(lo, _mm256_loadu_si256(b.cast()))
+    }
+}
+
+/// Eight bytes of each of two groups (at `a`, `b`; a byte per row), `a`'s first.
+///
+/// # Safety
+/// SSE2 must be available and `a`, `b` hold eight bytes each.
+#[inline(always)]
+pub(super) unsafe fn two_groups_8(a: *const u8, b: *const u8) -> __m128i {
+    unsafe { _mm_unpacklo_epi64(_mm_loadl_epi64(a.cast()), _mm_loadl_epi64(b.cast())) }
 }
 
 /// One block of one group's Q4_K records (`rec`) against `R` activation rows (row `t`'s
@@ -127,28 +151,20 @@ pub(super) unsafe fn k_rows_vnni<const R: usize>(
 /// The i32 sums of two sub-blocks of decoded values (from `w0`, `w1`: eight 32-byte
 /// chunks each, the second sub-block's 256 bytes on) of two groups against four
 /// activation rows (from `x`, `row` bytes apart; the second sub-block's 32 bytes on):
-/// `[row][group][sub-block]`, as [`nibbles_4x2_vnni`].
+/// `[row][sub-block]`, the groups in the halves, as [`nibbles_4x2_vnni`].
 ///
 /// # Safety
 /// What [`vnni`] checks must be available; `w0` and `w1` hold two decoded sub-blocks and
 /// `x` four rows' activations, `row` bytes apart.
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-pub(super) unsafe fn decoded_4x2_vnni(
-    w0: *const u8,
-    w1: *const u8,
-    x: *const i8,
-    row: usize,
-) -> [[[__m256i; 2]; 2]; 4] {
+pub(super) unsafe fn decoded_4x2_vnni(w0: *const u8, w1: *const u8, x: *const i8, row: usize) -> [[__m512i; 2]; 4] {
     unsafe {
-        let mut s = [[[_mm256_setzero_si256(); 2]; 2]; 4];
+        let mut s = [[_mm512_setzero_si512(); 2]; 4];
         for c in 0..8 {
-            // Plain loads, not a closure (see [`k_sub`]).
-            let mut w = [[_mm256_setzero_si256(); 2]; 2];
-            for (w, p) in w.iter_mut().zip([w0, w1]) {
-                *w = [_mm256_loadu_si256(p.add(32 * c).cast()), _mm256_loadu_si256(p.add(256 + 32 * c).cast())];
-            }
-            dots_4x2x2(&mut s, &w, x.add(4 * c), row, 32);
+            let w =
+                [two_groups(w0.add(32 * c), w1.add(32 * c)), two_groups(w0.add(256 + 32 * c), w1.add(256 + 32 * c))];
+            dots_4x2(&mut s, &w, x.add(4 * c), row, 32);
         }
         s
     }
@@ -157,57 +173,42 @@ pub(super) unsafe fn decoded_4x2_vnni(
 /// The i32 sums of two Q4_K sub-blocks (the low nibbles, then the high ones masked in
 /// place) of two groups' records (nibbles at `w0`, `w1`, eight 32-byte chunks) against
 /// four activation rows (from `x`, `row` bytes apart; the second sub-block's 32 bytes
-/// on): `[row][group][sub-block]`. Sixteen sums, held in the registers of AVX-512VL.
+/// on): `[row][sub-block]`, the first group's rows in the low halves ([`two_groups`]).
+/// Eight sums of 512 bits.
 ///
 /// # Safety
 /// What [`vnni`] checks must be available; `w0` and `w1` hold eight chunks of nibbles
 /// and `x` four rows' activations, `row` bytes apart.
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-pub(super) unsafe fn nibbles_4x2_vnni(
-    w0: *const u8,
-    w1: *const u8,
-    x: *const i8,
-    row: usize,
-) -> [[[__m256i; 2]; 2]; 4] {
+pub(super) unsafe fn nibbles_4x2_vnni(w0: *const u8, w1: *const u8, x: *const i8, row: usize) -> [[__m512i; 2]; 4] {
     unsafe {
-        let (low, high) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0xF0u8 as i8));
-        let mut s = [[[_mm256_setzero_si256(); 2]; 2]; 4];
+        let (low, high) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0xF0u8 as i8));
+        let mut s = [[_mm512_setzero_si512(); 2]; 4];
         for c in 0..8 {
-            let (a, b) = (_mm256_loadu_si256(w0.add(32 * c).cast()), _mm256_loadu_si256(w1.add(32 * c).cast()));
-            let w = [
-                [_mm256_and_si256(a, low), _mm256_and_si256(a, high)],
-                [_mm256_and_si256(b, low), _mm256_and_si256(b, high)],
-            ];
-            dots_4x2x2(&mut s, &w, x.add(4 * c), row, 32);
+            let v = two_groups(w0.add(32 * c), w1.add(32 * c));
+            let w = [_mm512_and_si512(v, low), _mm512_and_si512(v, high)];
+            dots_4x2(&mut s, &w, x.add(4 * c), row, 32);
         }
         s
     }
 }
 
-/// Adds one chunk of two groups' weights `w` (`[group][half]`) against four activation
-/// rows (from `x`, `row` bytes apart; each row's second half `half` bytes on) to the
-/// sums `s` (`[row][group][half]`), one `vpdpbusd` each. Inlined only into the
-/// AVX-512 VNNI kernels.
+/// Adds one chunk of two groups' weights `w` (`[half]`, the groups in the halves) against
+/// four activation rows (from `x`, `row` bytes apart; each row's second half `half`
+/// bytes on) to the sums `s` (`[row][half]`), one `vpdpbusd` each. Inlined only into
+/// the AVX-512 VNNI kernels.
 ///
 /// # Safety
 /// What [`vnni`] checks must be available and `x` hold four rows' activations, `row`
 /// bytes apart.
 #[inline(always)]
-pub(super) unsafe fn dots_4x2x2(
-    s: &mut [[[__m256i; 2]; 2]; 4],
-    w: &[[__m256i; 2]; 2],
-    x: *const i8,
-    row: usize,
-    half: usize,
-) {
+pub(super) unsafe fn dots_4x2(s: &mut [[__m512i; 2]; 4], w: &[__m512i; 2], x: *const i8, row: usize, half: usize) {
     unsafe {
         for (t, s) in s.iter_mut().enumerate() {
-            for h in 0..2 {
-                let x = bcast(x.add(t * row + half * h));
-                for (s, w) in s.iter_mut().zip(w) {
-                    s[h] = dot4(s[h], w[h], x);
-                }
+            for (h, (s, &w)) in s.iter_mut().zip(w).enumerate() {
+                let x = _mm512_set1_epi32(x.add(t * row + half * h).cast::<i32>().read_unaligned());
+                *s = _mm512_dpbusd_epi32(*s, w, x);
             }
         }
     }
@@ -216,9 +217,9 @@ pub(super) unsafe fn dots_4x2x2(
 /// The i32 sums of one Q6_K output (32 values, decoded ahead) of two groups (at `w0`,
 /// `w1`: eight 32-byte chunks, the second 16 values' four from 128 bytes on) against
 /// four activation rows (from `x`, `row` bytes apart; the second 16 values from 16
-/// bytes on), from `init` (`[half][row]`, the −32 offsets): `[row][group][half]`.
-/// Sixteen sums in AVX-512VL's registers, so that each chain of `vpdpbusd`s is four
-/// long and 16 run side by side.
+/// bytes on), from `init` (`[half][row]`, the −32 offsets): `[row][half]`, the groups
+/// in the halves ([`two_groups`]), so that each chain of `vpdpbusd`s is four long and
+/// eight run side by side.
 ///
 /// # Safety
 /// What [`vnni`] checks must be available; `w0` and `w1` hold an output's decoded values
@@ -230,21 +231,17 @@ pub(super) unsafe fn q6_halves_vnni(
     w1: *const u8,
     x: *const i8,
     row: usize,
-    init: [[__m256i; 4]; 2],
-) -> [[[__m256i; 2]; 2]; 4] {
+    init: [[__m512i; 4]; 2],
+) -> [[__m512i; 2]; 4] {
     unsafe {
-        let mut s = [[[_mm256_setzero_si256(); 2]; 2]; 4];
+        let mut s = [[_mm512_setzero_si512(); 2]; 4];
         for (t, s) in s.iter_mut().enumerate() {
-            for s in s.iter_mut() {
-                *s = [init[0][t], init[1][t]];
-            }
+            *s = [init[0][t], init[1][t]];
         }
         for c in 0..4 {
-            let mut w = [[_mm256_setzero_si256(); 2]; 2];
-            for (w, p) in w.iter_mut().zip([w0, w1]) {
-                *w = [_mm256_loadu_si256(p.add(32 * c).cast()), _mm256_loadu_si256(p.add(128 + 32 * c).cast())];
-            }
-            dots_4x2x2(&mut s, &w, x.add(4 * c), row, 16);
+            let w =
+                [two_groups(w0.add(32 * c), w1.add(32 * c)), two_groups(w0.add(128 + 32 * c), w1.add(128 + 32 * c))];
+            dots_4x2(&mut s, &w, x.add(4 * c), row, 16);
         }
         s
     }
@@ -253,7 +250,8 @@ pub(super) unsafe fn q6_halves_vnni(
 /// [`q6_k`]'s block for two groups' values decoded ahead (`vals`) and four rows with
 /// VNNI: output by output in a loop (unrolled, the outputs' sums, scales and pointers
 /// crowded the registers and spilled), both 16-value halves of an output at once
-/// ([`q6_halves_vnni`]); the same operations per row as [`q6_out`].
+/// ([`q6_halves_vnni`]), both groups in each 512-bit register; the same operations per
+/// row and lane as [`q6_out`].
 ///
 /// # Safety
 /// As [`q6_k`]'s with `V`, for the block that `rec` and `vals` point into.
@@ -270,14 +268,20 @@ pub(super) unsafe fn q6_block_vnni<const F: u8, const G: usize, const R: usize>(
     blk: &mut [[__m256; G]; R],
 ) {
     unsafe {
+        debug_assert!(G == 2 && R == 4);
         let row = at(1) - at(0);
+        let mut acc = [_mm512_setzero_ps(); 4];
+        for (acc, blk) in acc.iter_mut().zip(blk.iter()) {
+            let lo = _mm512_castps_pd(_mm512_castps256_ps512(blk[0]));
+            *acc = _mm512_castpd_ps(_mm512_insertf64x4::<1>(lo, _mm256_castps_pd(blk[G - 1])));
+        }
         for o in 0..8 {
             // Output `o` is `i = o % 4` of half `n = o / 4`: its values 32·o on, its scales
             // `8·n + 2·i = 2·o` on (from `sc_at`).
-            let mut init = [[_mm256_setzero_si256(); 4]; 2];
+            let mut init = [[_mm512_setzero_si512(); 4]; 2];
             for (half, init) in init.iter_mut().enumerate() {
-                for (t, init) in init.iter_mut().enumerate().take(R) {
-                    *init = _mm256_set1_epi32(*offs.add((at(t) + 32 * o + 16 * half) / QH));
+                for (t, init) in init.iter_mut().enumerate() {
+                    *init = _mm512_set1_epi32(*offs.add((at(t) + 32 * o + 16 * half) / QH));
                 }
             }
             let s = q6_halves_vnni(
@@ -287,15 +291,34 @@ pub(super) unsafe fn q6_block_vnni<const F: u8, const G: usize, const R: usize>(
                 row,
                 init,
             );
-            for (g, &rec) in rec.iter().enumerate() {
-                let sc = rec.add(sc_at + 16 * o);
-                let (lo, hi) = (q6_scales::<true, F>(sc), q6_scales::<true, F>(sc.add(8)));
-                for (t, (blk, s)) in blk.iter_mut().zip(&s).enumerate() {
-                    let dot = _mm256_add_epi32(_mm256_mullo_epi32(s[g][0], lo), _mm256_mullo_epi32(s[g][1], hi));
-                    let dx = _mm256_set1_ps(*xq.d.get_unchecked(hb(t) + 2 * o));
-                    blk[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), dx, blk[g]);
-                }
+            let sc = |g: usize| rec[g.min(G - 1)].add(sc_at + 16 * o);
+            let (lo, hi) = (q6_scales_2::<F>(sc(0), sc(1)), q6_scales_2::<F>(sc(0).add(8), sc(1).add(8)));
+            for (t, (acc, s)) in acc.iter_mut().zip(&s).enumerate() {
+                let dot = _mm512_add_epi32(_mm512_mullo_epi32(s[0], lo), _mm512_mullo_epi32(s[1], hi));
+                let dx = _mm512_set1_ps(*xq.d.get_unchecked(hb(t) + 2 * o));
+                *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), dx, *acc);
             }
+        }
+        for (blk, acc) in blk.iter_mut().zip(&acc) {
+            blk[0] = _mm512_castps512_ps256(*acc);
+            blk[G - 1] = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*acc)));
+        }
+    }
+}
+
+/// [`q6_scales`] of two groups (eight rows' scales at `a`, then at `b`) as the lanes of
+/// one 512-bit register, `a`'s in the low half.
+///
+/// # Safety
+/// What [`vnni`] checks must be available and `a`, `b` hold eight bytes each.
+#[inline(always)]
+unsafe fn q6_scales_2<const F: u8>(a: *const u8, b: *const u8) -> __m512i {
+    unsafe {
+        let bytes = two_groups_8(a, b);
+        if F == F_Q2K {
+            _mm512_and_si512(_mm512_cvtepu8_epi32(bytes), _mm512_set1_epi32(0xF))
+        } else {
+            _mm512_cvtepi8_epi32(bytes)
         }
     }
 }
