@@ -264,8 +264,20 @@ unsafe fn panel_range<const KIND: u8>(
         for (b0, block_tiles) in m_blocks(tiles) {
             for k0 in (0..k).step_by(KC) {
                 let kcb = KC.min(k - k0);
-                for p in p0..p1 {
+                let mut p = p0;
+                while p < p1 {
                     let wp = base.add((k0 * panels * NP + p * kcb * NP) * es);
+                    // Two full panels side by side in 512-bit registers, where the CPU has them.
+                    #[cfg(target_arch = "x86_64")]
+                    if p + 1 < p1 && (p + 2) * NP <= n && avx2::wide() {
+                        for (t, tile) in block_tiles.iter().enumerate() {
+                            let xs = xp[(b0 + t) * MR * k + k0 * MR..].as_ptr();
+                            let yp = y.0.add(tile.start * n + p * NP);
+                            avx2::wide_tile(tile.rows, xs, wp, kcb * NP * es, kcb, yp, n, k0 == 0, KIND);
+                        }
+                        p += 2;
+                        continue;
+                    }
                     let cols = NP.min(n - p * NP);
                     for (t, tile) in block_tiles.iter().enumerate() {
                         let xs = &xp[(b0 + t) * MR * k + k0 * MR..];
@@ -288,6 +300,7 @@ unsafe fn panel_range<const KIND: u8>(
                             }
                         }
                     }
+                    p += 1;
                 }
             }
         }
@@ -376,7 +389,7 @@ unsafe fn tile_kernel<const KIND: u8>(
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
-    use super::{KIND_F16, KIND_F32, MR, NP};
+    use super::{KIND_BF16, KIND_F16, KIND_F32, MR, NP};
 
     /// How many `k` steps (64-byte lines of a panel) ahead to prefetch weights.
     const PREFETCH_AHEAD: usize = 24;
@@ -405,6 +418,125 @@ pub(crate) mod avx2 {
                 _ => {
                     let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(wp.cast::<u16>().add(i).cast()));
                     _mm256_castsi256_ps(_mm256_slli_epi32::<16>(h))
+                }
+            }
+        }
+    }
+
+    /// Whether two panels run side by side in 512-bit registers ([`wide_tile`]): AVX-512F
+    /// is present and `WEFT_NO_VNNI` unset (set, the AVX2 tiles run, as the quantized
+    /// kernels' AVX2 copies do). Full-width AVX-512 (Zen 5) runs a 512-bit FMA as fast
+    /// as a 256-bit one.
+    pub fn wide() -> bool {
+        static WIDE: OnceLock<bool> = OnceLock::new();
+        *WIDE.get_or_init(|| {
+            std::env::var_os("WEFT_NO_VNNI").is_none_or(|v| v.is_empty())
+                && available()
+                && is_x86_feature_detected!("avx512f")
+        })
+    }
+
+    /// [`tile`] of `rows` rows over two neighbouring panels (the second `next` bytes after
+    /// `wp`), their 32 outputs a row contiguous at `y`: each lane the same fused
+    /// multiply-add chain as in [`tile`], so the same bits.
+    ///
+    /// # Safety
+    /// As [`tile`]'s for each panel, and [`wide`] must hold.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn wide_tile(
+        rows: usize,
+        x: *const f32,
+        wp: *const u8,
+        next: usize,
+        kcb: usize,
+        y: *mut f32,
+        ldy: usize,
+        first: bool,
+        kind: u8,
+    ) {
+        macro_rules! kinds {
+            ($r:literal) => {
+                match kind {
+                    KIND_F32 => wide_rows::<$r, KIND_F32>(x, wp, next, kcb, y, ldy, first),
+                    KIND_F16 => wide_rows::<$r, KIND_F16>(x, wp, next, kcb, y, ldy, first),
+                    _ => wide_rows::<$r, KIND_BF16>(x, wp, next, kcb, y, ldy, first),
+                }
+            };
+        }
+        unsafe {
+            match rows {
+                6 => kinds!(6),
+                5 => kinds!(5),
+                4 => kinds!(4),
+                3 => kinds!(3),
+                2 => kinds!(2),
+                _ => kinds!(1),
+            }
+        }
+    }
+
+    /// Sixteen weights of kind `KIND` at element `i` of `wp`, widened to f32 (exactly).
+    ///
+    /// # Safety
+    /// AVX-512F must be available, and `wp` hold sixteen weights of kind `KIND` from index `i`.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    #[inline]
+    unsafe fn load16<const KIND: u8>(wp: *const u8, i: usize) -> __m512 {
+        unsafe {
+            match KIND {
+                KIND_F32 => _mm512_loadu_ps(wp.cast::<f32>().add(i)),
+                KIND_F16 => _mm512_cvtph_ps(_mm256_loadu_si256(wp.cast::<u16>().add(i).cast())),
+                _ => {
+                    let h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(wp.cast::<u16>().add(i).cast()));
+                    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(h))
+                }
+            }
+        }
+    }
+
+    /// [`wide_tile`] for `R` rows.
+    ///
+    /// # Safety
+    /// As [`wide_tile`]'s.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    unsafe fn wide_rows<const R: usize, const KIND: u8>(
+        x: *const f32,
+        wp: *const u8,
+        next: usize,
+        kcb: usize,
+        y: *mut f32,
+        ldy: usize,
+        first: bool,
+    ) {
+        unsafe {
+            let es = super::elem_size(KIND);
+            let panel = [wp, wp.add(next)];
+            let mut acc = [[_mm512_setzero_ps(); 2]; R];
+            if !first {
+                for (r, a) in acc.iter_mut().enumerate() {
+                    for (v, av) in a.iter_mut().enumerate() {
+                        *av = _mm512_loadu_ps(y.add(r * ldy + NP * v));
+                    }
+                }
+            }
+            for kk in 0..kcb {
+                // As in [`tile`]: several rows are compute-bound, so ask for weights early.
+                if R > 1 {
+                    for p in panel {
+                        _mm_prefetch::<_MM_HINT_T0>(p.add((kk + PREFETCH_AHEAD) * NP * es) as *const i8);
+                    }
+                }
+                let wv = [load16::<KIND>(panel[0], kk * NP), load16::<KIND>(panel[1], kk * NP)];
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let xb = _mm512_set1_ps(*x.add(kk * MR + r));
+                    for (av, w) in a.iter_mut().zip(&wv) {
+                        *av = _mm512_fmadd_ps(xb, *w, *av);
+                    }
+                }
+            }
+            for (r, a) in acc.iter().enumerate() {
+                for (v, av) in a.iter().enumerate() {
+                    _mm512_storeu_ps(y.add(r * ldy + NP * v), *av);
                 }
             }
         }
@@ -493,6 +625,39 @@ mod tests {
             let mut y = vec![f32::NAN; m * n];
             matmul(&x, &PackedMatrix::pack(&w, n, k), &mut y, m);
             assert_close(&y, &naive(&x, &w, m, k, n), 1e-4, &format!("m={m} k={k} n={n}"));
+        }
+    }
+
+    /// Each output is one fused multiply-add chain over `k` from zero, bit for bit, whatever
+    /// the tile (AVX2's, the 512-bit two-panel one, the portable loop) and the K-blocking:
+    /// every row count of a tile, panels in pairs and a ragged last one, every weight kind.
+    #[test]
+    fn every_output_is_one_fused_chain() {
+        for &(k, n) in &[(300, 80), (40, 37), (600, 16)] {
+            let w = random_vec(n * k, 21);
+            let f16: Vec<u16> = w.iter().map(|&v| half::f16::from_f32(v).to_bits()).collect();
+            let bf16: Vec<u16> = w.iter().map(|&v| half::bf16::from_f32(v).to_bits()).collect();
+            let kinds = [
+                (PackedMatrix::pack(&w, n, k), w.clone()),
+                (PackedMatrix::pack_half(&f16, Half::F16, n, k), f16.iter().map(|&b| Half::F16.to_f32(b)).collect()),
+                (
+                    PackedMatrix::pack_half(&bf16, Half::Bf16, n, k),
+                    bf16.iter().map(|&b| Half::Bf16.to_f32(b)).collect(),
+                ),
+            ];
+            for (packed, values) in &kinds {
+                for m in 1..=13 {
+                    let x = random_vec(m * k, 22 + m as u64);
+                    let mut y = vec![f32::NAN; m * n];
+                    matmul(&x, packed, &mut y, m);
+                    for i in 0..m {
+                        for j in 0..n {
+                            let want = (0..k).fold(0f32, |acc, p| x[i * k + p].mul_add(values[j * k + p], acc));
+                            assert_eq!(y[i * n + j].to_bits(), want.to_bits(), "k={k} n={n} m={m} [{i},{j}]");
+                        }
+                    }
+                }
+            }
         }
     }
 
