@@ -42,19 +42,34 @@ fn sum_lanes(c: &[f32]) -> f32 {
     acc.iter().sum()
 }
 
-/// f32 fused multiply-add peak of all pool threads, GFLOP/s.
+/// f32 fused multiply-add peak of all pool threads, GFLOP/s, in the registers the float
+/// kernels use: 512-bit where [`crate::kernels::matmul::avx2::wide`], else 256-bit.
 pub fn fma_peak() -> f64 {
     const ITERS: usize = 1 << 22;
     let threads = rayon::current_num_threads();
     best_rate(|| {
         let sink: f32 = (0..threads).into_par_iter().map(|i| fma_chains(ITERS, i as f32)).sum();
         std::hint::black_box(sink);
-        // 12 independent chains of 8 lanes, one FMA (2 FLOPs) per lane per step.
-        (threads * ITERS * 12 * 8 * 2) as f64 / 1e9
+        // 12 independent chains of 8 (or 16) lanes, one FMA (2 FLOPs) per lane per step.
+        (threads * ITERS * 12 * 8 * 2 * fma_width()) as f64 / 1e9
     })
 }
 
+/// Registers of eight f32 lanes in one of [`fma_chains`]'s.
+fn fma_width() -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::matmul::avx2::wide() {
+        return 2;
+    }
+    1
+}
+
 fn fma_chains(iters: usize, seed: f32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::matmul::avx2::wide() {
+        // SAFETY: AVX-512F was detected.
+        return unsafe { wide_chains(iters, seed) };
+    }
     #[cfg(target_arch = "x86_64")]
     if crate::kernels::matmul::avx2::available() {
         // SAFETY: AVX2 and FMA were detected.
@@ -69,8 +84,9 @@ fn fma_chains(iters: usize, seed: f32) -> f32 {
 
 /// Integer multiply-add peak of all pool threads for the quantized kernels' inner step, in
 /// GOP/s counting a multiply-add as two operations like a FLOP, and that step's name: one
-/// `vpdpbusd` (32 unsigned × signed byte products, summed by four into i32) where the
-/// kernels use VNNI, else one `maddubs` (pairwise summed) and one 16-bit accumulate. No
+/// 512-bit `vpdpbusd` (64 unsigned × signed byte products, summed by four into i32, as the
+/// kernels for more than four rows run it) where the kernels use VNNI, else one `maddubs`
+/// (pairwise summed) and one 16-bit accumulate. No
 /// kernel does less per product (they also decode weights and apply scales), so it bounds
 /// them all from above. `None` without AVX2.
 pub fn int8_peak() -> Option<(f64, &'static str)> {
@@ -92,10 +108,10 @@ pub fn int8_peak() -> Option<(f64, &'static str)> {
             };
             let sink: i64 = (0..threads).into_par_iter().map(chains).sum();
             std::hint::black_box(sink);
-            // 12 chains, 32 products (64 operations) each per step.
-            (threads * ITERS * 12 * 64) as f64 / 1e9
+            // 12 chains, 32 products (64 operations) each per step, or 64 with VNNI.
+            (threads * ITERS * 12 * 64 * if vnni { 2 } else { 1 }) as f64 / 1e9
         });
-        return Some((peak, if vnni { "vpdpbusd" } else { "maddubs + accumulate" }));
+        return Some((peak, if vnni { "512-bit vpdpbusd" } else { "maddubs + accumulate" }));
     }
     None
 }
@@ -214,27 +230,41 @@ unsafe fn avx2_int8_chains(iters: usize, seed: i8) -> i64 {
     }
 }
 
-/// [`avx2_int8_chains`] with one `vpdpbusd` a step.
+/// [`avx2_int8_chains`] with one 512-bit `vpdpbusd` a step.
 ///
 /// # Safety
 /// What [`crate::kernels::qmatmul::vnni`] checks must be available.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn vnni_int8_chains(iters: usize, seed: i8) -> i64 {
-    unsafe {
-        use std::arch::x86_64::*;
-        let w = _mm256_set1_epi8(3);
-        let mut acc = [_mm256_set1_epi8(seed); 12];
-        for _ in 0..iters {
-            for a in acc.iter_mut() {
-                *a = _mm256_dpbusd_epi32(*a, w, *a);
-            }
+    use std::arch::x86_64::*;
+    let w = _mm512_set1_epi8(3);
+    let mut acc = [_mm512_set1_epi8(seed); 12];
+    for _ in 0..iters {
+        for a in acc.iter_mut() {
+            *a = _mm512_dpbusd_epi32(*a, w, *a);
         }
-        let mut out = [0i32; 8];
-        let sum = acc.iter().fold(_mm256_setzero_si256(), |s, &a| _mm256_add_epi32(s, a));
-        _mm256_storeu_si256(out.as_mut_ptr().cast(), sum);
-        out.iter().map(|&v| v as i64).sum()
     }
+    let sum = acc.iter().fold(_mm512_setzero_si512(), |s, &a| _mm512_add_epi32(s, a));
+    _mm512_reduce_add_epi32(sum) as i64
+}
+
+/// [`avx2_chains`] in 512-bit registers.
+///
+/// # Safety
+/// AVX-512F must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,avx512f")]
+unsafe fn wide_chains(iters: usize, seed: f32) -> f32 {
+    use std::arch::x86_64::*;
+    let (m, c) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
+    let mut acc = [_mm512_set1_ps(seed); 12];
+    for _ in 0..iters {
+        for a in acc.iter_mut() {
+            *a = _mm512_fmadd_ps(*a, m, c);
+        }
+    }
+    _mm512_reduce_add_ps(acc.iter().fold(_mm512_setzero_ps(), |s, &a| _mm512_add_ps(s, a)))
 }
 
 /// # Safety

@@ -82,7 +82,7 @@ pub(super) fn print_limits(model: &crate::loaded::LoadedModel, rows: &[Value], t
 
 /// The matrices' decode ceiling at any batch: each format's products at the rate of its
 /// kernels' innermost step ([`crate::cli::machine::avx2_step_rate`]; with VNNI every format's is
-/// one `vpdpbusd`, the int8 peak; float matrices at the FMA peak), nothing else counted.
+/// one 512-bit `vpdpbusd`, the int8 peak; float matrices at the FMA peak), nothing else counted.
 struct StepCeiling {
     tok_s: f64,
     /// Format, share of the products, G products/s.
