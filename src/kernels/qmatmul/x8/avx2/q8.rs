@@ -31,25 +31,15 @@ pub(super) unsafe fn q8<const V: bool, const F: u8, const G: usize, const R: usi
     out: &mut [[[f32; GROUP]; TILE]; G],
 ) {
     unsafe {
-        let dtype = match F {
-            F_IQ4_NL => GgmlType::Iq4Nl,
-            F_IQ4_XS => GgmlType::Iq4Xs,
-            F_MXFP4 => GgmlType::Mxfp4,
-            _ => GgmlType::Q8_0,
-        };
+        let dtype = q8_format(F);
         let ((rec_bytes, head), subs, sc_at) = (record(dtype), dtype.block().0 / QB, shape(dtype).bytes_at());
         let blocks = blocks * subs;
         let values = if F == F_MXFP4 { &MXFP4_VALUES } else { &IQ4_VALUES };
         let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(values.as_ptr().cast()));
         if V && G == 2 {
-            return q8_two_vnni_block::<F, R>(
-                [src[0], src[G - 1]],
-                xq,
-                first,
-                blocks,
-                subs,
-                [out.as_mut_ptr(), out.as_mut_ptr().add(G - 1)],
-            );
+            let (a, b) = out.split_at_mut(1);
+            let out = [&mut a[0], &mut b[0]];
+            return q8_two_vnni_block::<F, R>([src[0], src[G - 1]], xq, first, blocks, subs, out);
         }
         let ones = _mm256_set1_epi16(1);
         let mut acc = [[_mm256_setzero_ps(); G]; R];
@@ -58,11 +48,7 @@ pub(super) unsafe fn q8<const V: bool, const F: u8, const G: usize, const R: usi
             let rec: [*const u8; G] = std::array::from_fn(|g| src[g].rec.add(b / subs * rec_bytes));
             let mut dw = [_mm256_setzero_ps(); G];
             for (dw, rec) in dw.iter_mut().zip(rec) {
-                *dw = if F == F_MXFP4 { e8m0x8(rec) } else { _mm256_cvtph_ps(_mm_loadu_si128(rec.cast())) };
-                if F == F_IQ4_XS {
-                    let sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(rec.add(sc_at + GROUP * sub).cast()));
-                    *dw = _mm256_mul_ps(*dw, _mm256_cvtepi32_ps(sc));
-                }
+                *dw = q8_scales::<F>(rec, sc_at + GROUP * sub);
             }
             for h in 0..2 {
                 let mut s = [[_mm256_setzero_si256(); G]; R];
@@ -128,15 +114,10 @@ unsafe fn q8_two_vnni_block<const F: u8, const R: usize>(
     first: usize,
     blocks: usize,
     subs: usize,
-    out: [*mut [[f32; GROUP]; TILE]; 2],
+    out: [&mut [[f32; GROUP]; TILE]; 2],
 ) {
     unsafe {
-        let dtype = match F {
-            F_IQ4_NL => GgmlType::Iq4Nl,
-            F_IQ4_XS => GgmlType::Iq4Xs,
-            F_MXFP4 => GgmlType::Mxfp4,
-            _ => GgmlType::Q8_0,
-        };
+        let dtype = q8_format(F);
         let ((rec_bytes, head), sc_at) = (record(dtype), shape(dtype).bytes_at());
         let values = if F == F_MXFP4 { &MXFP4_VALUES } else { &IQ4_VALUES };
         let table = _mm512_broadcast_i32x4(_mm_loadu_si128(values.as_ptr().cast()));
@@ -144,18 +125,8 @@ unsafe fn q8_two_vnni_block<const F: u8, const R: usize>(
         for b in 0..blocks {
             let sub = b % subs;
             let rec = [src[0].rec.add(b / subs * rec_bytes), src[1].rec.add(b / subs * rec_bytes)];
-            let mut dw = [_mm256_setzero_ps(); 2];
-            for (dw, rec) in dw.iter_mut().zip(rec) {
-                *dw = if F == F_MXFP4 { e8m0x8(rec) } else { _mm256_cvtph_ps(_mm_loadu_si128(rec.cast())) };
-                if F == F_IQ4_XS {
-                    let sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(rec.add(sc_at + GROUP * sub).cast()));
-                    *dw = _mm256_mul_ps(*dw, _mm256_cvtepi32_ps(sc));
-                }
-            }
-            let dw = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
-                _mm512_castps_pd(_mm512_castps256_ps512(dw[0])),
-                _mm256_castps_pd(dw[1]),
-            ));
+            let at = sc_at + GROUP * sub;
+            let dw = two_groups_ps(q8_scales::<F>(rec[0], at), q8_scales::<F>(rec[1], at));
             for h in 0..2 {
                 // `w + 128` is unsigned, and `Σ (w + 128)·x` starts from `−128 · Σx`.
                 let mut s = [_mm512_setzero_si512(); R];
@@ -184,18 +155,34 @@ unsafe fn q8_two_vnni_block<const F: u8, const R: usize>(
                 }
             }
         }
-        for (g, out) in out.into_iter().enumerate() {
-            let mut col = [_mm256_setzero_ps(); R];
-            for (col, acc) in col.iter_mut().zip(&acc) {
-                let half = _mm512_castps_pd(*acc);
-                *col = _mm256_castpd_ps(if g == 0 {
-                    _mm512_castpd512_pd256(half)
-                } else {
-                    _mm512_extractf64x4_pd::<1>(half)
-                });
-            }
-            store(&col, &mut *out);
+        store_two(&acc, out);
+    }
+}
+
+/// The format `F` of [`q8`].
+const fn q8_format(f: u8) -> GgmlType {
+    match f {
+        F_IQ4_NL => GgmlType::Iq4Nl,
+        F_IQ4_XS => GgmlType::Iq4Xs,
+        F_MXFP4 => GgmlType::Mxfp4,
+        _ => GgmlType::Q8_0,
+    }
+}
+
+/// The eight rows' weight scales of the [`q8`] record at `rec` (IQ4_XS's 6-bit scales of
+/// the 32 values at `sc` times its f16 scale).
+///
+/// # Safety
+/// AVX2 and F16C must be available and `rec` hold a record.
+#[inline(always)]
+unsafe fn q8_scales<const F: u8>(rec: *const u8, sc: usize) -> __m256 {
+    unsafe {
+        let dw = if F == F_MXFP4 { e8m0x8(rec) } else { _mm256_cvtph_ps(_mm_loadu_si128(rec.cast())) };
+        if F == F_IQ4_XS {
+            let sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(rec.add(sc).cast()));
+            return _mm256_mul_ps(dw, _mm256_cvtepi32_ps(sc));
         }
+        dw
     }
 }
 

@@ -108,10 +108,10 @@ pub(super) unsafe fn tq2_two<const ONE: bool, const R: usize>(
                     }
                 }
             }
-            let dw = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
-                _mm512_castps_pd(_mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128(rec[0].cast())))),
-                _mm256_castps_pd(_mm256_cvtph_ps(_mm_loadu_si128(rec[1].cast()))),
-            ));
+            let dw = two_groups_ps(
+                _mm256_cvtph_ps(_mm_loadu_si128(rec[0].cast())),
+                _mm256_cvtph_ps(_mm_loadu_si128(rec[1].cast())),
+            );
             for (t, (acc, s)) in acc.iter_mut().zip(&s).enumerate() {
                 let high = _mm512_add_epi32(_mm512_srai_epi32::<2>(s[1]), _mm512_srai_epi32::<4>(s[2]));
                 let sum = _mm512_add_epi32(_mm512_add_epi32(s[0], high), _mm512_srai_epi32::<6>(s[3]));
@@ -119,18 +119,8 @@ pub(super) unsafe fn tq2_two<const ONE: bool, const R: usize>(
                 *acc = _mm512_fmadd_ps(dw, blk, *acc);
             }
         }
-        for (g, out) in out.iter_mut().enumerate() {
-            let mut col = [_mm256_setzero_ps(); R];
-            for (col, acc) in col.iter_mut().zip(&acc) {
-                let both = _mm512_castps_pd(*acc);
-                *col = _mm256_castpd_ps(if g == 0 {
-                    _mm512_castpd512_pd256(both)
-                } else {
-                    _mm512_extractf64x4_pd::<1>(both)
-                });
-            }
-            store(&col, out);
-        }
+        let [a, b] = out;
+        store_two(&acc, [a, b]);
     }
 }
 

@@ -85,6 +85,46 @@ pub(super) unsafe fn two_groups(a: *const u8, b: *const u8) -> __m512i {
     }
 }
 
+/// Two groups' eight f32 lanes (`a`'s, then `b`'s) in one register, as [`two_groups`].
+///
+/// # Safety
+/// What [`vnni`] checks must be available.
+#[inline(always)]
+pub(super) unsafe fn two_groups_ps(a: __m256, b: __m256) -> __m512 {
+    unsafe {
+        _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castps_pd(_mm512_castps256_ps512(a)), _mm256_castps_pd(b)))
+    }
+}
+
+/// Group `g`'s eight lanes (0: the low half) of a register of [`two_groups_ps`].
+///
+/// # Safety
+/// What [`vnni`] checks must be available.
+#[inline(always)]
+pub(super) unsafe fn group_ps(v: __m512, g: usize) -> __m256 {
+    unsafe {
+        let v = _mm512_castps_pd(v);
+        _mm256_castpd_ps(if g == 0 { _mm512_castpd512_pd256(v) } else { _mm512_extractf64x4_pd::<1>(v) })
+    }
+}
+
+/// Stores each group's rows of `acc` (registers of [`two_groups_ps`]) to its `out`.
+///
+/// # Safety
+/// What [`vnni`] checks must be available.
+#[inline(always)]
+pub(super) unsafe fn store_two<const R: usize>(acc: &[__m512; R], out: [&mut [[f32; GROUP]; TILE]; 2]) {
+    unsafe {
+        for (g, out) in out.into_iter().enumerate() {
+            let mut col = [_mm256_setzero_ps(); R];
+            for (col, &acc) in col.iter_mut().zip(acc) {
+                *col = group_ps(acc, g);
+            }
+            store(&col, out);
+        }
+    }
+}
+
 /// Eight bytes of each of two groups (at `a`, `b`; a byte per row), `a`'s first.
 ///
 /// # Safety
@@ -272,8 +312,7 @@ pub(super) unsafe fn q6_block_vnni<const F: u8, const G: usize, const R: usize>(
         let row = at(1) - at(0);
         let mut acc = [_mm512_setzero_ps(); 4];
         for (acc, blk) in acc.iter_mut().zip(blk.iter()) {
-            let lo = _mm512_castps_pd(_mm512_castps256_ps512(blk[0]));
-            *acc = _mm512_castpd_ps(_mm512_insertf64x4::<1>(lo, _mm256_castps_pd(blk[G - 1])));
+            *acc = two_groups_ps(blk[0], blk[G - 1]);
         }
         for o in 0..8 {
             // Output `o` is `i = o % 4` of half `n = o / 4`: its values 32·o on, its scales
@@ -299,9 +338,9 @@ pub(super) unsafe fn q6_block_vnni<const F: u8, const G: usize, const R: usize>(
                 *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), dx, *acc);
             }
         }
-        for (blk, acc) in blk.iter_mut().zip(&acc) {
-            blk[0] = _mm512_castps512_ps256(*acc);
-            blk[G - 1] = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*acc)));
+        for (blk, &acc) in blk.iter_mut().zip(&acc) {
+            blk[0] = group_ps(acc, 0);
+            blk[G - 1] = group_ps(acc, 1);
         }
     }
 }
