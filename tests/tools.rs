@@ -253,5 +253,34 @@ async fn harmony_channels_and_calls_come_back_apart() {
     }
     let f = &calls[0]["function"];
     assert_eq!((f["name"].as_str().unwrap(), f["arguments"].as_str().unwrap()), (name.as_str(), args.as_str()));
+
+    // A stop string inside the answer (inside a token, as "over" in " government" was when
+    // the soak found this): the answer ends before it, whole as streamed.
+    let plain = json!({"messages": [{"role": "user", "content": "Say something"}], "max_tokens": 24, "temperature": 0});
+    let (st, v) = s.post("/v1/chat/completions", plain.clone()).await;
+    assert_eq!(st, 200, "{v}");
+    let full = v["choices"][0]["message"]["content"].as_str().unwrap().to_owned();
+    let chars: Vec<char> = full.chars().collect();
+    let at = chars.len() / 2;
+    let stop: String = chars[at..at + 3].iter().collect();
+    let mut stopped = plain;
+    stopped["stop"] = json!([stop]);
+    let (st, v) = s.post("/v1/chat/completions", stopped.clone()).await;
+    assert_eq!(st, 200, "{v}");
+    let whole = v["choices"][0]["message"]["content"].as_str().unwrap_or("").to_owned();
+    assert_eq!(whole, full[..full.find(&stop).unwrap()], "stop {stop:?} in {full:?}");
+    assert_eq!(v["choices"][0]["stop_reason"], json!(stop), "{v}");
+    stopped["stream"] = json!(true);
+    let events = s.stream("/v1/chat/completions", stopped).await;
+    let streamed: String = events[..events.len() - 1]
+        .iter()
+        .map(|e| {
+            serde_json::from_str::<Value>(e).unwrap()["choices"][0]["delta"]["content"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(streamed, whole);
     s.assert_idle().await;
 }

@@ -8,6 +8,9 @@ use super::*;
 pub struct Choice {
     pub text: String,
     pub tokens: Vec<u32>,
+    /// Where each token's piece of `text` ends (the engine holds text back until it is
+    /// whole, and cuts it at a stop string, so pieces are not each token's decoding).
+    pub ends: Vec<usize>,
     pub logprobs: Vec<(TokenLogprob, Vec<TokenLogprob>)>,
     pub finish: Option<FinishReason>,
     /// The stop string that ended it, if one did (vLLM's `stop_reason`).
@@ -38,6 +41,7 @@ pub async fn gather(mut stream: RequestStream, n: usize) -> Result<Gathered, Api
                 let c = &mut choices[index];
                 c.text += &text;
                 c.tokens.push(id);
+                c.ends.push(c.text.len());
                 c.logprobs.extend(logprobs);
             }
             Event::Finished { index, reason, text, usage, stop } => {
@@ -205,10 +209,22 @@ fn read_calls(tok: &Tokenizer, format: ToolFormat, c: &Choice) -> Option<(String
     tools::read_answer(format, &text_with_specials(tok, c)?)
 }
 
-/// A sample's text with its special tokens kept and its closing stop tokens left out.
+/// A sample's text with its special tokens kept and its closing stop tokens left out, built
+/// as a stream builds it: the text the engine sent (cut at a stop string, so a stop inside
+/// a token cuts here too), each special token's own text where it came.
 fn text_with_specials(tok: &Tokenizer, c: &Choice) -> Option<String> {
     let end = c.tokens.iter().rposition(|t| !tok.eos_ids.contains(t)).map_or(0, |i| i + 1);
-    tok.decode(&c.tokens[..end], false).ok()
+    let mut out = String::with_capacity(c.text.len());
+    let mut from = 0;
+    for (&id, &to) in c.tokens[..end].iter().zip(&c.ends) {
+        out += &c.text[from..to];
+        if from == to && tok.decode(&[id], true).ok()?.is_empty() {
+            out += &tok.decode(&[id], false).ok()?;
+        }
+        from = to;
+    }
+    out += &c.text[from..];
+    Some(out)
 }
 
 /// A harmony sample's message (reasoning, content, calls), read from its text with special
