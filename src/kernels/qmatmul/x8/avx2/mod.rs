@@ -256,11 +256,11 @@ twins!(tq1_0, tq1_0_vnni<R: usize>
     V => tq1::<V, R>(src, xq, first, blocks, out));
 twins!(q8_0, q8_0_vnni<F: u8, R: usize>
     (src: Src, xq: &QActs, first: usize, blocks: usize, out: &mut [[f32; GROUP]; TILE]),
-    V => q8::<V, F, 1, R>([src], xq, first, blocks, std::array::from_mut(out)));
-/// Two groups of Q8_0 (or IQ4) side by side, with VNNI only ([`pairs`]).
+    V => q8::<V, F, R>(src, xq, first, blocks, out));
+/// Two groups of Q8_0 (or IQ4, MXFP4) side by side, with VNNI only ([`pairs`]).
 ///
 /// # Safety
-/// As [`q8`]'s, for two groups, and what [`vnni`] checks.
+/// As [`q8_two`]'s.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn q8_two_vnni<const F: u8, const R: usize>(
     src: [Src; 2],
@@ -269,7 +269,7 @@ unsafe fn q8_two_vnni<const F: u8, const R: usize>(
     blocks: usize,
     out: &mut [[[f32; GROUP]; TILE]; 2],
 ) {
-    unsafe { q8::<true, F, 2, R>(src, xq, first, blocks, out) }
+    unsafe { q8_two::<F, R>(src, xq, first, blocks, out) }
 }
 
 /// Two groups of TQ2_0 (TQ1_0's decoded ahead with `ONE`) side by side, with VNNI only ([`pairs`]).

@@ -8,9 +8,7 @@ use crate::kernels::quant::{IQ4_VALUES, MXFP4_VALUES};
 /// once for the tile's rows; a row's half-block sums gather in i32 and go straight
 /// into its results under the product of the two scales, so that a row holds two
 /// registers, not three (with a per-block sum as well, four rows spilled and ran
-/// slower than one). `G` groups run side by side, each broadcast of activations
-/// feeding `G` multiply-adds (with VNNI only, whose 32 registers hold two groups'
-/// sums: [`pairs`]); each group's operations are the same as alone.
+/// slower than one). Two groups side by side run in [`q8_two`].
 ///
 /// IQ4_NL (`F`) and IQ4_XS run here too: each chunk of their 4-bit indices (as Q4_0's
 /// nibbles) becomes its signed values with one byte shuffle from [`IQ4_VALUES`], and
@@ -20,15 +18,14 @@ use crate::kernels::quant::{IQ4_VALUES, MXFP4_VALUES};
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be available (with `V`, what [`vnni`] checks too); `src`
-/// holds `blocks` records (and decoded values with `PRE`) and `xq` the activation rows
-/// `first..first + R`.
+/// holds `blocks` records and `xq` the activation rows `first..first + R`.
 #[inline(always)]
-pub(super) unsafe fn q8<const V: bool, const F: u8, const G: usize, const R: usize>(
-    src: [Src; G],
+pub(super) unsafe fn q8<const V: bool, const F: u8, const R: usize>(
+    src: Src,
     xq: &QActs,
     first: usize,
     blocks: usize,
-    out: &mut [[[f32; GROUP]; TILE]; G],
+    out: &mut [[f32; GROUP]; TILE],
 ) {
     unsafe {
         let dtype = q8_format(F);
@@ -36,89 +33,67 @@ pub(super) unsafe fn q8<const V: bool, const F: u8, const G: usize, const R: usi
         let blocks = blocks * subs;
         let values = if F == F_MXFP4 { &MXFP4_VALUES } else { &IQ4_VALUES };
         let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(values.as_ptr().cast()));
-        if V && G == 2 {
-            let (a, b) = out.split_at_mut(1);
-            let out = [&mut a[0], &mut b[0]];
-            return q8_two_vnni_block::<F, R>([src[0], src[G - 1]], xq, first, blocks, subs, out);
-        }
         let ones = _mm256_set1_epi16(1);
-        let mut acc = [[_mm256_setzero_ps(); G]; R];
+        let mut acc = [_mm256_setzero_ps(); R];
         for b in 0..blocks {
             let sub = b % subs;
-            let rec: [*const u8; G] = std::array::from_fn(|g| src[g].rec.add(b / subs * rec_bytes));
-            let mut dw = [_mm256_setzero_ps(); G];
-            for (dw, rec) in dw.iter_mut().zip(rec) {
-                *dw = q8_scales::<F>(rec, sc_at + GROUP * sub);
-            }
+            let rec = src.rec.add(b / subs * rec_bytes);
+            let dw = q8_scales::<F>(rec, sc_at + GROUP * sub);
             for h in 0..2 {
-                let mut s = [[_mm256_setzero_si256(); G]; R];
+                let mut s = [_mm256_setzero_si256(); R];
                 if V {
                     // `w + 128` is unsigned, and `Σ (w + 128)·x` starts from `−128 · Σx`.
                     for (t, s) in s.iter_mut().enumerate() {
-                        *s = [_mm256_set1_epi32(-128 * xq.sums.get_unchecked(2 * ((first + t) * blocks + b) + h)); G];
+                        *s = _mm256_set1_epi32(-128 * xq.sums.get_unchecked(2 * ((first + t) * blocks + b) + h));
                     }
                 }
                 for c in 0..4 {
-                    let (mut w, mut aw, mut uw) =
-                        ([_mm256_setzero_si256(); G], [_mm256_setzero_si256(); G], [_mm256_setzero_si256(); G]);
-                    for g in 0..G {
-                        w[g] = if F == F_Q8_0 {
-                            _mm256_loadu_si256(rec[g].add(head + 32 * (4 * h + c)).cast())
-                        } else {
-                            let v = _mm256_loadu_si256(rec[g].add(head + 128 * sub + 32 * c).cast());
-                            let v = if h == 0 { v } else { _mm256_srli_epi16(v, 4) };
-                            _mm256_shuffle_epi8(table, _mm256_and_si256(v, _mm256_set1_epi8(0xF)))
-                        };
-                        (aw[g], uw[g]) = (_mm256_abs_epi8(w[g]), _mm256_xor_si256(w[g], _mm256_set1_epi8(-128)));
-                    }
+                    let w = if F == F_Q8_0 {
+                        _mm256_loadu_si256(rec.add(head + 32 * (4 * h + c)).cast())
+                    } else {
+                        let v = _mm256_loadu_si256(rec.add(head + 128 * sub + 32 * c).cast());
+                        let v = if h == 0 { v } else { _mm256_srli_epi16(v, 4) };
+                        _mm256_shuffle_epi8(table, _mm256_and_si256(v, _mm256_set1_epi8(0xF)))
+                    };
+                    let (aw, uw) = (_mm256_abs_epi8(w), _mm256_xor_si256(w, _mm256_set1_epi8(-128)));
                     for (t, s) in s.iter_mut().enumerate() {
                         let x = bcast(xq.q.as_ptr().add(((first + t) * blocks + b) * QB + QH * h + 4 * c));
-                        for g in 0..G {
-                            s[g] = if V {
-                                dot4(s[g], uw[g], x)
-                            } else {
-                                let prod = _mm256_maddubs_epi16(aw[g], _mm256_sign_epi8(x, w[g]));
-                                _mm256_add_epi32(s[g], _mm256_madd_epi16(prod, ones))
-                            };
-                        }
+                        *s = if V {
+                            dot4(*s, uw, x)
+                        } else {
+                            let prod = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w));
+                            _mm256_add_epi32(*s, _mm256_madd_epi16(prod, ones))
+                        };
                     }
                 }
                 for (t, (acc, s)) in acc.iter_mut().zip(&s).enumerate() {
                     let dx = _mm256_set1_ps(*xq.d.get_unchecked(2 * ((first + t) * blocks + b) + h));
-                    for g in 0..G {
-                        acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[g]), _mm256_mul_ps(dw[g], dx), acc[g]);
-                    }
+                    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(*s), _mm256_mul_ps(dw, dx), *acc);
                 }
             }
         }
-        for (g, out) in out.iter_mut().enumerate() {
-            let mut col = [_mm256_setzero_ps(); R];
-            for (col, acc) in col.iter_mut().zip(&acc) {
-                *col = acc[g];
-            }
-            store(&col, out);
-        }
+        store(&acc, out);
     }
 }
 
-/// [`q8`] for two groups with VNNI, both in each 512-bit register ([`two_groups`]):
-/// the same operations per lane as one group's, so the same bits. `blocks` counts 32-value
-/// blocks, `subs` of them to a record; `out` points at each group's sums.
+/// [`q8`] for two groups with VNNI ([`pairs`]), both in each 512-bit register
+/// ([`two_groups`]), so that each broadcast of activations feeds both groups' sixteen rows
+/// in one `vpdpbusd`: the same operations per lane as one group's, so the same bits.
 ///
 /// # Safety
 /// As [`q8`]'s, for two groups, and what [`vnni`] checks.
 #[inline(always)]
-unsafe fn q8_two_vnni_block<const F: u8, const R: usize>(
+pub(super) unsafe fn q8_two<const F: u8, const R: usize>(
     src: [Src; 2],
     xq: &QActs,
     first: usize,
     blocks: usize,
-    subs: usize,
-    out: [&mut [[f32; GROUP]; TILE]; 2],
+    out: &mut [[[f32; GROUP]; TILE]; 2],
 ) {
     unsafe {
         let dtype = q8_format(F);
-        let ((rec_bytes, head), sc_at) = (record(dtype), shape(dtype).bytes_at());
+        let ((rec_bytes, head), subs, sc_at) = (record(dtype), dtype.block().0 / QB, shape(dtype).bytes_at());
+        let blocks = blocks * subs;
         let values = if F == F_MXFP4 { &MXFP4_VALUES } else { &IQ4_VALUES };
         let table = _mm512_broadcast_i32x4(_mm_loadu_si128(values.as_ptr().cast()));
         let mut acc = [_mm512_setzero_ps(); R];
@@ -155,7 +130,8 @@ unsafe fn q8_two_vnni_block<const F: u8, const R: usize>(
                 }
             }
         }
-        store_two(&acc, out);
+        let [a, b] = out;
+        store_two(&acc, [a, b]);
     }
 }
 
