@@ -8,8 +8,8 @@ use super::*;
 /// from the values decoded ahead. `G` groups run side by side, so that each
 /// broadcast of activation bytes feeds `G` multiply-adds (a broadcast load costs about
 /// as much as a `maddubs`). One sub-block at a time (the low nibbles of a pair, then
-/// the high ones: [`k_sub`]; Q4_K's two groups and four rows with VNNI, both at
-/// once from the records, and Q5_K's from its decoded values: [`k_block_vnni`]; Q4_K's
+/// the high ones: [`k_sub`]; Q4_K's two groups with VNNI, both sub-blocks at once
+/// from the records, and Q5_K's from its decoded values: [`k_block_vnni`]; Q4_K's
 /// one group with VNNI: [`k_rows_vnni`]); the
 /// scaled sums add in i32 over the block and take the product of the row's activation
 /// scale ([`ActScales::PerSuper`]) and the eight rows' weight scales once. The mins
@@ -38,7 +38,7 @@ pub(super) unsafe fn k_tiled<const V: bool, const FIVE: bool, const PRE: bool, c
             let mut dots = [[_mm256_setzero_si256(); G]; R];
             let at = |t: usize| ((first + t) * blocks + b) * 8;
             // Q4_K from its records, Q5_K from its decoded values.
-            if V && G == 2 && R == 4 && FIVE == PRE {
+            if V && G == 2 && FIVE == PRE {
                 k_block_vnni::<FIVE, G, R>(rec, vals, xq, at, &mut dots);
             } else if V && G == 1 && !FIVE && !PRE {
                 let rows = k_rows_vnni::<R>(rec[0], xq.q.as_ptr(), at);

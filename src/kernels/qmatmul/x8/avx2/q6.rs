@@ -41,7 +41,7 @@ pub(super) unsafe fn q6_k<const V: bool, const F: u8, const PRE: bool, const G: 
             let mut blk = [[_mm256_setzero_ps(); G]; R];
             let at = |t: usize| ((first + t) * blocks + b) * 8 * QB;
             let hb = |t: usize| 16 * ((first + t) * blocks + b);
-            if V && PRE && G == 2 && R == 4 {
+            if V && PRE && G == 2 {
                 q6_block_vnni::<F, G, R>(rec, vals, sc_at, xq, offs, at, hb, &mut blk);
             } else {
                 // The four outputs of each half are unrolled, so that their shifts are
@@ -216,7 +216,7 @@ pub(super) unsafe fn q6_out<const V: bool, const F: u8, const PRE: bool, const G
             // Each lane: two products of unsigned 6-bit values (at most 2·63·127) per
             // chunk; with the −32 of all four chunks, a sum of at most 8·32·127. The
             // 16-bit adds wrap, so only that final sum needs to fit.
-            // (VNNI's paired tiles of four take [`q6_block_vnni`].)
+            // (VNNI's paired tiles take [`q6_block_vnni`].)
             if !V && PRE && G == 2 && R == 4 {
                 let x = xq.q.as_ptr().add(at(0) + n * 128 + 32 * i + 16 * half);
                 // (`G - 1` is 1 here; it keeps the single-group copies in bounds.)

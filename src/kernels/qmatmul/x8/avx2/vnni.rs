@@ -15,7 +15,7 @@ pub(super) unsafe fn dot4(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
 }
 
 /// One block of two groups' Q4_K records (`rec`), or Q5_K values decoded ahead
-/// (`vals`, with `FIVE`), against four activation rows from sub-block index `at(0)`
+/// (`vals`, with `FIVE`), against `R` activation rows from sub-block index `at(0)`
 /// (rows `at(1) - at(0)` apart): each row's scaled integer sums of the block, added to
 /// `dots`. Both groups share each 512-bit register, the first group's eight rows in the
 /// low half ([`two_groups`]): one `vpdpbusd` does what two did on 256-bit halves, and
@@ -38,19 +38,20 @@ pub(super) unsafe fn k_block_vnni<const FIVE: bool, const G: usize, const R: usi
     dots: &mut [[__m256i; G]; R],
 ) {
     unsafe {
-        debug_assert!(G == 2 && R == 4);
+        debug_assert!(G == 2 && (1..=4).contains(&R));
         let head = record(GgmlType::Q4K).1;
         let x = xq.q.as_ptr().add(at(0) * QB);
+        // (Row 1's index is only arithmetic: a tile of one row reads none of it.)
         let row = (at(1) - at(0)) * QB;
-        let mut sums = [_mm512_setzero_si512(); 4];
+        let mut sums = [_mm512_setzero_si512(); R];
         for pair in 0..4 {
             let s = if FIVE {
                 // Sub-block `2·pair`'s decoded chunks, then `2·pair + 1`'s.
                 let w = |g: usize| vals[g.min(G - 1)].add(512 * pair);
-                decoded_4x2_vnni(w(0), w(1), x.add(2 * pair * QB), row)
+                decoded_x2_vnni::<R>(w(0), w(1), x.add(2 * pair * QB), row)
             } else {
                 let w = |g: usize| rec[g.min(G - 1)].add(head + 256 * pair);
-                nibbles_4x2_vnni(w(0), w(1), x.add(2 * pair * QB), row)
+                nibbles_x2_vnni::<R>(w(0), w(1), x.add(2 * pair * QB), row)
             };
             // Plain loads, not a closure (see [`k_sub`]): sub-blocks `2·pair` and `2·pair + 1`.
             let sc = |g: usize| rec[g.min(G - 1)].add(32 + 16 * pair);
@@ -189,22 +190,27 @@ pub(super) unsafe fn k_rows_vnni<const R: usize>(
 }
 
 /// The i32 sums of two sub-blocks of decoded values (from `w0`, `w1`: eight 32-byte
-/// chunks each, the second sub-block's 256 bytes on) of two groups against four
+/// chunks each, the second sub-block's 256 bytes on) of two groups against `R`
 /// activation rows (from `x`, `row` bytes apart; the second sub-block's 32 bytes on):
-/// `[row][sub-block]`, the groups in the halves, as [`nibbles_4x2_vnni`].
+/// `[row][sub-block]`, the groups in the halves, as [`nibbles_x2_vnni`].
 ///
 /// # Safety
 /// What [`vnni`] checks must be available; `w0` and `w1` hold two decoded sub-blocks and
-/// `x` four rows' activations, `row` bytes apart.
+/// `x` `R` rows' activations, `row` bytes apart.
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-pub(super) unsafe fn decoded_4x2_vnni(w0: *const u8, w1: *const u8, x: *const i8, row: usize) -> [[__m512i; 2]; 4] {
+pub(super) unsafe fn decoded_x2_vnni<const R: usize>(
+    w0: *const u8,
+    w1: *const u8,
+    x: *const i8,
+    row: usize,
+) -> [[__m512i; 2]; R] {
     unsafe {
-        let mut s = [[_mm512_setzero_si512(); 2]; 4];
+        let mut s = [[_mm512_setzero_si512(); 2]; R];
         for c in 0..8 {
             let w =
                 [two_groups(w0.add(32 * c), w1.add(32 * c)), two_groups(w0.add(256 + 32 * c), w1.add(256 + 32 * c))];
-            dots_4x2(&mut s, &w, x.add(4 * c), row, 32);
+            dots_x2(&mut s, &w, x.add(4 * c), row, 32);
         }
         s
     }
@@ -212,38 +218,49 @@ pub(super) unsafe fn decoded_4x2_vnni(w0: *const u8, w1: *const u8, x: *const i8
 
 /// The i32 sums of two Q4_K sub-blocks (the low nibbles, then the high ones masked in
 /// place) of two groups' records (nibbles at `w0`, `w1`, eight 32-byte chunks) against
-/// four activation rows (from `x`, `row` bytes apart; the second sub-block's 32 bytes
+/// `R` activation rows (from `x`, `row` bytes apart; the second sub-block's 32 bytes
 /// on): `[row][sub-block]`, the first group's rows in the low halves ([`two_groups`]).
-/// Eight sums of 512 bits.
+/// Up to eight sums of 512 bits.
 ///
 /// # Safety
 /// What [`vnni`] checks must be available; `w0` and `w1` hold eight chunks of nibbles
-/// and `x` four rows' activations, `row` bytes apart.
+/// and `x` `R` rows' activations, `row` bytes apart.
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-pub(super) unsafe fn nibbles_4x2_vnni(w0: *const u8, w1: *const u8, x: *const i8, row: usize) -> [[__m512i; 2]; 4] {
+pub(super) unsafe fn nibbles_x2_vnni<const R: usize>(
+    w0: *const u8,
+    w1: *const u8,
+    x: *const i8,
+    row: usize,
+) -> [[__m512i; 2]; R] {
     unsafe {
         let (low, high) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0xF0u8 as i8));
-        let mut s = [[_mm512_setzero_si512(); 2]; 4];
+        let mut s = [[_mm512_setzero_si512(); 2]; R];
         for c in 0..8 {
             let v = two_groups(w0.add(32 * c), w1.add(32 * c));
             let w = [_mm512_and_si512(v, low), _mm512_and_si512(v, high)];
-            dots_4x2(&mut s, &w, x.add(4 * c), row, 32);
+            dots_x2(&mut s, &w, x.add(4 * c), row, 32);
         }
         s
     }
 }
 
 /// Adds one chunk of two groups' weights `w` (`[half]`, the groups in the halves) against
-/// four activation rows (from `x`, `row` bytes apart; each row's second half `half`
+/// `R` activation rows (from `x`, `row` bytes apart; each row's second half `half`
 /// bytes on) to the sums `s` (`[row][half]`), one `vpdpbusd` each. Inlined only into
 /// the AVX-512 VNNI kernels.
 ///
 /// # Safety
-/// What [`vnni`] checks must be available and `x` hold four rows' activations, `row`
+/// What [`vnni`] checks must be available and `x` hold `R` rows' activations, `row`
 /// bytes apart.
 #[inline(always)]
-pub(super) unsafe fn dots_4x2(s: &mut [[__m512i; 2]; 4], w: &[__m512i; 2], x: *const i8, row: usize, half: usize) {
+pub(super) unsafe fn dots_x2<const R: usize>(
+    s: &mut [[__m512i; 2]; R],
+    w: &[__m512i; 2],
+    x: *const i8,
+    row: usize,
+    half: usize,
+) {
     unsafe {
         for (t, s) in s.iter_mut().enumerate() {
             for (h, (s, &w)) in s.iter_mut().zip(w).enumerate() {
@@ -256,38 +273,38 @@ pub(super) unsafe fn dots_4x2(s: &mut [[__m512i; 2]; 4], w: &[__m512i; 2], x: *c
 
 /// The i32 sums of one Q6_K output (32 values, decoded ahead) of two groups (at `w0`,
 /// `w1`: eight 32-byte chunks, the second 16 values' four from 128 bytes on) against
-/// four activation rows (from `x`, `row` bytes apart; the second 16 values from 16
+/// `R` activation rows (from `x`, `row` bytes apart; the second 16 values from 16
 /// bytes on), from `init` (`[half][row]`, the −32 offsets): `[row][half]`, the groups
 /// in the halves ([`two_groups`]), so that each chain of `vpdpbusd`s is four long and
-/// eight run side by side.
+/// up to eight run side by side.
 ///
 /// # Safety
 /// What [`vnni`] checks must be available; `w0` and `w1` hold an output's decoded values
-/// and `x` four rows' activations, `row` bytes apart.
+/// and `x` `R` rows' activations, `row` bytes apart.
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-pub(super) unsafe fn q6_halves_vnni(
+pub(super) unsafe fn q6_halves_vnni<const R: usize>(
     w0: *const u8,
     w1: *const u8,
     x: *const i8,
     row: usize,
-    init: [[__m512i; 4]; 2],
-) -> [[__m512i; 2]; 4] {
+    init: [[__m512i; R]; 2],
+) -> [[__m512i; 2]; R] {
     unsafe {
-        let mut s = [[_mm512_setzero_si512(); 2]; 4];
+        let mut s = [[_mm512_setzero_si512(); 2]; R];
         for (t, s) in s.iter_mut().enumerate() {
             *s = [init[0][t], init[1][t]];
         }
         for c in 0..4 {
             let w =
                 [two_groups(w0.add(32 * c), w1.add(32 * c)), two_groups(w0.add(128 + 32 * c), w1.add(128 + 32 * c))];
-            dots_4x2(&mut s, &w, x.add(4 * c), row, 16);
+            dots_x2(&mut s, &w, x.add(4 * c), row, 16);
         }
         s
     }
 }
 
-/// [`q6_k`]'s block for two groups' values decoded ahead (`vals`) and four rows with
+/// [`q6_k`]'s block for two groups' values decoded ahead (`vals`) and `R` rows with
 /// VNNI: output by output in a loop (unrolled, the outputs' sums, scales and pointers
 /// crowded the registers and spilled), both 16-value halves of an output at once
 /// ([`q6_halves_vnni`]), both groups in each 512-bit register; the same operations per
@@ -308,16 +325,17 @@ pub(super) unsafe fn q6_block_vnni<const F: u8, const G: usize, const R: usize>(
     blk: &mut [[__m256; G]; R],
 ) {
     unsafe {
-        debug_assert!(G == 2 && R == 4);
+        debug_assert!(G == 2 && (1..=4).contains(&R));
+        // (Row 1's index is only arithmetic: a tile of one row reads none of it.)
         let row = at(1) - at(0);
-        let mut acc = [_mm512_setzero_ps(); 4];
+        let mut acc = [_mm512_setzero_ps(); R];
         for (acc, blk) in acc.iter_mut().zip(blk.iter()) {
             *acc = two_groups_ps(blk[0], blk[G - 1]);
         }
         for o in 0..8 {
             // Output `o` is `i = o % 4` of half `n = o / 4`: its values 32·o on, its scales
             // `8·n + 2·i = 2·o` on (from `sc_at`).
-            let mut init = [[_mm512_setzero_si512(); 4]; 2];
+            let mut init = [[_mm512_setzero_si512(); R]; 2];
             for (half, init) in init.iter_mut().enumerate() {
                 for (t, init) in init.iter_mut().enumerate() {
                     *init = _mm512_set1_epi32(*offs.add((at(t) + 32 * o + 16 * half) / QH));
