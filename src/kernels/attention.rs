@@ -27,6 +27,12 @@ pub trait KvElem: Zeroable + Send + Sync + 'static {
     /// `p` must point at eight readable elements, and the CPU must have AVX2 and F16C.
     #[cfg(target_arch = "x86_64")]
     unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+    /// Sixteen consecutive elements as f32 (inlined into AVX-512F code only).
+    ///
+    /// # Safety
+    /// `p` must point at sixteen readable elements, and the CPU must have AVX-512F.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512;
 }
 
 impl KvElem for f32 {
@@ -42,6 +48,13 @@ impl KvElem for f32 {
     #[inline(always)]
     unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
         unsafe { std::arch::x86_64::_mm256_loadu_ps(p) }
+    }
+    /// # Safety
+    /// AVX-512F must be available, and `p` hold sixteen values.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const f32) -> std::arch::x86_64::__m512 {
+        unsafe { std::arch::x86_64::_mm512_loadu_ps(p) }
     }
 }
 
@@ -63,6 +76,16 @@ impl KvElem for u16 {
         unsafe {
             use std::arch::x86_64::*;
             _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
+        }
+    }
+    /// # Safety
+    /// AVX-512F must be available, and `p` hold sixteen values.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const u16) -> std::arch::x86_64::__m512 {
+        unsafe {
+            use std::arch::x86_64::*;
+            _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))
         }
     }
 }
@@ -212,7 +235,13 @@ fn attend_in<E: KvElem>(
         if hd.is_multiple_of(8) && kv.block_size.is_multiple_of(8) {
             // SAFETY: the CPU supports AVX2, FMA and F16C; the head dim and block size are
             // multiples of 8.
-            return unsafe { attend_avx2(q, kp, vp, kv, span, scoring, scores, runs, out) };
+            return unsafe {
+                if crate::kernels::matmul::avx2::wide() {
+                    attend_avx512(q, kp, vp, kv, span, scoring, scores, runs, out)
+                } else {
+                    attend_avx2(q, kp, vp, kv, span, scoring, scores, runs, out)
+                }
+            };
         }
         // SAFETY: the CPU supports FMA.
         return unsafe { attend_portable_fma(q, kp, vp, kv, span, scoring, scores, row, out) };
@@ -305,14 +334,17 @@ fn attend_portable<E: KvElem>(
 /// AVX2 version: K and V are widened from the pools as they are loaded, each load shared
 /// by a chunk of up to [`MAX_HEADS`] query heads of its group. Scores come sixteen slots
 /// at a time from K's dim-major slabs, one lane per slot, so no horizontal sums; the
-/// weighted sum of V keeps its sums in registers.
+/// weighted sum of V keeps its sums in registers. With `ZMM` (512-bit FMAs, [`attend_avx512`]),
+/// sixteen slots and sixteen dims of V take one register: each lane the same chain, so
+/// the same bits.
 ///
 /// # Safety
-/// AVX2, FMA and F16C must be available; the slices are those [`attend`] checked.
+/// AVX2, FMA and F16C must be available, and AVX-512F with `ZMM`; the slices are those
+/// [`attend`] checked.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
+#[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn attend_avx2<E: KvElem>(
+unsafe fn attend_simd<E: KvElem, const ZMM: bool>(
     q: &[f32],
     kp: &[E],
     vp: &[E],
@@ -361,6 +393,9 @@ unsafe fn attend_avx2<E: KvElem>(
                     let wide = s0 + 16 <= bs;
                     const { assert!(score_chains(1) == 4 && score_chains(2) == 2 && score_chains(3) == 2) };
                     match (heads, wide) {
+                        (1, true) if ZMM => score_slots16::<E, 1, 4>(args),
+                        (2, true) if ZMM => score_slots16::<E, 2, 2>(args),
+                        (_, true) if ZMM => score_slots16::<E, 3, 2>(args),
                         (1, true) => score_slots::<E, 1, 4, 2>(args),
                         (1, false) => score_slots::<E, 1, 4, 1>(args),
                         (2, true) => score_slots::<E, 2, 2, 2>(args),
@@ -401,7 +436,25 @@ unsafe fn attend_avx2<E: KvElem>(
                     }
                 }};
             }
+                // Sixteen dims a register where 512-bit FMAs run, up to four registers a head
+                // per pass (64 dims).
+                macro_rules! sum_v16 {
+                    ($h:literal) => {{
+                        for c0 in (0..hd).step_by(64) {
+                            let args = (w, n, vb.add(c0), hd, len, o.add(c0), i > 0);
+                            match (hd - c0) / 16 {
+                                1 => weighted_sum16::<E, $h, 1>(args),
+                                2 => weighted_sum16::<E, $h, 2>(args),
+                                3 => weighted_sum16::<E, $h, 3>(args),
+                                _ => weighted_sum16::<E, $h, 4>(args),
+                            }
+                        }
+                    }};
+                }
                 match heads {
+                    1 if ZMM && hd.is_multiple_of(16) => sum_v16!(1),
+                    2 if ZMM && hd.is_multiple_of(16) => sum_v16!(2),
+                    _ if ZMM && hd.is_multiple_of(16) => sum_v16!(3),
                     1 => sum_v!(1: 1 2 3 4 5 6 7 8),
                     2 => sum_v!(2: 1 2 3 4),
                     _ => sum_v!(3: 1 2 3),
@@ -410,6 +463,48 @@ unsafe fn attend_avx2<E: KvElem>(
             p0 += len;
         }
     }
+}
+
+/// [`attend_simd`] on 256-bit registers.
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available; the slices are those [`attend`] checked.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attend_avx2<E: KvElem>(
+    q: &[f32],
+    kp: &[E],
+    vp: &[E],
+    kv: PagedKv<'_>,
+    span: KvSpan<'_>,
+    scoring: Scoring,
+    scores: &mut [f32],
+    runs: &mut Vec<(usize, usize, usize)>,
+    out: &mut [f32],
+) {
+    unsafe { attend_simd::<E, false>(q, kp, vp, kv, span, scoring, scores, runs, out) }
+}
+
+/// [`attend_simd`] with its sixteen-lane steps in 512-bit registers.
+///
+/// # Safety
+/// AVX2, FMA, F16C and AVX-512F must be available; the slices are those [`attend`] checked.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attend_avx512<E: KvElem>(
+    q: &[f32],
+    kp: &[E],
+    vp: &[E],
+    kv: PagedKv<'_>,
+    span: KvSpan<'_>,
+    scoring: Scoring,
+    scores: &mut [f32],
+    runs: &mut Vec<(usize, usize, usize)>,
+    out: &mut [f32],
+) {
+    unsafe { attend_simd::<E, true>(q, kp, vp, kv, span, scoring, scores, runs, out) }
 }
 
 /// Runs of K and V fetched ahead of the one being read.
@@ -523,6 +618,79 @@ unsafe fn weighted_sum<E: KvElem, const H: usize, const D: usize>(
         for (h, acc) in acc.iter().enumerate() {
             for (d, a) in acc.iter().enumerate() {
                 _mm256_storeu_ps(out.add(h * hd + 8 * d), *a);
+            }
+        }
+    }
+}
+
+/// [`score_slots`] for sixteen slots (`S` = 2) in one 512-bit register per dim: each lane
+/// the same chains in the same order, so the same bits.
+///
+/// # Safety
+/// As [`score_slots`]'s, and AVX-512F must be available (inlined into
+/// [`attend_avx512`] only).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn score_slots16<E: KvElem, const H: usize, const C: usize>(
+    (q, hd, k, bs, scale, out): (*const f32, usize, *const E, usize, f32, &mut [[f32; 16]; MAX_HEADS]),
+) {
+    unsafe {
+        use std::arch::x86_64::*;
+        let mut acc = [[_mm512_setzero_ps(); H]; C];
+        for d in (0..hd).step_by(C) {
+            for (c, acc) in acc.iter_mut().enumerate() {
+                if d + c < hd {
+                    let kv = E::load16(k.add((d + c) * bs));
+                    for (h, a) in acc.iter_mut().enumerate() {
+                        *a = _mm512_fmadd_ps(_mm512_set1_ps(*q.add(h * hd + d + c)), kv, *a);
+                    }
+                }
+            }
+        }
+        for (h, out) in out.iter_mut().enumerate().take(H) {
+            let mut sum = acc[0][h];
+            for chain in &acc[1..] {
+                sum = _mm512_add_ps(sum, chain[h]);
+            }
+            _mm512_storeu_ps(out.as_mut_ptr(), _mm512_mul_ps(sum, _mm512_set1_ps(scale)));
+        }
+    }
+}
+
+/// [`weighted_sum`] for `16·D` values a head, sixteen to a 512-bit register: each lane the
+/// same chain of multiply-adds, so the same bits.
+///
+/// # Safety
+/// As [`weighted_sum`]'s, and AVX-512F must be available (inlined into
+/// [`attend_avx512`] only).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn weighted_sum16<E: KvElem, const H: usize, const D: usize>(
+    (w, n, v, hd, len, out, accumulate): (*const f32, usize, *const E, usize, usize, *mut f32, bool),
+) {
+    unsafe {
+        use std::arch::x86_64::*;
+        let mut acc = [[_mm512_setzero_ps(); D]; H];
+        if accumulate {
+            for (h, acc) in acc.iter_mut().enumerate() {
+                for (d, a) in acc.iter_mut().enumerate() {
+                    *a = _mm512_loadu_ps(out.add(h * hd + 16 * d));
+                }
+            }
+        }
+        for j in 0..len {
+            let row = v.add(j * hd);
+            let xs: [__m512; D] = std::array::from_fn(|d| E::load16(row.add(16 * d)));
+            for (h, acc) in acc.iter_mut().enumerate() {
+                let wj = _mm512_set1_ps(*w.add(h * n + j));
+                for (a, x) in acc.iter_mut().zip(&xs) {
+                    *a = _mm512_fmadd_ps(wj, *x, *a);
+                }
+            }
+        }
+        for (h, acc) in acc.iter().enumerate() {
+            for (d, a) in acc.iter().enumerate() {
+                _mm512_storeu_ps(out.add(h * hd + 16 * d), *a);
             }
         }
     }
@@ -716,9 +884,9 @@ mod tests {
         }
     }
 
-    /// The same positions in blocks of 2, 4, 8 and 24 slots (the portable path and the AVX2
-    /// one where the CPU has it), f32 and f16 pools: the same result bit for bit, so a
-    /// sequence's tokens do not depend on `--block-size`.
+    /// The same positions in blocks of 2, 4, 8 and 24 slots (the portable path, and the
+    /// AVX2 one or its 512-bit steps where the CPU has them), f32 and f16 pools: the same
+    /// result bit for bit, so a sequence's tokens do not depend on `--block-size`.
     #[test]
     fn every_block_size_gives_the_same_bits() {
         for (hd, group) in [(8, 1), (16, 3), (64, 4), (64, 7)] {
