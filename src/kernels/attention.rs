@@ -106,7 +106,7 @@ pub struct PagedKv<'a> {
     pub kv_heads: usize,
     pub head_dim: usize,
     /// The kv heads this view reads, `first_head..first_head + view_heads` (all of them
-    /// unless narrowed by [`PagedKv::head`]).
+    /// unless narrowed by [`PagedKv::heads`]).
     pub first_head: usize,
     pub view_heads: usize,
 }
@@ -334,7 +334,7 @@ fn attend_portable<E: KvElem>(
 /// AVX2 version: K and V are widened from the pools as they are loaded, each load shared
 /// by a chunk of up to [`MAX_HEADS`] query heads of its group. Scores come sixteen slots
 /// at a time from K's dim-major slabs, one lane per slot, so no horizontal sums; the
-/// weighted sum of V keeps its sums in registers. With `ZMM` (512-bit FMAs, [`attend_avx512`]),
+/// weighted sum of V keeps its sums in registers. With `ZMM` (512-bit FMAs, `attend_avx512`),
 /// sixteen slots and sixteen dims of V take one register: each lane the same chain, so
 /// the same bits.
 ///
@@ -465,46 +465,36 @@ unsafe fn attend_simd<E: KvElem, const ZMM: bool>(
     }
 }
 
-/// [`attend_simd`] on 256-bit registers.
+/// [`attend_simd`] compiled twice: `attend_avx2` on 256-bit registers, `attend_avx512`
+/// with its sixteen-lane steps in 512-bit ones.
 ///
 /// # Safety
-/// AVX2, FMA and F16C must be available; the slices are those [`attend`] checked.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn attend_avx2<E: KvElem>(
-    q: &[f32],
-    kp: &[E],
-    vp: &[E],
-    kv: PagedKv<'_>,
-    span: KvSpan<'_>,
-    scoring: Scoring,
-    scores: &mut [f32],
-    runs: &mut Vec<(usize, usize, usize)>,
-    out: &mut [f32],
-) {
-    unsafe { attend_simd::<E, false>(q, kp, vp, kv, span, scoring, scores, runs, out) }
+/// Each twin needs the features it is compiled with; the slices are those [`attend`]
+/// checked.
+macro_rules! attend_twins {
+    ($($name:ident: $features:literal, $zmm:literal;)+) => {$(
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $features)]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn $name<E: KvElem>(
+            q: &[f32],
+            kp: &[E],
+            vp: &[E],
+            kv: PagedKv<'_>,
+            span: KvSpan<'_>,
+            scoring: Scoring,
+            scores: &mut [f32],
+            runs: &mut Vec<(usize, usize, usize)>,
+            out: &mut [f32],
+        ) {
+            // SAFETY: the caller's, as this function's.
+            unsafe { attend_simd::<E, $zmm>(q, kp, vp, kv, span, scoring, scores, runs, out) }
+        }
+    )+};
 }
-
-/// [`attend_simd`] with its sixteen-lane steps in 512-bit registers.
-///
-/// # Safety
-/// AVX2, FMA, F16C and AVX-512F must be available; the slices are those [`attend`] checked.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c,avx512f")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn attend_avx512<E: KvElem>(
-    q: &[f32],
-    kp: &[E],
-    vp: &[E],
-    kv: PagedKv<'_>,
-    span: KvSpan<'_>,
-    scoring: Scoring,
-    scores: &mut [f32],
-    runs: &mut Vec<(usize, usize, usize)>,
-    out: &mut [f32],
-) {
-    unsafe { attend_simd::<E, true>(q, kp, vp, kv, span, scoring, scores, runs, out) }
+attend_twins! {
+    attend_avx2: "avx2,fma,f16c", false;
+    attend_avx512: "avx2,fma,f16c,avx512f", true;
 }
 
 /// Runs of K and V fetched ahead of the one being read.
@@ -628,7 +618,7 @@ unsafe fn weighted_sum<E: KvElem, const H: usize, const D: usize>(
 ///
 /// # Safety
 /// As [`score_slots`]'s, and AVX-512F must be available (inlined into
-/// [`attend_avx512`] only).
+/// `attend_avx512` only).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn score_slots16<E: KvElem, const H: usize, const C: usize>(
@@ -662,7 +652,7 @@ unsafe fn score_slots16<E: KvElem, const H: usize, const C: usize>(
 ///
 /// # Safety
 /// As [`weighted_sum`]'s, and AVX-512F must be available (inlined into
-/// [`attend_avx512`] only).
+/// `attend_avx512` only).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn weighted_sum16<E: KvElem, const H: usize, const D: usize>(
