@@ -53,7 +53,7 @@ pub(super) unsafe fn k_block_vnni<const FIVE: bool, const G: usize, const R: usi
                 let w = |g: usize| rec[g.min(G - 1)].add(head + 256 * pair);
                 nibbles_x2_vnni::<R>(w(0), w(1), x.add(2 * pair * QB), row)
             };
-            // Plain loads, not a closure (see [`k_sub`]): sub-blocks `2·pair` and `2·pair + 1`.
+            // Both groups' scales of sub-blocks `2·pair` and `2·pair + 1`, the first group's low.
             let sc = |g: usize| rec[g.min(G - 1)].add(32 + 16 * pair);
             let lo = _mm512_cvtepu8_epi32(two_groups_8(sc(0), sc(1)));
             let lo = if FIVE { lo } else { _mm512_slli_epi32(lo, 4) };
