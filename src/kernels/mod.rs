@@ -17,6 +17,18 @@ pub mod ternary;
 pub use matmul::{matmul, PackedMatrix};
 pub use norm::{rmsnorm, silu_mul};
 
+/// The CPU's family on an AMD processor (base plus extended family, as AMD numbers
+/// them: 19h for Zen 3 and 4, 1Ah for Zen 5), for choices measured per family.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn amd_family() -> Option<u32> {
+    use std::arch::x86_64::__cpuid;
+    let (vendor, id) = (__cpuid(0), __cpuid(1));
+    let name = [vendor.ebx, vendor.edx, vendor.ecx].map(u32::to_le_bytes).concat();
+    let base = (id.eax >> 8) & 0xF;
+    let family = if base == 0xF { base + ((id.eax >> 20) & 0xFF) } else { base };
+    (name == *b"AuthenticAMD").then_some(family)
+}
+
 /// Asks for the cache lines of the `bytes` bytes at `p` ahead of their use, into L1. A
 /// prefetch is a hint that reads nothing and never faults, so `p` may point anywhere, past
 /// a buffer's end included.
@@ -63,5 +75,21 @@ pub(crate) mod testing {
         for (i, (g, w)) in got.iter().zip(want).enumerate() {
             assert!((g - w).abs() <= tol * (1.0 + w.abs()), "{what}: [{i}] got {g}, want {w}");
         }
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    /// The family read from CPUID is the one Linux reports, on an AMD CPU (and none on
+    /// another vendor's).
+    #[test]
+    fn amd_family_matches_the_kernel() {
+        let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else { return };
+        let field = |key: &str| {
+            info.lines().find(|l| l.starts_with(key)).and_then(|l| l.split(':').nth(1)).map(|v| v.trim().to_string())
+        };
+        let amd = field("vendor_id").as_deref() == Some("AuthenticAMD");
+        let family = field("cpu family").and_then(|f| f.parse::<u32>().ok());
+        assert_eq!(super::amd_family(), if amd { family } else { None });
     }
 }

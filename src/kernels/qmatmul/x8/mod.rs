@@ -49,3 +49,12 @@ const DECODED_TQ1: usize = 64 * GROUP;
 /// into L2: their loads jump about inside a record, and the hardware prefetchers alone
 /// left them short of the streaming rate.
 const AHEAD: usize = 12 << 10;
+
+/// Whether a one-group kernel's tile of one row asks [`AHEAD`] too. Not on AMD's Zen 5
+/// (family 1Ah): its prefetchers alone fed one row's Q4_K at the full streaming rate
+/// against 0.85 with the asks (distances of 6 KB or more slowed it, 3 KB or less changed
+/// nothing), while tiles of two to four rows still ran 10–20 % faster with them.
+fn one_row_asks() -> bool {
+    static ASKS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ASKS.get_or_init(|| crate::kernels::amd_family().is_none_or(|f| f < 0x1A))
+}

@@ -37,7 +37,7 @@ pub(super) unsafe fn q6_k<const V: bool, const F: u8, const PRE: bool, const G: 
         let offs = if V { xq.q6_starts().as_ptr() } else { xq.q6_offsets().as_ptr() };
         clear_sums::<G, R>(out);
         for b in 0..blocks {
-            let (rec, vals) = block_at::<PRE, G>(&src, b, rec_bytes, &ahead);
+            let (rec, vals) = block_at::<PRE, G, R>(&src, b, rec_bytes, &ahead);
             let mut blk = [[_mm256_setzero_ps(); G]; R];
             let at = |t: usize| ((first + t) * blocks + b) * 8 * QB;
             let hb = |t: usize| 16 * ((first + t) * blocks + b);
