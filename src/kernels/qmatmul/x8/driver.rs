@@ -51,12 +51,31 @@ pub(crate) unsafe fn groups_task(
             if scratch.len() < need {
                 scratch.resize(need, 0);
             }
+            // Where a pair's values go side by side, each pair decodes together, as the
+            // tiles below pair the groups (a chunk's odd last group alone).
+            let in_pairs = paired && decodes_in_pairs(p.dtype);
             if decoded_bytes > 0 {
-                for (g, out) in (first..last).zip(scratch.chunks_exact_mut(decoded_bytes)) {
-                    decode(p.dtype, records(g), blocks, out);
+                let mut g = first;
+                while g < last {
+                    let out = &mut scratch[(g - first) * decoded_bytes..];
+                    if in_pairs && g + 1 < last {
+                        decode_pair(p.dtype, [records(g), records(g + 1)], blocks, &mut out[..2 * decoded_bytes]);
+                        g += 2;
+                    } else {
+                        decode(p.dtype, records(g), blocks, &mut out[..decoded_bytes]);
+                        g += 1;
+                    }
                 }
             }
             let vals = |g: usize| (decoded_bytes > 0).then(|| &scratch[(g - first) * decoded_bytes..][..decoded_bytes]);
+            let pair_vals = |g: usize| {
+                if in_pairs {
+                    let both = &scratch[(g - first) * decoded_bytes..][..2 * decoded_bytes];
+                    [Some(both); 2]
+                } else {
+                    [vals(g), vals(g + 1)]
+                }
+            };
             // SAFETY: the caller owns these eight columns of rows `i..i + tile`.
             let put = |acc: &[[f32; GROUP]; TILE], g: usize, i: usize, tile: usize| unsafe {
                 let at = |row: usize| y.0.add(row * n + col0 + g * GROUP);
@@ -102,7 +121,7 @@ pub(crate) unsafe fn groups_task(
                     }
                     if two {
                         let mut acc = [[[0f32; GROUP]; TILE]; 2];
-                        let (data, vals) = ([records(g), records(g + 1)], [vals(g), vals(g + 1)]);
+                        let (data, vals) = ([records(g), records(g + 1)], pair_vals(g));
                         let ask = if spread { ask } else { &[] };
                         pair(p.dtype, data, vals, xq, i, tile, k, &mut acc, ask);
                         put(&acc[0], g, i, tile);
@@ -138,9 +157,22 @@ pub(super) fn decode(dtype: GgmlType, data: &[u8], blocks: usize, out: &mut [u8]
     }
 }
 
+/// Two neighbouring groups' records `data` of the Q6_K family, their values decoded side
+/// by side into `out` (twice [`decode`]'s bytes), for [`decodes_in_pairs`].
+pub(super) fn decode_pair(dtype: GgmlType, data: [&[u8]; 2], blocks: usize, out: &mut [u8]) {
+    let fits = data.iter().all(|d| d.len() == blocks * record(dtype).0) && out.len() == 2 * blocks * DECODED;
+    assert!(decodes_in_pairs(dtype) && fits);
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `decodes_in_pairs` checked for VNNI (and so AVX2); the lengths were checked above.
+    unsafe {
+        avx2::decode_pair(dtype, data[0].as_ptr(), data[1].as_ptr(), blocks, out.as_mut_ptr())
+    }
+}
+
 /// Two neighbouring groups' records and decoded values against activation rows
-/// `first..first + tile`, for the formats that [`pairs`]; `ahead`: bytes of records to ask
-/// into L2 on the way ([`avx2::Ahead`]).
+/// `first..first + tile`, for the formats that [`pairs`] (for [`decodes_in_pairs`], both
+/// `vals` are the pair's, from [`decode_pair`]); `ahead`: bytes of records to ask into L2
+/// on the way ([`avx2::Ahead`]).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn pair(
     dtype: GgmlType,

@@ -1,6 +1,6 @@
 use super::super::tests::random_blocks;
 use super::super::{quantize_rows, QActs};
-use super::driver::{decode, group, pair, portable_group};
+use super::driver::{decode, decode_pair, group, pair, portable_group};
 use super::*;
 use crate::kernels::quant::{tq1_0_codes, BLOCK_FORMATS, TQ2_0_BYTES};
 use crate::kernels::ternary::tq2_0_block;
@@ -68,9 +68,14 @@ fn q6_k_extremes_stay_in_range() {
         let mut a = [[0f32; GROUP]; TILE];
         portable_group(GgmlType::Q6K, &data, &xq, 0, TILE, k, &mut a);
         assert_eq!(a, b, "values {q:#x}, activations {x}, scales {sc}");
-        // The paired kernel, over decoded values (its 16 sums with VNNI).
-        let mut vals = vec![0u8; DECODED];
-        decode(GgmlType::Q6K, &data, 1, &mut vals);
+        // The paired kernel, over decoded values (its 16 sums with VNNI, from the pair's
+        // values side by side).
+        let mut vals = vec![0u8; 2 * DECODED];
+        if decodes_in_pairs(GgmlType::Q6K) {
+            decode_pair(GgmlType::Q6K, [&data, &data], 1, &mut vals);
+        } else {
+            decode(GgmlType::Q6K, &data, 1, &mut vals[..DECODED]);
+        }
         let src = avx2::Src { rec: data.as_ptr(), vals: vals.as_ptr() };
         let mut paired = [[[0f32; GROUP]; TILE]; 2];
         // SAFETY: AVX2 is present; `data` is one group's records and `vals` their values.
@@ -375,7 +380,15 @@ fn pairs_change_nothing() {
                 })
             })
             .collect();
-        let paired_vals = if decodes(dtype) { [vals[0].as_deref(), vals[1].as_deref()] } else { [None, None] };
+        let mut side_by_side = vec![0u8; 2 * blocks * DECODED];
+        if decodes_in_pairs(dtype) {
+            decode_pair(dtype, [a, b], blocks, &mut side_by_side);
+        }
+        let paired_vals = match (decodes(dtype), decodes_in_pairs(dtype)) {
+            (true, true) => [Some(&side_by_side[..]); 2],
+            (true, false) => [vals[0].as_deref(), vals[1].as_deref()],
+            _ => [None, None],
+        };
         for tile in 1..=TILE {
             let mut paired = [[[0f32; GROUP]; TILE]; 2];
             pair(dtype, [a, b], paired_vals, &xq, 0, tile, k, &mut paired, &[]);
@@ -460,8 +473,17 @@ fn vnni_matches_avx2_bit_for_bit() {
         decode(dtype, a, blocks, va);
         decode(dtype, b, blocks, vb);
         let src = [avx2::Src { rec: a.as_ptr(), vals: va.as_ptr() }, avx2::Src { rec: b.as_ptr(), vals: vb.as_ptr() }];
-        // VNNI reads Q4_K's records, not decoded values ([`decodes`]).
-        let vnni_src = if decodes(dtype) { src } else { [records(a), records(b)] };
+        // VNNI reads Q4_K's records, not decoded values ([`decodes`]), and the Q6_K
+        // family's values side by side ([`decodes_in_pairs`]).
+        let mut side_by_side = vec![0u8; 2 * blocks * DECODED];
+        let vnni_src = if decodes_in_pairs(dtype) {
+            decode_pair(dtype, [a, b], blocks, &mut side_by_side);
+            [a, b].map(|d| avx2::Src { rec: d.as_ptr(), vals: side_by_side.as_ptr() })
+        } else if decodes(dtype) {
+            src
+        } else {
+            [records(a), records(b)]
+        };
         for tile in 1..=TILE {
             let (mut avx2, mut vnni) = ([[[0f32; GROUP]; TILE]; 2], [[[0f32; GROUP]; TILE]; 2]);
             // SAFETY: as above, for two groups with their values decoded (or not, where
@@ -471,6 +493,26 @@ fn vnni_matches_avx2_bit_for_bit() {
                 avx2::pair(true, dtype, vnni_src, &xq, 0, tile, blocks, &mut vnni, avx2::Ahead::NONE);
             }
             assert_eq!(avx2, vnni, "{dtype:?} paired, tile {tile}");
+        }
+    }
+}
+
+/// A pair's values decoded side by side are each group's decoded values, chunk by chunk.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn pairs_decode_side_by_side() {
+    for dtype in BLOCK_FORMATS.into_iter().filter(|&d| decodes_in_pairs(d)) {
+        let k = 3 * 256;
+        let blocks = k / dtype.block().0;
+        let data = interleave(dtype, &random_blocks(dtype, 2 * GROUP * blocks, 97), k);
+        let (a, b) = data.split_at(data.len() / 2);
+        let mut both = vec![0u8; 2 * blocks * DECODED];
+        decode_pair(dtype, [a, b], blocks, &mut both);
+        for (g, d) in [a, b].into_iter().enumerate() {
+            let mut alone = vec![0u8; blocks * DECODED];
+            decode(dtype, d, blocks, &mut alone);
+            let from_pair: Vec<u8> = both.chunks_exact(32).skip(g).step_by(2).flatten().copied().collect();
+            assert_eq!(from_pair, alone, "{dtype:?} group {g}");
         }
     }
 }

@@ -19,23 +19,50 @@ pub(crate) unsafe fn decode(dtype: GgmlType, p: *const u8, blocks: usize, out: *
             match dtype {
                 GgmlType::Q4K => decode_k::<false>(rec, out),
                 GgmlType::Q5K => decode_k::<true>(rec, out),
-                GgmlType::Q3K => decode_q3(rec.add(head), out),
-                GgmlType::Q2K => decode_q2(rec.add(head), out),
+                GgmlType::Q3K => decode_q3::<32>(rec.add(head), out),
+                GgmlType::Q2K => decode_q2::<32>(rec.add(head), out),
                 GgmlType::Tq1_0 => decode_tq1(rec.add(head), out),
-                _ => decode_q6(rec.add(head), out),
+                _ => decode_q6::<32>(rec.add(head), out),
             }
         }
     }
 }
 
-/// Chunk `c` of run `i` (a sub-block, or a Q6_K output) of a decoded block at `out`.
+/// Two neighbouring groups' `blocks` records of the Q6_K family (at `a`, `b`), their
+/// values decoded side by side at `out` for the VNNI paired kernel ([`q6_block_vnni`]):
+/// per block, each 32-byte chunk of `a`'s [`decode`]d values followed by `b`'s, so that
+/// one 512-bit load takes a chunk of both groups.
 ///
 /// # Safety
-/// `out` must hold a decoded block.
-#[inline(always)]
-pub(super) unsafe fn put(out: *mut u8, i: usize, c: usize, w: __m256i) {
+/// AVX2 must be available; `a` and `b` hold `blocks` records each, `out` room for twice
+/// as many decoded blocks.
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn decode_pair(dtype: GgmlType, a: *const u8, b: *const u8, blocks: usize, out: *mut u8) {
     unsafe {
-        _mm256_storeu_si256(out.add(32 * (8 * i + c)).cast(), w);
+        let (rec_bytes, head) = record(dtype);
+        for blk in 0..blocks {
+            for (g, p) in [a, b].into_iter().enumerate() {
+                let (vals, out) = (p.add(blk * rec_bytes + head), out.add(2 * blk * DECODED + 32 * g));
+                match dtype {
+                    GgmlType::Q3K => decode_q3::<64>(vals, out),
+                    GgmlType::Q2K => decode_q2::<64>(vals, out),
+                    GgmlType::Q6K => decode_q6::<64>(vals, out),
+                    other => unreachable!("{other:?}: not decoded in pairs"),
+                }
+            }
+        }
+    }
+}
+
+/// Chunk `c` of run `i` (a sub-block, or a Q6_K output) of a decoded block at `out`,
+/// whose chunks start `W` bytes apart (64 where a pair's are side by side, [`decode_pair`]).
+///
+/// # Safety
+/// `out` must hold a decoded block (of chunks `W` bytes apart).
+#[inline(always)]
+pub(super) unsafe fn put<const W: usize>(out: *mut u8, i: usize, c: usize, w: __m256i) {
+    unsafe {
+        _mm256_storeu_si256(out.add(W * (8 * i + c)).cast(), w);
     }
 }
 
@@ -49,8 +76,8 @@ pub(super) unsafe fn decode_k<const FIVE: bool>(rec: *const u8, out: *mut u8) {
     unsafe {
         for pair in 0..4 {
             for c in 0..8 {
-                put(out, 2 * pair, c, k_chunk::<FIVE, 0>(rec, pair, c));
-                put(out, 2 * pair + 1, c, k_chunk::<FIVE, 1>(rec, pair, c));
+                put::<32>(out, 2 * pair, c, k_chunk::<FIVE, 0>(rec, pair, c));
+                put::<32>(out, 2 * pair + 1, c, k_chunk::<FIVE, 1>(rec, pair, c));
             }
         }
     }
@@ -62,11 +89,11 @@ pub(super) unsafe fn decode_k<const FIVE: bool>(rec: *const u8, out: *mut u8) {
 /// AVX2 must be available; `vals` holds one Q3_K record's values and `out` room for its
 /// decoded block.
 #[inline(always)]
-pub(super) unsafe fn decode_q3(vals: *const u8, out: *mut u8) {
+pub(super) unsafe fn decode_q3<const W: usize>(vals: *const u8, out: *mut u8) {
     unsafe {
         for o in 0..8 {
             for c in 0..8 {
-                put(out, o, c, q3_chunk(vals, o, c));
+                put::<W>(out, o, c, q3_chunk(vals, o, c));
             }
         }
     }
@@ -78,11 +105,11 @@ pub(super) unsafe fn decode_q3(vals: *const u8, out: *mut u8) {
 /// AVX2 must be available; `vals` holds one Q2_K record's values and `out` room for its
 /// decoded block.
 #[inline(always)]
-pub(super) unsafe fn decode_q2(vals: *const u8, out: *mut u8) {
+pub(super) unsafe fn decode_q2<const W: usize>(vals: *const u8, out: *mut u8) {
     unsafe {
         for o in 0..8 {
             for c in 0..8 {
-                put(out, o, c, q2_chunk(vals, o, c));
+                put::<W>(out, o, c, q2_chunk(vals, o, c));
             }
         }
     }
@@ -132,14 +159,14 @@ pub(super) unsafe fn q2_chunk(vals: *const u8, o: usize, c: usize) -> __m256i {
 /// AVX2 must be available; `vals` holds one Q6_K record's values and `out` room for its
 /// decoded block.
 #[inline(always)]
-pub(super) unsafe fn decode_q6(vals: *const u8, out: *mut u8) {
+pub(super) unsafe fn decode_q6<const W: usize>(vals: *const u8, out: *mut u8) {
     unsafe {
         for n in 0..2 {
             for c in 0..8 {
-                put(out, 4 * n, c, q6_chunk(vals, n, 0, c));
-                put(out, 4 * n + 1, c, q6_chunk(vals, n, 1, c));
-                put(out, 4 * n + 2, c, q6_chunk(vals, n, 2, c));
-                put(out, 4 * n + 3, c, q6_chunk(vals, n, 3, c));
+                put::<W>(out, 4 * n, c, q6_chunk(vals, n, 0, c));
+                put::<W>(out, 4 * n + 1, c, q6_chunk(vals, n, 1, c));
+                put::<W>(out, 4 * n + 2, c, q6_chunk(vals, n, 2, c));
+                put::<W>(out, 4 * n + 3, c, q6_chunk(vals, n, 3, c));
             }
         }
     }

@@ -15,7 +15,7 @@ mod sums;
 mod ternary;
 mod vnni;
 
-pub(crate) use decode::decode;
+pub(crate) use decode::{decode, decode_pair};
 use decode::{q2_chunk, q3_chunk};
 use k_quants::*;
 use legacy::*;
@@ -161,7 +161,8 @@ pub unsafe fn group(
 ///
 /// # Safety
 /// As [`group`], for each group: values decoded ahead, except for Q4_K and Q8_0 with
-/// VNNI, which read the records.
+/// VNNI, which read the records; with VNNI, the Q6_K family's side by side at both
+/// groups' `vals` ([`decode_pair`]).
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn pair(
     vnni: bool,

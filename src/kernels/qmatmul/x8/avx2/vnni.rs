@@ -271,21 +271,20 @@ pub(super) unsafe fn dots_x2<const R: usize>(
     }
 }
 
-/// The i32 sums of one Q6_K output (32 values, decoded ahead) of two groups (at `w0`,
-/// `w1`: eight 32-byte chunks, the second 16 values' four from 128 bytes on) against
-/// `R` activation rows (from `x`, `row` bytes apart; the second 16 values from 16
-/// bytes on), from `init` (`[half][row]`, the −32 offsets): `[row][half]`, the groups
-/// in the halves ([`two_groups`]), so that each chain of `vpdpbusd`s is four long and
-/// up to eight run side by side.
+/// The i32 sums of one Q6_K output (32 values) of two groups, decoded ahead side by
+/// side (at `w`: eight 64-byte chunks of both groups, the second 16 values' four from
+/// 256 bytes on, [`decode_pair`]) against `R` activation rows (from `x`, `row` bytes
+/// apart; the second 16 values from 16 bytes on), from `init` (`[half][row]`, the −32
+/// offsets): `[row][half]`, the first group in the low half of each register, so that
+/// each chain of `vpdpbusd`s is four long and up to eight run side by side.
 ///
 /// # Safety
-/// What [`vnni`] checks must be available; `w0` and `w1` hold an output's decoded values
+/// What [`vnni`] checks must be available; `w` holds an output's values of both groups
 /// and `x` `R` rows' activations, `row` bytes apart.
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
 pub(super) unsafe fn q6_halves_vnni<const R: usize>(
-    w0: *const u8,
-    w1: *const u8,
+    w: *const u8,
     x: *const i8,
     row: usize,
     init: [[__m512i; R]; 2],
@@ -296,19 +295,18 @@ pub(super) unsafe fn q6_halves_vnni<const R: usize>(
             *s = [init[0][t], init[1][t]];
         }
         for c in 0..4 {
-            let w =
-                [two_groups(w0.add(32 * c), w1.add(32 * c)), two_groups(w0.add(128 + 32 * c), w1.add(128 + 32 * c))];
+            let w = [_mm512_loadu_si512(w.add(64 * c).cast()), _mm512_loadu_si512(w.add(256 + 64 * c).cast())];
             dots_x2(&mut s, &w, x.add(4 * c), row, 16);
         }
         s
     }
 }
 
-/// [`q6_k`]'s block for two groups' values decoded ahead (`vals`) and `R` rows with
-/// VNNI: output by output in a loop (unrolled, the outputs' sums, scales and pointers
-/// crowded the registers and spilled), both 16-value halves of an output at once
-/// ([`q6_halves_vnni`]), both groups in each 512-bit register; the same operations per
-/// row and lane as [`q6_out`].
+/// [`q6_k`]'s block for two groups' values decoded ahead side by side (`vals`,
+/// [`decode_pair`]) and `R` rows with VNNI: output by output in a loop (unrolled, the
+/// outputs' sums, scales and pointers crowded the registers and spilled), both 16-value
+/// halves of an output at once ([`q6_halves_vnni`]), both groups in each 512-bit
+/// register; the same operations per row and lane as [`q6_out`].
 ///
 /// # Safety
 /// As [`q6_k`]'s with `V`, for the block that `rec` and `vals` point into.
@@ -316,7 +314,7 @@ pub(super) unsafe fn q6_halves_vnni<const R: usize>(
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn q6_block_vnni<const F: u8, const G: usize, const R: usize>(
     rec: [*const u8; G],
-    vals: [*const u8; G],
+    vals: *const u8,
     sc_at: usize,
     xq: &QActs,
     offs: *const i32,
@@ -341,13 +339,7 @@ pub(super) unsafe fn q6_block_vnni<const F: u8, const G: usize, const R: usize>(
                     *init = _mm512_set1_epi32(*offs.add((at(t) + 32 * o + 16 * half) / QH));
                 }
             }
-            let s = q6_halves_vnni(
-                vals[0].add(256 * o),
-                vals[G - 1].add(256 * o),
-                xq.q.as_ptr().add(at(0) + 32 * o),
-                row,
-                init,
-            );
+            let s = q6_halves_vnni(vals.add(2 * 256 * o), xq.q.as_ptr().add(at(0) + 32 * o), row, init);
             let sc = |g: usize| rec[g.min(G - 1)].add(sc_at + 16 * o);
             let (lo, hi) = (q6_scales_2::<F>(sc(0), sc(1)), q6_scales_2::<F>(sc(0).add(8), sc(1).add(8)));
             for (t, (acc, s)) in acc.iter_mut().zip(&s).enumerate() {
