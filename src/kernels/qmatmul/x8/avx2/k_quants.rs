@@ -32,8 +32,9 @@ pub(super) unsafe fn k_tiled<const V: bool, const FIVE: bool, const PRE: bool, c
         debug_assert!(xq.scales == ActScales::PerSuper, "a K-quant block shares one activation scale");
         let rec_bytes = record(if FIVE { GgmlType::Q5K } else { GgmlType::Q4K }).0;
         clear_sums::<G, R>(out);
+        let asks = asks_ahead::<PRE, G, R>();
         for b in 0..blocks {
-            let (rec, vals) = block_at::<PRE, G, R>(&src, b, rec_bytes, &ahead);
+            let (rec, vals) = block_at::<G>(&src, b, rec_bytes, asks, &ahead);
             // The block's scaled integer sums.
             let mut dots = [[_mm256_setzero_si256(); G]; R];
             let at = |t: usize| ((first + t) * blocks + b) * 8;

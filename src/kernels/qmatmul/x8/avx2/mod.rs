@@ -331,23 +331,32 @@ unsafe fn load_sums<const R: usize>(out: &[[f32; GROUP]; TILE]) -> [__m256; R] {
     }
 }
 
+/// Whether a kernel of `G` groups and `R` rows asks for each record [`AHEAD`]: one group
+/// running from its records (a tile of one row only where [`one_row_asks`]). Decided once
+/// per call, before its blocks.
+#[inline(always)]
+fn asks_ahead<const PRE: bool, const G: usize, const R: usize>() -> bool {
+    !PRE && G == 1 && (R > 1 || one_row_asks())
+}
+
 /// Block `b`'s record and decoded values in each group (`rec_bytes` a record), having
-/// asked for what comes next: the record [`AHEAD`] on when one group of `R` rows runs
-/// from its records (one row only where [`one_row_asks`]), and `ahead`'s share.
+/// asked for what comes next: the record [`AHEAD`] on where `asks` ([`asks_ahead`]), and
+/// `ahead`'s share.
 ///
 /// # Safety
 /// `src` must hold `b + 1` records of `rec_bytes` (and decoded blocks with `PRE`).
 #[inline(always)]
-unsafe fn block_at<const PRE: bool, const G: usize, const R: usize>(
+unsafe fn block_at<const G: usize>(
     src: &[Src; G],
     b: usize,
     rec_bytes: usize,
+    asks: bool,
     ahead: &Ahead,
 ) -> ([*const u8; G], [*const u8; G]) {
     unsafe {
         let rec: [*const u8; G] = std::array::from_fn(|g| src[g].rec.wrapping_add(b * rec_bytes));
         let vals: [*const u8; G] = std::array::from_fn(|g| src[g].vals.wrapping_add(b * DECODED));
-        if !PRE && G == 1 && (R > 1 || one_row_asks()) {
+        if asks {
             ask_ahead(rec[0], rec_bytes);
         }
         ahead.block(b);

@@ -36,8 +36,9 @@ pub(super) unsafe fn q6_k<const V: bool, const F: u8, const PRE: bool, const G: 
         // The −32 offsets: i16 pairs for AVX2's 16-bit sums, `−32 · Σx` per 16 values for VNNI's.
         let offs = if V { xq.q6_starts().as_ptr() } else { xq.q6_offsets().as_ptr() };
         clear_sums::<G, R>(out);
+        let asks = asks_ahead::<PRE, G, R>();
         for b in 0..blocks {
-            let (rec, vals) = block_at::<PRE, G, R>(&src, b, rec_bytes, &ahead);
+            let (rec, vals) = block_at::<G>(&src, b, rec_bytes, asks, &ahead);
             let mut blk = [[_mm256_setzero_ps(); G]; R];
             let at = |t: usize| ((first + t) * blocks + b) * 8 * QB;
             let hb = |t: usize| 16 * ((first + t) * blocks + b);
