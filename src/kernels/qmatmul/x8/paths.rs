@@ -57,6 +57,15 @@ pub(super) fn decodes_in_pairs(dtype: GgmlType) -> bool {
     matches!(dtype, GgmlType::Q6K | GgmlType::Q3K | GgmlType::Q2K) && vnni()
 }
 
+/// Whether four groups of `dtype` run together ([`quad`]) where a chunk holds them: the
+/// formats whose pairs decode side by side, so that each broadcast of activations feeds
+/// two pairs' `vpdpbusd`s: one broadcast load per `vpdpbusd` kept the load ports busier
+/// than the multiply-adds (2048 × 2048 Q6_K in cache, share of the `vpdpbusd` peak: 0.31–0.34
+/// → 0.41–0.42 at 32 rows, 0.39 → 0.55 at 512).
+pub(super) fn quads(dtype: GgmlType) -> bool {
+    decodes_in_pairs(dtype)
+}
+
 /// Whether two groups of `dtype` run side by side ([`pair`]) when more than one tile of
 /// rows runs over them: every broadcast of activations then feeds two multiply-adds (with
 /// VNNI, one 512-bit `vpdpbusd`). Q8_0 and the ternary formats pair only with VNNI, whose

@@ -1,6 +1,6 @@
 use super::super::tests::random_blocks;
 use super::super::{quantize_rows, QActs};
-use super::driver::{decode, decode_pair, group, pair, portable_group};
+use super::driver::{decode, decode_pair, group, pair, portable_group, quad};
 use super::*;
 use crate::kernels::quant::{tq1_0_codes, BLOCK_FORMATS, TQ2_0_BYTES};
 use crate::kernels::ternary::tq2_0_block;
@@ -396,6 +396,37 @@ fn pairs_change_nothing() {
                 let mut alone = [[0f32; GROUP]; TILE];
                 group(dtype, d, vals[g].as_deref(), &xq, 0, tile, k, &mut alone);
                 assert_eq!(paired[g][..tile], alone[..tile], "{dtype:?} tile {tile} group {g}");
+            }
+        }
+    }
+}
+
+/// Four groups run together give each group's results alone, bit for bit, at every
+/// tile height, for the formats that run in [`quads`] (none without VNNI).
+#[test]
+fn quads_change_nothing() {
+    for dtype in BLOCK_FORMATS.into_iter().filter(|&d| quads(d)) {
+        let (k, rows) = (3 * 256, 4 * GROUP);
+        let blocks = k / dtype.block().0;
+        let data = interleave(dtype, &random_blocks(dtype, rows * blocks, 85), k);
+        let groups: Vec<&[u8]> = data.chunks_exact(data.len() / 4).collect();
+        let mut xq = QActs::default();
+        quantize_rows(&random_vec(TILE * k, 86), TILE, k, act_scales(dtype), &mut xq);
+        let mut side_by_side = vec![0u8; 4 * blocks * DECODED];
+        let (first, second) = side_by_side.split_at_mut(2 * blocks * DECODED);
+        decode_pair(dtype, [groups[0], groups[1]], blocks, first);
+        decode_pair(dtype, [groups[2], groups[3]], blocks, second);
+        let (first, second) = side_by_side.split_at(2 * blocks * DECODED);
+        for tile in 1..=TILE {
+            let mut four = [[[0f32; GROUP]; TILE]; 4];
+            let data = [groups[0], groups[1], groups[2], groups[3]];
+            quad(dtype, data, [Some(first), Some(first), Some(second), Some(second)], &xq, 0, tile, k, &mut four, &[]);
+            for (g, d) in groups.iter().enumerate() {
+                let mut vals = vec![0u8; blocks * DECODED];
+                decode(dtype, d, blocks, &mut vals);
+                let mut alone = [[0f32; GROUP]; TILE];
+                group(dtype, d, Some(&vals), &xq, 0, tile, k, &mut alone);
+                assert_eq!(four[g][..tile], alone[..tile], "{dtype:?} tile {tile} group {g}");
             }
         }
     }

@@ -207,6 +207,36 @@ pub unsafe fn pair(
     }
 }
 
+/// Four neighbouring groups of the Q6_K family (`src`, each pair's values decoded side
+/// by side, [`decode_pair`]) against activation rows `first..first + tile`, with VNNI
+/// ([`quads`]): each broadcast of activations feeds both pairs' `vpdpbusd`s.
+///
+/// # Safety
+/// What [`vnni`] checks must be available; `src[0]` and `src[1]` hold `blocks` records
+/// and both share their pair's decoded values, as do `src[2]` and `src[3]`.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn quad(
+    dtype: GgmlType,
+    src: [Src; 4],
+    xq: &QActs,
+    first: usize,
+    tile: usize,
+    blocks: usize,
+    acc: &mut [[[f32; GROUP]; TILE]; 4],
+    ahead: Ahead,
+) {
+    unsafe {
+        debug_assert!((1..=TILE).contains(&tile) && src.iter().all(|s| !s.vals.is_null()));
+        let f = match dtype {
+            GgmlType::Q6K => by_tile!(tile, q6_four_vnni, F_Q6K),
+            GgmlType::Q3K => by_tile!(tile, q6_four_vnni, F_Q3K),
+            GgmlType::Q2K => by_tile!(tile, q6_four_vnni, F_Q2K),
+            other => unreachable!("{other:?}: no kernel of four groups"),
+        };
+        f(src, xq, first, blocks, acc, ahead)
+    }
+}
+
 /// Each kernel body (`#[inline(always)]`, its const argument `$v` saying whether to
 /// use VNNI) compiled twice: as `$avx2`, and as `$vnni` with AVX-512 VNNI enabled. The
 /// intrinsics inline only into a function that has their features, and the copy run
@@ -286,6 +316,22 @@ unsafe fn tq2_two_vnni<const ONE: bool, const R: usize>(
     out: &mut [[[f32; GROUP]; TILE]; 2],
 ) {
     unsafe { tq2_two::<ONE, R>(src, xq, first, blocks, out) }
+}
+
+/// Four groups of the Q6_K family side by side, with VNNI only ([`quad`]).
+///
+/// # Safety
+/// As [`quad`]'s.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q6_four_vnni<const F: u8, const R: usize>(
+    src: [Src; 4],
+    xq: &QActs,
+    first: usize,
+    blocks: usize,
+    out: &mut [[[f32; GROUP]; TILE]; 4],
+    ahead: Ahead,
+) {
+    unsafe { q6_k::<true, F, true, 4, R>(src, xq, first, blocks, out, ahead) }
 }
 
 /// The formats that run on [`q8`]'s kernels ([`signed_bytes`]), as its const argument `F`.

@@ -42,10 +42,10 @@ pub(super) unsafe fn q6_k<const V: bool, const F: u8, const PRE: bool, const G: 
             let mut blk = [[_mm256_setzero_ps(); G]; R];
             let at = |t: usize| ((first + t) * blocks + b) * 8 * QB;
             let hb = |t: usize| 16 * ((first + t) * blocks + b);
-            if V && PRE && G == 2 {
-                // The pair's values, side by side ([`decode_pair`]).
-                let pair = src[0].vals.add(2 * b * DECODED);
-                q6_block_vnni::<F, G, R>(rec, pair, sc_at, xq, offs, at, hb, &mut blk);
+            if V && PRE && G.is_multiple_of(2) {
+                // Each pair's values, side by side ([`decode_pair`]).
+                let pairs = std::array::from_fn(|g| src[g].vals.add(2 * b * DECODED));
+                q6_block_vnni::<F, G, R>(rec, pairs, sc_at, xq, offs, at, hb, &mut blk);
             } else {
                 // The four outputs of each half are unrolled, so that their shifts are
                 // constants and the chunks they share load once.

@@ -271,42 +271,55 @@ pub(super) unsafe fn dots_x2<const R: usize>(
     }
 }
 
-/// The i32 sums of one Q6_K output (32 values) of two groups, decoded ahead side by
-/// side (at `w`: eight 64-byte chunks of both groups, the second 16 values' four from
-/// 256 bytes on, [`decode_pair`]) against `R` activation rows (from `x`, `row` bytes
-/// apart; the second 16 values from 16 bytes on), from `init` (`[half][row]`, the −32
-/// offsets): `[row][half]`, the first group in the low half of each register, so that
-/// each chain of `vpdpbusd`s is four long and up to eight run side by side.
+/// The i32 sums of one Q6_K output (32 values) of `P` pairs of groups, each pair's
+/// values decoded ahead side by side (at `w[p]`: eight 64-byte chunks of both groups,
+/// the second 16 values' four from 256 bytes on, [`decode_pair`]) against `R`
+/// activation rows (from `x`, `row` bytes apart; the second 16 values from 16 bytes on),
+/// from `init` (`[half][row]`, the −32 offsets): `[pair][row][half]`, a pair's first
+/// group in the low half of each register, so that each chain of `vpdpbusd`s is four
+/// long and up to sixteen run side by side. Each broadcast of four activation bytes
+/// feeds the `P` pairs: one per `vpdpbusd` kept the load ports busier than the
+/// multiply-adds.
 ///
 /// # Safety
-/// What [`vnni`] checks must be available; `w` holds an output's values of both groups
-/// and `x` `R` rows' activations, `row` bytes apart.
-#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
-#[inline]
-pub(super) unsafe fn q6_halves_vnni<const R: usize>(
-    w: *const u8,
+/// What [`vnni`] checks must be available; each `w[p]` holds an output's values of a
+/// pair and `x` `R` rows' activations, `row` bytes apart.
+#[inline(always)]
+pub(super) unsafe fn q6_halves_vnni<const P: usize, const R: usize>(
+    w: [*const u8; P],
     x: *const i8,
     row: usize,
     init: [[__m512i; R]; 2],
-) -> [[__m512i; 2]; R] {
+) -> [[[__m512i; 2]; R]; P] {
     unsafe {
-        let mut s = [[_mm512_setzero_si512(); 2]; R];
-        for (t, s) in s.iter_mut().enumerate() {
-            *s = [init[0][t], init[1][t]];
+        let mut s = [[[_mm512_setzero_si512(); 2]; R]; P];
+        for s in s.iter_mut() {
+            for (t, s) in s.iter_mut().enumerate() {
+                *s = [init[0][t], init[1][t]];
+            }
         }
         for c in 0..4 {
-            let w = [_mm512_loadu_si512(w.add(64 * c).cast()), _mm512_loadu_si512(w.add(256 + 64 * c).cast())];
-            dots_x2(&mut s, &w, x.add(4 * c), row, 16);
+            let w: [[__m512i; 2]; P] =
+                std::array::from_fn(|p| std::array::from_fn(|h| _mm512_loadu_si512(w[p].add(256 * h + 64 * c).cast())));
+            for t in 0..R {
+                for h in 0..2 {
+                    let xb = _mm512_set1_epi32(x.add(t * row + 16 * h + 4 * c).cast::<i32>().read_unaligned());
+                    for (s, w) in s.iter_mut().zip(&w) {
+                        s[t][h] = _mm512_dpbusd_epi32(s[t][h], w[h], xb);
+                    }
+                }
+            }
         }
         s
     }
 }
 
-/// [`q6_k`]'s block for two groups' values decoded ahead side by side (`vals`,
-/// [`decode_pair`]) and `R` rows with VNNI: output by output in a loop (unrolled, the
-/// outputs' sums, scales and pointers crowded the registers and spilled), both 16-value
-/// halves of an output at once ([`q6_halves_vnni`]), both groups in each 512-bit
-/// register; the same operations per row and lane as [`q6_out`].
+/// [`q6_k`]'s block for `G` groups (two or four), each pair's values decoded ahead side
+/// by side (`vals[g]`: group `g`'s pair's, [`decode_pair`]), and `R` rows with VNNI:
+/// output by output in a loop (unrolled, the outputs' sums, scales and pointers crowded
+/// the registers and spilled), both 16-value halves of an output at once
+/// ([`q6_halves_vnni`]), a pair in each 512-bit register; the same operations per row
+/// and lane as [`q6_out`].
 ///
 /// # Safety
 /// As [`q6_k`]'s with `V`, for the block that `rec` and `vals` point into.
@@ -314,7 +327,7 @@ pub(super) unsafe fn q6_halves_vnni<const R: usize>(
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn q6_block_vnni<const F: u8, const G: usize, const R: usize>(
     rec: [*const u8; G],
-    vals: *const u8,
+    vals: [*const u8; G],
     sc_at: usize,
     xq: &QActs,
     offs: *const i32,
@@ -323,12 +336,40 @@ pub(super) unsafe fn q6_block_vnni<const F: u8, const G: usize, const R: usize>(
     blk: &mut [[__m256; G]; R],
 ) {
     unsafe {
-        debug_assert!(G == 2 && (1..=4).contains(&R));
+        debug_assert!((G == 2 || G == 4) && (1..=4).contains(&R));
+        if G == 4 {
+            q6_pairs_vnni::<F, G, 2, R>(rec, vals, sc_at, xq, offs, at, hb, blk)
+        } else {
+            q6_pairs_vnni::<F, G, 1, R>(rec, vals, sc_at, xq, offs, at, hb, blk)
+        }
+    }
+}
+
+/// [`q6_block_vnni`] over its `P = G / 2` pairs.
+///
+/// # Safety
+/// As [`q6_block_vnni`]'s.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn q6_pairs_vnni<const F: u8, const G: usize, const P: usize, const R: usize>(
+    rec: [*const u8; G],
+    vals: [*const u8; G],
+    sc_at: usize,
+    xq: &QActs,
+    offs: *const i32,
+    at: impl Fn(usize) -> usize,
+    hb: impl Fn(usize) -> usize,
+    blk: &mut [[__m256; G]; R],
+) {
+    unsafe {
+        debug_assert_eq!(G, 2 * P);
         // (Row 1's index is only arithmetic: a tile of one row reads none of it.)
         let row = at(1) - at(0);
-        let mut acc = [_mm512_setzero_ps(); R];
+        let mut acc = [[_mm512_setzero_ps(); P]; R];
         for (acc, blk) in acc.iter_mut().zip(blk.iter()) {
-            *acc = two_groups_ps(blk[0], blk[G - 1]);
+            for (p, acc) in acc.iter_mut().enumerate() {
+                *acc = two_groups_ps(blk[2 * p], blk[2 * p + 1]);
+            }
         }
         for o in 0..8 {
             // Output `o` is `i = o % 4` of half `n = o / 4`: its values 32·o on, its scales
@@ -339,18 +380,23 @@ pub(super) unsafe fn q6_block_vnni<const F: u8, const G: usize, const R: usize>(
                     *init = _mm512_set1_epi32(*offs.add((at(t) + 32 * o + 16 * half) / QH));
                 }
             }
-            let s = q6_halves_vnni(vals.add(2 * 256 * o), xq.q.as_ptr().add(at(0) + 32 * o), row, init);
-            let sc = |g: usize| rec[g.min(G - 1)].add(sc_at + 16 * o);
-            let (lo, hi) = (q6_scales_2::<F>(sc(0), sc(1)), q6_scales_2::<F>(sc(0).add(8), sc(1).add(8)));
-            for (t, (acc, s)) in acc.iter_mut().zip(&s).enumerate() {
-                let dot = _mm512_add_epi32(_mm512_mullo_epi32(s[0], lo), _mm512_mullo_epi32(s[1], hi));
-                let dx = _mm512_set1_ps(*xq.d.get_unchecked(hb(t) + 2 * o));
-                *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), dx, *acc);
+            let w = std::array::from_fn(|p| vals[2 * p].add(2 * 256 * o));
+            let s = q6_halves_vnni::<P, R>(w, xq.q.as_ptr().add(at(0) + 32 * o), row, init);
+            for (p, s) in s.iter().enumerate() {
+                let sc = |g: usize| rec[2 * p + g].add(sc_at + 16 * o);
+                let (lo, hi) = (q6_scales_2::<F>(sc(0), sc(1)), q6_scales_2::<F>(sc(0).add(8), sc(1).add(8)));
+                for (t, (acc, s)) in acc.iter_mut().zip(s).enumerate() {
+                    let dot = _mm512_add_epi32(_mm512_mullo_epi32(s[0], lo), _mm512_mullo_epi32(s[1], hi));
+                    let dx = _mm512_set1_ps(*xq.d.get_unchecked(hb(t) + 2 * o));
+                    acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), dx, acc[p]);
+                }
             }
         }
-        for (blk, &acc) in blk.iter_mut().zip(&acc) {
-            blk[0] = group_ps(acc, 0);
-            blk[G - 1] = group_ps(acc, 1);
+        for (blk, acc) in blk.iter_mut().zip(&acc) {
+            for (p, &acc) in acc.iter().enumerate() {
+                blk[2 * p] = group_ps(acc, 0);
+                blk[2 * p + 1] = group_ps(acc, 1);
+            }
         }
     }
 }
