@@ -224,9 +224,10 @@ pub(super) fn pair(
     let _ = (data, vals, xq, first, k, acc, ahead);
 }
 
-/// Four neighbouring groups' records and their pairs' values decoded side by side
-/// (`vals`: the first pair's twice, then the second's, [`decode_pair`]) against
-/// activation rows `first..first + tile`, for the formats that run in [`quads`].
+/// Four neighbouring groups' records and, for the formats that [`decodes_in_pairs`],
+/// their pairs' values decoded side by side (`vals`: the first pair's twice, then the
+/// second's, [`decode_pair`]; else none) against activation rows `first..first + tile`,
+/// for the formats that run in [`quads`].
 #[allow(clippy::too_many_arguments)]
 pub(super) fn quad(
     dtype: GgmlType,
@@ -241,7 +242,8 @@ pub(super) fn quad(
 ) {
     let blocks = k / dtype.block().0;
     let fits = |g: usize| {
-        data[g].len() == blocks * record(dtype).0 && vals[g].is_some_and(|v| v.len() == 2 * blocks * DECODED)
+        let vals = vals[g].map(|v| v.len() == 2 * blocks * DECODED);
+        data[g].len() == blocks * record(dtype).0 && vals == decodes_in_pairs(dtype).then_some(true)
     };
     assert!(quads(dtype) && (1..=TILE).contains(&tile) && (0..4).all(fits));
     #[cfg(target_arch = "x86_64")]

@@ -39,7 +39,7 @@ pub(super) unsafe fn k_tiled<const V: bool, const FIVE: bool, const PRE: bool, c
             let mut dots = [[_mm256_setzero_si256(); G]; R];
             let at = |t: usize| ((first + t) * blocks + b) * 8;
             // Q4_K from its records, Q5_K from its decoded values.
-            if V && G == 2 && FIVE == PRE {
+            if V && G.is_multiple_of(2) && FIVE == PRE {
                 k_block_vnni::<FIVE, G, R>(rec, vals, xq, at, &mut dots);
             } else if V && G == 1 && !FIVE && !PRE {
                 let rows = k_rows_vnni::<R>(rec[0], xq.q.as_ptr(), at);

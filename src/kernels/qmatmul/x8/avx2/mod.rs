@@ -207,13 +207,15 @@ pub unsafe fn pair(
     }
 }
 
-/// Four neighbouring groups of the Q6_K family (`src`, each pair's values decoded side
-/// by side, [`decode_pair`]) against activation rows `first..first + tile`, with VNNI
-/// ([`quads`]): each broadcast of activations feeds both pairs' `vpdpbusd`s.
+/// Four neighbouring groups (`src`: Q4_K's records, or the Q6_K family's with each
+/// pair's values decoded side by side, [`decode_pair`]) against activation rows
+/// `first..first + tile`, with VNNI ([`quads`]): each broadcast of activations feeds
+/// both pairs' `vpdpbusd`s.
 ///
 /// # Safety
-/// What [`vnni`] checks must be available; `src[0]` and `src[1]` hold `blocks` records
-/// and both share their pair's decoded values, as do `src[2]` and `src[3]`.
+/// What [`vnni`] checks must be available; each `src` holds `blocks` records, and for
+/// the Q6_K family `src[0]` and `src[1]` share their pair's decoded values, as do
+/// `src[2]` and `src[3]` (Q4_K's are null).
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn quad(
     dtype: GgmlType,
@@ -226,8 +228,9 @@ pub unsafe fn quad(
     ahead: Ahead,
 ) {
     unsafe {
-        debug_assert!((1..=TILE).contains(&tile) && src.iter().all(|s| !s.vals.is_null()));
+        debug_assert!((1..=TILE).contains(&tile) && src.iter().all(|s| s.vals.is_null() == (dtype == GgmlType::Q4K)));
         let f = match dtype {
+            GgmlType::Q4K => by_tile!(tile, k_four_vnni),
             GgmlType::Q6K => by_tile!(tile, q6_four_vnni, F_Q6K),
             GgmlType::Q3K => by_tile!(tile, q6_four_vnni, F_Q3K),
             GgmlType::Q2K => by_tile!(tile, q6_four_vnni, F_Q2K),
@@ -316,6 +319,22 @@ unsafe fn tq2_two_vnni<const ONE: bool, const R: usize>(
     out: &mut [[[f32; GROUP]; TILE]; 2],
 ) {
     unsafe { tq2_two::<ONE, R>(src, xq, first, blocks, out) }
+}
+
+/// Four groups of Q4_K from their records, with VNNI only ([`quad`]).
+///
+/// # Safety
+/// As [`quad`]'s.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn k_four_vnni<const R: usize>(
+    src: [Src; 4],
+    xq: &QActs,
+    first: usize,
+    blocks: usize,
+    out: &mut [[[f32; GROUP]; TILE]; 4],
+    ahead: Ahead,
+) {
+    unsafe { k_tiled::<true, false, false, 4, R>(src, xq, first, blocks, out, ahead) }
 }
 
 /// Four groups of the Q6_K family side by side, with VNNI only ([`quad`]).

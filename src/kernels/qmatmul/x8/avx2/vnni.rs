@@ -38,36 +38,62 @@ pub(super) unsafe fn k_block_vnni<const FIVE: bool, const G: usize, const R: usi
     dots: &mut [[__m256i; G]; R],
 ) {
     unsafe {
-        debug_assert!(G == 2 && (1..=4).contains(&R));
+        debug_assert!((G == 2 || G == 4 && !FIVE) && (1..=4).contains(&R));
+        if G == 4 {
+            k_pairs_vnni::<FIVE, G, 2, R>(rec, vals, xq, at, dots)
+        } else {
+            k_pairs_vnni::<FIVE, G, 1, R>(rec, vals, xq, at, dots)
+        }
+    }
+}
+
+/// [`k_block_vnni`] over its `P = G / 2` pairs of groups (Q4_K's two pairs from their
+/// records, [`nibbles_vnni`]).
+///
+/// # Safety
+/// As [`k_block_vnni`]'s.
+#[inline(always)]
+unsafe fn k_pairs_vnni<const FIVE: bool, const G: usize, const P: usize, const R: usize>(
+    rec: [*const u8; G],
+    vals: [*const u8; G],
+    xq: &QActs,
+    at: impl Fn(usize) -> usize,
+    dots: &mut [[__m256i; G]; R],
+) {
+    unsafe {
+        debug_assert_eq!(G, 2 * P);
         let head = record(GgmlType::Q4K).1;
         let x = xq.q.as_ptr().add(at(0) * QB);
         // (Row 1's index is only arithmetic: a tile of one row reads none of it.)
         let row = (at(1) - at(0)) * QB;
-        let mut sums = [_mm512_setzero_si512(); R];
+        let mut sums = [[_mm512_setzero_si512(); P]; R];
         for pair in 0..4 {
+            let x = x.add(2 * pair * QB);
             let s = if FIVE {
                 // Sub-block `2·pair`'s decoded chunks, then `2·pair + 1`'s.
-                let w = |g: usize| vals[g.min(G - 1)].add(512 * pair);
-                decoded_x2_vnni::<R>(w(0), w(1), x.add(2 * pair * QB), row)
+                let w = |g: usize| vals[g].add(512 * pair);
+                [decoded_x2_vnni::<R>(w(0), w(1), x, row); P]
             } else {
-                let w = |g: usize| rec[g.min(G - 1)].add(head + 256 * pair);
-                nibbles_x2_vnni::<R>(w(0), w(1), x.add(2 * pair * QB), row)
+                let w = |g: usize| rec[g].add(head + 256 * pair);
+                nibbles_vnni::<P, R>(std::array::from_fn(|p| [w(2 * p), w(2 * p + 1)]), x, row)
             };
-            // Both groups' scales of sub-blocks `2·pair` and `2·pair + 1`, the first group's low.
-            let sc = |g: usize| rec[g.min(G - 1)].add(32 + 16 * pair);
-            let lo = _mm512_cvtepu8_epi32(two_groups_8(sc(0), sc(1)));
-            let lo = if FIVE { lo } else { _mm512_slli_epi32(lo, 4) };
-            let hi = _mm512_cvtepu8_epi32(two_groups_8(sc(0).add(8), sc(1).add(8)));
-            for (sums, s) in sums.iter_mut().zip(&s) {
-                let scaled = _mm512_add_epi32(_mm512_mullo_epi32(s[0], lo), _mm512_mullo_epi32(s[1], hi));
-                *sums = _mm512_add_epi32(*sums, scaled);
+            for (p, s) in s.iter().enumerate() {
+                // The pair's scales of sub-blocks `2·pair` and `2·pair + 1`, its first group's low.
+                let sc = |g: usize| rec[2 * p + g].add(32 + 16 * pair);
+                let lo = _mm512_cvtepu8_epi32(two_groups_8(sc(0), sc(1)));
+                let lo = if FIVE { lo } else { _mm512_slli_epi32(lo, 4) };
+                let hi = _mm512_cvtepu8_epi32(two_groups_8(sc(0).add(8), sc(1).add(8)));
+                for (sums, s) in sums.iter_mut().zip(s) {
+                    let scaled = _mm512_add_epi32(_mm512_mullo_epi32(s[0], lo), _mm512_mullo_epi32(s[1], hi));
+                    sums[p] = _mm512_add_epi32(sums[p], scaled);
+                }
             }
         }
-        for (dots, &sums) in dots.iter_mut().zip(&sums) {
-            let sums = if FIVE { sums } else { _mm512_srai_epi32(sums, 4) };
-            let halves = [_mm512_castsi512_si256(sums), _mm512_extracti64x4_epi64::<1>(sums)];
-            for (dot, s) in dots.iter_mut().zip(halves) {
-                *dot = _mm256_add_epi32(*dot, s);
+        for (dots, sums) in dots.iter_mut().zip(&sums) {
+            for (p, &sums) in sums.iter().enumerate() {
+                let sums = if FIVE { sums } else { _mm512_srai_epi32(sums, 4) };
+                dots[2 * p] = _mm256_add_epi32(dots[2 * p], _mm512_castsi512_si256(sums));
+                dots[2 * p + 1] = _mm256_add_epi32(dots[2 * p + 1], _mm512_extracti64x4_epi64::<1>(sums));
             }
         }
     }
@@ -217,29 +243,38 @@ pub(super) unsafe fn decoded_x2_vnni<const R: usize>(
 }
 
 /// The i32 sums of two Q4_K sub-blocks (the low nibbles, then the high ones masked in
-/// place) of two groups' records (nibbles at `w0`, `w1`, eight 32-byte chunks) against
-/// `R` activation rows (from `x`, `row` bytes apart; the second sub-block's 32 bytes
-/// on): `[row][sub-block]`, the first group's rows in the low halves ([`two_groups`]).
-/// Up to eight sums of 512 bits.
+/// place) of `P` pairs of groups' records (nibbles at `w[p]`, eight 32-byte chunks
+/// each) against `R` activation rows (from `x`, `row` bytes apart; the second
+/// sub-block's 32 bytes on): `[pair][row][sub-block]`, a pair's first group's rows in
+/// the low halves ([`two_groups`]). Each broadcast of activations feeds the `P` pairs:
+/// one per `vpdpbusd` kept the load ports busier than the multiply-adds.
 ///
 /// # Safety
-/// What [`vnni`] checks must be available; `w0` and `w1` hold eight chunks of nibbles
-/// and `x` `R` rows' activations, `row` bytes apart.
+/// What [`vnni`] checks must be available; each `w[p]` holds eight chunks of nibbles of
+/// two groups and `x` `R` rows' activations, `row` bytes apart.
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-pub(super) unsafe fn nibbles_x2_vnni<const R: usize>(
-    w0: *const u8,
-    w1: *const u8,
+pub(super) unsafe fn nibbles_vnni<const P: usize, const R: usize>(
+    w: [[*const u8; 2]; P],
     x: *const i8,
     row: usize,
-) -> [[__m512i; 2]; R] {
+) -> [[[__m512i; 2]; R]; P] {
     unsafe {
         let (low, high) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0xF0u8 as i8));
-        let mut s = [[_mm512_setzero_si512(); 2]; R];
+        let mut s = [[[_mm512_setzero_si512(); 2]; R]; P];
         for c in 0..8 {
-            let v = two_groups(w0.add(32 * c), w1.add(32 * c));
-            let w = [_mm512_and_si512(v, low), _mm512_and_si512(v, high)];
-            dots_x2(&mut s, &w, x.add(4 * c), row, 32);
+            let w: [[__m512i; 2]; P] = std::array::from_fn(|p| {
+                let v = two_groups(w[p][0].add(32 * c), w[p][1].add(32 * c));
+                [_mm512_and_si512(v, low), _mm512_and_si512(v, high)]
+            });
+            for t in 0..R {
+                for h in 0..2 {
+                    let xb = _mm512_set1_epi32(x.add(t * row + 32 * h + 4 * c).cast::<i32>().read_unaligned());
+                    for (s, w) in s.iter_mut().zip(&w) {
+                        s[t][h] = _mm512_dpbusd_epi32(s[t][h], w[h], xb);
+                    }
+                }
+            }
         }
         s
     }
