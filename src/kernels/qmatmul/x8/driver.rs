@@ -139,6 +139,7 @@ pub(crate) unsafe fn groups_task(
                         let mut acc = [[[0f32; GROUP]; TILE]; 4];
                         let data = [records(g), records(g + 1), records(g + 2), records(g + 3)];
                         let [a, b] = [pair_vals(g)[0], pair_vals(g + 2)[0]];
+                        let ask = if spread { ask } else { &[] };
                         quad(p.dtype, data, [a, a, b, b], xq, i, tile, k, &mut acc, ask);
                         for (j, acc) in acc.iter().enumerate() {
                             put(acc, g + j, i, tile);

@@ -207,8 +207,8 @@ pub unsafe fn pair(
     }
 }
 
-/// Four neighbouring groups (`src`: Q4_K's records, or the Q6_K family's with each
-/// pair's values decoded side by side, [`decode_pair`]) against activation rows
+/// Four neighbouring groups (`src`: Q4_K's, Q8_0's, IQ4's and MXFP4's records, or the
+/// Q6_K family's with each pair's values decoded side by side, [`decode_pair`]) against activation rows
 /// `first..first + tile`, with VNNI ([`quads`]): each broadcast of activations feeds
 /// both pairs' `vpdpbusd`s.
 ///
@@ -228,7 +228,18 @@ pub unsafe fn quad(
     ahead: Ahead,
 ) {
     unsafe {
-        debug_assert!((1..=TILE).contains(&tile) && src.iter().all(|s| s.vals.is_null() == (dtype == GgmlType::Q4K)));
+        debug_assert!((1..=TILE).contains(&tile) && src.iter().all(|s| s.vals.is_null() != decodes_in_pairs(dtype)));
+        if signed_bytes(dtype) {
+            // Their share of records is asked for before the call, as for [`pair`]'s.
+            debug_assert!(ahead.len == 0);
+            let f = match dtype {
+                GgmlType::Q8_0 => by_tile!(tile, q8_four_vnni, F_Q8_0),
+                GgmlType::Iq4Nl => by_tile!(tile, q8_four_vnni, F_IQ4_NL),
+                GgmlType::Mxfp4 => by_tile!(tile, q8_four_vnni, F_MXFP4),
+                _ => by_tile!(tile, q8_four_vnni, F_IQ4_XS),
+            };
+            return f(src, xq, first, blocks, acc);
+        }
         let f = match dtype {
             GgmlType::Q4K => by_tile!(tile, k_four_vnni),
             GgmlType::Q6K => by_tile!(tile, q6_four_vnni, F_Q6K),
@@ -304,6 +315,21 @@ unsafe fn q8_two_vnni<const F: u8, const R: usize>(
     out: &mut [[[f32; GROUP]; TILE]; 2],
 ) {
     unsafe { q8_two::<F, R>(src, xq, first, blocks, out) }
+}
+
+/// Four groups of Q8_0 (or IQ4, MXFP4), two pairs side by side, with VNNI only ([`quads`]).
+///
+/// # Safety
+/// As [`q8_four`]'s.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q8_four_vnni<const F: u8, const R: usize>(
+    src: [Src; 4],
+    xq: &QActs,
+    first: usize,
+    blocks: usize,
+    out: &mut [[[f32; GROUP]; TILE]; 4],
+) {
+    unsafe { q8_four::<F, R>(src, xq, first, blocks, out) }
 }
 
 /// Two groups of TQ2_0 (TQ1_0's decoded ahead with `ONE`) side by side, with VNNI only ([`pairs`]).

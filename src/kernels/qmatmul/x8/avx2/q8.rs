@@ -90,48 +90,95 @@ pub(super) unsafe fn q8_two<const F: u8, const R: usize>(
     blocks: usize,
     out: &mut [[[f32; GROUP]; TILE]; 2],
 ) {
+    unsafe { q8_pairs::<F, 2, 1, R>(src, xq, first, blocks, out) }
+}
+
+/// [`q8_two`] for four groups, two pairs ([`quads`]): each broadcast of activations, and
+/// each row's offset and scale, serves both pairs.
+///
+/// # Safety
+/// As [`q8_two`]'s, for four groups.
+#[inline(always)]
+pub(super) unsafe fn q8_four<const F: u8, const R: usize>(
+    src: [Src; 4],
+    xq: &QActs,
+    first: usize,
+    blocks: usize,
+    out: &mut [[[f32; GROUP]; TILE]; 4],
+) {
+    unsafe { q8_pairs::<F, 4, 2, R>(src, xq, first, blocks, out) }
+}
+
+/// [`q8_two`] over `P = G / 2` pairs of groups.
+///
+/// # Safety
+/// As [`q8_two`]'s, for `G` groups.
+#[inline(always)]
+unsafe fn q8_pairs<const F: u8, const G: usize, const P: usize, const R: usize>(
+    src: [Src; G],
+    xq: &QActs,
+    first: usize,
+    blocks: usize,
+    out: &mut [[[f32; GROUP]; TILE]; G],
+) {
     unsafe {
+        debug_assert_eq!(G, 2 * P);
         let dtype = q8_format(F);
         let ((rec_bytes, head), subs, sc_at) = (record(dtype), dtype.block().0 / QB, shape(dtype).bytes_at());
         let blocks = blocks * subs;
         let values = if F == F_MXFP4 { &MXFP4_VALUES } else { &IQ4_VALUES };
         let table = _mm512_broadcast_i32x4(_mm_loadu_si128(values.as_ptr().cast()));
-        let mut acc = [_mm512_setzero_ps(); R];
+        let mut acc = [[_mm512_setzero_ps(); R]; P];
         for b in 0..blocks {
             let sub = b % subs;
-            let rec = [src[0].rec.add(b / subs * rec_bytes), src[1].rec.add(b / subs * rec_bytes)];
+            let rec: [*const u8; G] = std::array::from_fn(|g| src[g].rec.add(b / subs * rec_bytes));
             let at = sc_at + GROUP * sub;
-            let dw = two_groups_ps(q8_scales::<F>(rec[0], at), q8_scales::<F>(rec[1], at));
+            let dw: [__m512; P] = std::array::from_fn(|p| {
+                two_groups_ps(q8_scales::<F>(rec[2 * p], at), q8_scales::<F>(rec[2 * p + 1], at))
+            });
             for h in 0..2 {
                 // `w + 128` is unsigned, and `Σ (w + 128)·x` starts from `−128 · Σx`.
-                let mut s = [_mm512_setzero_si512(); R];
-                for (t, s) in s.iter_mut().enumerate() {
-                    *s = _mm512_set1_epi32(-128 * xq.sums.get_unchecked(2 * ((first + t) * blocks + b) + h));
-                }
-                for c in 0..4 {
-                    let w = if F == F_Q8_0 {
-                        let at = head + 32 * (4 * h + c);
-                        two_groups(rec[0].add(at), rec[1].add(at))
-                    } else {
-                        let at = head + 128 * sub + 32 * c;
-                        let v = two_groups(rec[0].add(at), rec[1].add(at));
-                        let v = if h == 0 { v } else { _mm512_srli_epi16(v, 4) };
-                        _mm512_shuffle_epi8(table, _mm512_and_si512(v, _mm512_set1_epi8(0xF)))
-                    };
-                    let uw = _mm512_xor_si512(w, _mm512_set1_epi8(-128));
-                    for (t, s) in s.iter_mut().enumerate() {
-                        let x = xq.q.as_ptr().add(((first + t) * blocks + b) * QB + QH * h + 4 * c);
-                        *s = _mm512_dpbusd_epi32(*s, uw, _mm512_set1_epi32(x.cast::<i32>().read_unaligned()));
+                let mut s = [[_mm512_setzero_si512(); R]; P];
+                for t in 0..R {
+                    let init = _mm512_set1_epi32(-128 * xq.sums.get_unchecked(2 * ((first + t) * blocks + b) + h));
+                    for s in s.iter_mut() {
+                        s[t] = init;
                     }
                 }
-                for (t, (acc, s)) in acc.iter_mut().zip(&s).enumerate() {
+                for c in 0..4 {
+                    let uw: [__m512i; P] = std::array::from_fn(|p| {
+                        let (a, b) = (rec[2 * p], rec[2 * p + 1]);
+                        let w = if F == F_Q8_0 {
+                            let at = head + 32 * (4 * h + c);
+                            two_groups(a.add(at), b.add(at))
+                        } else {
+                            let at = head + 128 * sub + 32 * c;
+                            let v = two_groups(a.add(at), b.add(at));
+                            let v = if h == 0 { v } else { _mm512_srli_epi16(v, 4) };
+                            _mm512_shuffle_epi8(table, _mm512_and_si512(v, _mm512_set1_epi8(0xF)))
+                        };
+                        _mm512_xor_si512(w, _mm512_set1_epi8(-128))
+                    });
+                    for t in 0..R {
+                        let x = xq.q.as_ptr().add(((first + t) * blocks + b) * QB + QH * h + 4 * c);
+                        let x = _mm512_set1_epi32(x.cast::<i32>().read_unaligned());
+                        for (s, &uw) in s.iter_mut().zip(&uw) {
+                            s[t] = _mm512_dpbusd_epi32(s[t], uw, x);
+                        }
+                    }
+                }
+                for t in 0..R {
                     let dx = _mm512_set1_ps(*xq.d.get_unchecked(2 * ((first + t) * blocks + b) + h));
-                    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(*s), _mm512_mul_ps(dw, dx), *acc);
+                    for ((acc, s), &dw) in acc.iter_mut().zip(&s).zip(&dw) {
+                        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t]), _mm512_mul_ps(dw, dx), acc[t]);
+                    }
                 }
             }
         }
-        let [a, b] = out;
-        store_two(&acc, [a, b]);
+        for (acc, out) in acc.iter().zip(out.chunks_exact_mut(2)) {
+            let [a, b] = out else { unreachable!("pairs of groups") };
+            store_two(acc, [a, b]);
+        }
     }
 }
 
