@@ -59,6 +59,30 @@ fn prefix_hits_resume_from_snapshots_and_forks_copy_the_state() {
     assert_all_blocks_free(&on);
 }
 
+/// With room for two snapshots only, the end of a shared system prompt stays while each
+/// request's own prompt end and the block boundaries inside prompts come and go: from the
+/// third request on (the second finds the shared blocks but no snapshot after them, and
+/// takes one), each resumes after the shared prompt and gives the ids it gives with no cache.
+#[test]
+fn a_shared_prompt_keeps_its_snapshot_in_a_small_store() {
+    if shared_models().is_none() {
+        return;
+    }
+    let system = random_ids(200, 50_000, 6);
+    let off = engine(GGUF, EngineConfig { prefix_caching: false, ..EngineConfig::default() });
+    let cfg = EngineConfig { state_snapshots: Some(2), max_num_batched_tokens: 64, ..EngineConfig::default() };
+    let on = engine(GGUF, cfg);
+    for i in 0..5 {
+        let prompt = [system.clone(), random_ids(40, 50_000, 100 + i)].concat();
+        let want = collect(off.submit(greedy(&prompt, 8)).unwrap()).remove(0);
+        let got = collect(on.submit(greedy(&prompt, 8)).unwrap()).remove(0);
+        assert_eq!(got.tokens, want.tokens, "request {i}");
+        let resumed = if i >= 2 { 192 } else { 0 };
+        assert_eq!(got.usage.cached_tokens, resumed, "request {i}: the shared prompt's 12 whole blocks");
+    }
+    assert_all_blocks_free(&on);
+}
+
 /// Many requests through a pool too small for all of them (preempted and recomputed from
 /// zero state) beside sampled traffic: each greedy request gives its ids alone.
 #[test]

@@ -14,7 +14,7 @@ pub use allocator::{block_hash, BlockAllocator, BlockHash};
 pub use block_table::BlockTable;
 pub use cache::{KvCache, KvCacheDtype, KvDtype, KvShape};
 pub use events::KvEvent;
-pub use snapshots::SnapshotIndex;
+pub use snapshots::{SnapshotIndex, Worth};
 pub use state::{StateCache, StatePool};
 
 /// Raised when a sequence needs more blocks than are free; the caller decides what to evict.

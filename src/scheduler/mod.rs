@@ -13,7 +13,7 @@ mod sequence;
 
 pub use sequence::{SeqId, Sequence};
 
-use crate::kv::{BlockAllocator, BlockTable, KvEvent, SnapshotIndex};
+use crate::kv::{BlockAllocator, BlockTable, KvEvent, SnapshotIndex, Worth};
 use std::collections::{HashMap, HashSet};
 
 #[derive(Debug, Clone, Copy)]
@@ -146,10 +146,15 @@ fn reuse_prefix<S>(
         let Some(block) = alloc.lookup(hash) else { break };
         chain.push((block, hash));
     }
+    seq.snapshot_blocks = (chain.len(), seq.tokens.len() / bs);
     if let Some(ix) = snapshots {
         // The deepest block with a snapshot: its chain is kept, its state restored.
         let n = chain.len();
         let resume = chain.iter().rev().enumerate().find_map(|(back, &(_, h))| Some((n - back, ix.lookup(h)?)));
+        // A prefix that two prompts share ends where one resumes.
+        if let Some((keep, _)) = resume {
+            ix.claim(chain[keep - 1].1, Worth::Shared);
+        }
         chain.truncate(resume.map_or(0, |(keep, _)| keep));
         seq.restore = resume.map(|(_, slot)| slot);
     }
@@ -163,20 +168,35 @@ fn reuse_prefix<S>(
 }
 
 /// The snapshots a step of `n` tokens after `seq.num_computed` takes: at the last token of
-/// each block it completes (the last `most` of them), into slots claimed from `ix`.
+/// each block of its admitted tokens that it completes (the last `most` of them, besides
+/// the two worth more, [`Sequence::snapshot_blocks`]), into slots claimed from `ix`.
 fn plan_captures<S>(ix: &mut SnapshotIndex, seq: &mut Sequence<S>, n: usize, bs: usize, most: usize) {
-    let (done, end) = (seq.num_computed / bs, (seq.num_computed + n) / bs);
+    let (shared, admitted) = seq.snapshot_blocks;
+    let (done, end) = (seq.num_computed / bs, ((seq.num_computed + n) / bs).min(admitted));
     let mut parent = seq.block_hashes.last().copied();
-    let mut hashes = Vec::new();
+    let mut chosen = Vec::new();
     for i in seq.block_hashes.len()..end {
         let hash = seq.chain_hash(parent, i, bs);
         if i >= done {
-            hashes.push((i, hash));
+            let worth = match i + 1 {
+                b if b == shared => Worth::Shared,
+                b if b == admitted => Worth::PromptEnd,
+                _ => Worth::Passing,
+            };
+            chosen.push((i, hash, worth));
         }
         parent = Some(hash);
     }
-    for &(i, hash) in &hashes[hashes.len().saturating_sub(most)..] {
-        if let Some(slot) = ix.claim(hash) {
+    let passing = chosen.iter().filter(|c| c.2 == Worth::Passing).count();
+    let mut skip = passing.saturating_sub(most.saturating_sub(chosen.len() - passing));
+    // In the order the forward pass writes them, so that a slot claimed twice in one
+    // step holds the state its last claim is for.
+    for (i, hash, worth) in chosen {
+        if worth == Worth::Passing && skip > 0 {
+            skip -= 1;
+            continue;
+        }
+        if let Some(slot) = ix.claim(hash, worth) {
             seq.captures.push(((i + 1) * bs - 1, slot));
         }
     }
@@ -391,6 +411,7 @@ impl<S> Scheduler<S> {
             // A prompt to be scored or mean-pooled computes every row: none comes from the cache.
             let reuse = self.cfg.prefix_caching && !seq.prompt_logits && !seq.whole_prompt;
             seq.restore = None;
+            seq.snapshot_blocks = (0, seq.tokens.len() / bs);
             let reused = if reuse { reuse_prefix(&mut self.alloc, seq, bs, self.snapshots.as_mut()) } else { 0 };
             let n = self.cfg.chunk(seq, budget, full);
             let target = seq.num_computed + n;

@@ -25,6 +25,13 @@ pub struct Sequence<S = ()> {
     pub restore: Option<u32>,
     /// This step's snapshots to take: (position of a block's last token, snapshot slot).
     pub captures: Vec<(usize, u32)>,
+    /// At its last admission, the whole blocks of its tokens found in the prefix cache and
+    /// the whole blocks of its tokens: the states after them are worth keeping more than
+    /// others (the end of a prefix that another prompt sent too, and of its own prompt,
+    /// [`Worth`]), and blocks past the second, its own output, take no snapshot.
+    ///
+    /// [`Worth`]: crate::kv::Worth
+    pub snapshot_blocks: (usize, usize),
     /// Lower runs first.
     pub priority: i32,
     /// Submission order, the tie-breaker.
@@ -55,6 +62,7 @@ impl<S> Sequence<S> {
             state_slot: None,
             restore: None,
             captures: Vec::new(),
+            snapshot_blocks: (0, 0),
             priority,
             arrival,
             requeued: false,
