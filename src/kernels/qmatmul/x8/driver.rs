@@ -40,8 +40,7 @@ pub(crate) unsafe fn groups_task(
     // Paired formats take an even number of groups, so that none runs alone, and those
     // that run four together a multiple of four wherever two fit: four groups of
     // 8192-value rows with their values, 476 KB, still sit in the 1 MB L2 of the CPUs
-    // with VNNI (at 32 rows in cache, 0.37 of the `vpdpbusd` peak in pairs, 0.41–0.48
-    // in fours).
+    // with VNNI, and ran faster than pairs there.
     let paired = m > TILE && pairs(p.dtype);
     let four = paired && quads(p.dtype);
     let fit = CHUNK_BYTES / (group_bytes + decoded_bytes);

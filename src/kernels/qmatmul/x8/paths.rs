@@ -59,12 +59,9 @@ pub(super) fn decodes_in_pairs(dtype: GgmlType) -> bool {
 
 /// Whether four groups of `dtype` run together ([`quad`]) where a chunk holds them: with
 /// VNNI, Q4_K and the signed-byte formats (from their records) and the formats whose
-/// pairs decode side by side, so
-/// that each broadcast of activations feeds two pairs' `vpdpbusd`s: one broadcast load
-/// per `vpdpbusd` kept the load ports busier than the multiply-adds (2048 × 2048 Q6_K in
-/// cache, share of the `vpdpbusd` peak: 0.31–0.34 → 0.41–0.42 at 32 rows, 0.39 → 0.55
-/// at 512; Q4_K 0.51–0.54 → 0.55–0.59 at 32; Q8_0 0.33–0.42 → 0.36–0.49 at 32, 0.43 → 0.55
-/// at 512).
+/// pairs decode side by side, so that each broadcast of activations feeds two pairs'
+/// `vpdpbusd`s; one broadcast per `vpdpbusd` kept the load ports busier than the
+/// multiply-adds (`docs/kernels.md`).
 pub(super) fn quads(dtype: GgmlType) -> bool {
     decodes_in_pairs(dtype) || (dtype == GgmlType::Q4K || signed_bytes(dtype)) && vnni()
 }

@@ -8,7 +8,7 @@ use super::*;
 /// from the values decoded ahead. `G` groups run side by side, so that each
 /// broadcast of activation bytes feeds `G` multiply-adds (a broadcast load costs about
 /// as much as a `maddubs`). One sub-block at a time (the low nibbles of a pair, then
-/// the high ones: [`k_sub`]; Q4_K's two groups with VNNI, both sub-blocks at once
+/// the high ones: [`k_sub`]; Q4_K's two or four groups with VNNI, both sub-blocks at once
 /// from the records, and Q5_K's from its decoded values: [`k_block_vnni`]; Q4_K's
 /// one group with VNNI: [`k_rows_vnni`]); the
 /// scaled sums add in i32 over the block and take the product of the row's activation

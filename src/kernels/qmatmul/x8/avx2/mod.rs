@@ -208,9 +208,9 @@ pub unsafe fn pair(
 }
 
 /// Four neighbouring groups (`src`: Q4_K's, Q8_0's, IQ4's and MXFP4's records, or the
-/// Q6_K family's with each pair's values decoded side by side, [`decode_pair`]) against activation rows
-/// `first..first + tile`, with VNNI ([`quads`]): each broadcast of activations feeds
-/// both pairs' `vpdpbusd`s.
+/// Q6_K family's with each pair's values decoded side by side, [`decode_pair`]) against
+/// activation rows `first..first + tile`, with VNNI ([`quads`]): each broadcast of
+/// activations feeds both pairs' `vpdpbusd`s.
 ///
 /// # Safety
 /// What [`vnni`] checks must be available; each `src` holds `blocks` records, and for

@@ -14,17 +14,17 @@ pub(super) unsafe fn dot4(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
     unsafe { _mm256_dpbusd_epi32(acc, w, x) }
 }
 
-/// One block of two groups' Q4_K records (`rec`), or Q5_K values decoded ahead
-/// (`vals`, with `FIVE`), against `R` activation rows from sub-block index `at(0)`
-/// (rows `at(1) - at(0)` apart): each row's scaled integer sums of the block, added to
-/// `dots`. Both groups share each 512-bit register, the first group's eight rows in the
-/// low half ([`two_groups`]): one `vpdpbusd` does what two did on 256-bit halves, and
-/// CPUs with full-width AVX-512 (Zen 5) run it as fast. Q4_K's come straight from the
-/// nibbles: a chunk of nibbles feeds both of its sub-blocks, the low ones masked, the
-/// high ones masked in place (16 times their value), so there is no shift and no
-/// decode pass; the low sub-block's sums take 16 times their scale, and the block's
-/// sums, all multiples of 16, are divided back exactly (at most 16 · 8 · 32 · 15 · 127 ·
-/// 63 < 2³¹ per lane). The same integers as [`k_sub`]'s.
+/// One block of two or four groups' Q4_K records (`rec`), or two groups' Q5_K values
+/// decoded ahead (`vals`, with `FIVE`), against `R` activation rows from sub-block index
+/// `at(0)` (rows `at(1) - at(0)` apart): each row's scaled integer sums of the block,
+/// added to `dots`. A pair of groups shares each 512-bit register, the first group's
+/// eight rows in the low half ([`two_groups`]): one `vpdpbusd` does what two did on
+/// 256-bit halves, and CPUs with full-width AVX-512 (Zen 5) run it as fast. Q4_K's come
+/// straight from the nibbles: a chunk of nibbles feeds both of its sub-blocks, the low
+/// ones masked, the high ones masked in place (16 times their value), so there is no
+/// shift and no decode pass; the low sub-block's sums take 16 times their scale, and the
+/// block's sums, all multiples of 16, are divided back exactly (at most 16 · 8 · 32 · 15
+/// · 127 · 63 < 2³¹ per lane). The same integers as [`k_sub`]'s.
 ///
 /// # Safety
 /// What [`vnni`] checks must be available; `rec` (or `vals` with `FIVE`) holds a block of
