@@ -311,3 +311,38 @@ fn a_panicking_step_fails_its_requests_and_the_engine_restarts() {
     assert_all_blocks_free(&e);
     assert_eq!(collect(e.submit(greedy(&prompt, 24)).unwrap()), before);
 }
+
+/// Phi-3's longrope takes its long factors past 64 tokens (the fixture's
+/// `original_max_position_embeddings`), chosen per row as transformers chooses them: a
+/// prompt's rows by its length, later rows by their position. Outputs that cross the edge
+/// are the same after a preemption recomputes them, and a prompt past the edge reuses no
+/// block of a shorter prompt (whose rows took the short factors).
+#[test]
+fn longrope_rows_keep_their_factors_through_preemption_and_the_cache() {
+    if shared_models().is_none() {
+        return;
+    }
+    let model = common::model("tiny-phi3");
+    let mut rng = Lcg(17);
+    let prompts: Vec<Vec<u32>> =
+        (0..6).map(|_| (0..30 + rng.next(20) as usize).map(|_| 100 + rng.next(900) as u32).collect()).collect();
+    let alone =
+        weft::engine::EngineHandle::start(model.clone(), EngineConfig { max_num_seqs: 1, ..Default::default() })
+            .unwrap();
+    let want: Vec<_> = prompts.iter().map(|p| collect(alone.submit(greedy(p, 50)).unwrap()).remove(0)).collect();
+    let c = &model.model.config;
+    let per_block = weft::kv::KvCache::bytes_per_block(model.model.kv_dtype(Default::default()), &c.kv_shapes(), 16);
+    let cfg = EngineConfig { kv_cache_memory: per_block * 14, max_num_batched_tokens: 32, ..Default::default() };
+    let busy = weft::engine::EngineHandle::start(model.clone(), cfg).unwrap();
+    let streams: Vec<_> = prompts.iter().map(|p| busy.submit(greedy(p, 50)).unwrap()).collect();
+    for (i, (s, w)) in streams.into_iter().zip(&want).enumerate() {
+        assert_eq!(collect(s).remove(0).tokens, w.tokens, "request {i}");
+    }
+    assert!(busy.stats().preemptions > 0, "the pool was meant to force preemption");
+    // A prompt past the edge that starts with a shorter one's tokens.
+    let long = [prompts[0].clone(), prompts[1].clone()].concat();
+    let out = collect(busy.submit(greedy(&long, 4)).unwrap()).remove(0);
+    assert_eq!(out.usage.cached_tokens, 0, "blocks computed with the short factors are not reused");
+    assert_eq!(out.tokens, collect(alone.submit(greedy(&long, 4)).unwrap()).remove(0).tokens);
+    assert_all_blocks_free(&busy);
+}

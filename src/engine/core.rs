@@ -36,6 +36,9 @@ struct RequestState {
 struct SeqState {
     request: u64,
     index: usize,
+    /// Tokens of its prompt: longrope chooses the prompt rows' factors by it, also when
+    /// they are computed again after a preemption ([`SeqStep::seq_len`]).
+    prompt_len: usize,
     sampler: Sampler,
     detok: Detokenizer,
     stop: StopStrings,
@@ -300,6 +303,7 @@ impl EngineLoop {
         let state = SeqState {
             request,
             index,
+            prompt_len: r.prompt.len(),
             sampler,
             detok: Detokenizer::new(tok, &r.prompt, r.skip_special_tokens),
             stop: StopStrings::new(r.stop.stop_strings.clone(), r.stop.include_stop_str_in_output),
@@ -318,6 +322,12 @@ impl EngineLoop {
         // Arrival is the request id: samples of one request are ordered together.
         let mut seq = Sequence::new(id, r.prompt.clone(), r.priority, request, state);
         seq.cache_salt = r.cache_salt.as_deref().map(Into::into);
+        // A prompt past longrope's edge computes every row with the long factors, so its
+        // blocks are cached apart from a shorter prompt's (whose first rows take the short).
+        if self.shared.model.model.config.length_edge().is_some_and(|edge| r.prompt.len() > edge) {
+            let salt = format!("{}\u{0}longrope-long", r.cache_salt.as_deref().unwrap_or(""));
+            seq.cache_salt = Some(salt.into());
+        }
         // The prompt is scored once, by the first sample (the others fork after it).
         seq.prompt_logits = index == 0 && r.prompt_logprobs.is_some();
         seq.whole_prompt = seq.state.pool.as_ref().is_some_and(|p| p.kind == Pooling::Mean);
@@ -774,7 +784,7 @@ fn batch_input<'a>(sched: &'a Scheduler<SeqState>, plan: &[Scheduled]) -> (Vec<u
         steps.push(SeqStep {
             context_len: s.context_len,
             num_tokens: s.num_tokens,
-            seq_len: seq.tokens.len() + s.draft,
+            seq_len: seq.state.prompt_len,
             block_table: seq.block_table.blocks(),
             state_slot: seq.state_slot.expect("scheduled sequences hold a state slot") as usize,
             captures: &seq.captures,

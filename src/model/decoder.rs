@@ -214,9 +214,11 @@ pub struct Decoder {
 pub struct SeqStep<'a> {
     pub context_len: usize,
     pub num_tokens: usize,
-    /// The sequence's length once its pending tokens are in: `context_len + num_tokens`
-    /// for a decode, the whole prompt for every chunk of a chunked prefill. Longrope picks
-    /// its factors by it, as transformers does by the length of the input it is given.
+    /// The length that longrope picks the factors of the prompt's rows by: the whole
+    /// prompt, for every chunk of a chunked prefill; a row past it (a decode's, a draft's,
+    /// one computed again after a preemption) picks by its own position + 1. So each row
+    /// takes what transformers gives it, prompt in one call then a token at a time, however
+    /// the engine steps it.
     pub seq_len: usize,
     pub block_table: &'a [u32],
     /// Its slot in the recurrent state cache ([`crate::kv::StateCache`]; hybrid models).
@@ -664,7 +666,6 @@ impl Decoder {
         for (si, s) in input.seqs.iter().enumerate() {
             let end = s.context_len + s.num_tokens;
             assert!(end <= c.max_position_embeddings, "position {end} beyond the model's context");
-            assert!(s.seq_len >= end, "sequence length {} short of its step's end {end}", s.seq_len);
             assert!(s.block_table.len() * kv.block_size() >= end, "block table too short for {end} tokens");
             rows.extend((s.context_len..end).map(|p| (si, p)));
         }
@@ -747,7 +748,7 @@ impl Decoder {
                             }
                             let rope = match (&self.rope_local, a.window) {
                                 (Some(local), Some(_)) => local,
-                                _ => self.rope.for_len(input.seqs[si].seq_len),
+                                _ => self.rope.for_len(input.seqs[si].seq_len.max(pos + 1)),
                             };
                             rope.apply_partial(q, pos, hd);
                             rope.apply_partial(k, pos, hd);
