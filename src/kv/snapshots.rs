@@ -74,10 +74,10 @@ impl SnapshotIndex {
     /// least recently used snapshot among the least worth, if that is worth no more than
     /// `worth`; `None` if none is.
     pub fn claim(&mut self, hash: BlockHash, worth: Worth) -> Option<u32> {
-        if let Some(slot) = self.lookup(hash) {
-            let held = self.map.get_mut(&hash).expect("just found");
-            held.worth = held.worth.max(worth);
-            return Some(slot);
+        self.clock += 1;
+        if let Some(held) = self.map.get_mut(&hash) {
+            (held.used, held.worth) = (self.clock, held.worth.max(worth));
+            return Some(held.slot);
         }
         let slot = match self.fresh.next() {
             Some(s) => s,

@@ -130,34 +130,34 @@ pub(crate) unsafe fn groups_task(
                     let ask = &next[asked.min(next.len())..(asked + ahead).min(next.len())];
                     asked += ahead;
                     let groups = step(g, last);
-                    let spread = groups > 1 && k_quant(p.dtype);
-                    if !spread {
+                    // A paired K-quant kernel spreads its share over its blocks; the
+                    // others' share is asked for before the call.
+                    let ask = if groups > 1 && k_quant(p.dtype) {
+                        ask
+                    } else {
                         crate::kernels::prefetch_lines_l2(ask.as_ptr(), ask.len());
-                    }
+                        &[]
+                    };
                     if groups == 4 {
                         let mut acc = [[[0f32; GROUP]; TILE]; 4];
                         let data = [records(g), records(g + 1), records(g + 2), records(g + 3)];
                         let [a, b] = [pair_vals(g)[0], pair_vals(g + 2)[0]];
-                        let ask = if spread { ask } else { &[] };
                         quad(p.dtype, data, [a, a, b, b], xq, i, tile, k, &mut acc, ask);
                         for (j, acc) in acc.iter().enumerate() {
                             put(acc, g + j, i, tile);
                         }
-                        g += 4;
                     } else if groups == 2 {
                         let mut acc = [[[0f32; GROUP]; TILE]; 2];
                         let (data, vals) = ([records(g), records(g + 1)], pair_vals(g));
-                        let ask = if spread { ask } else { &[] };
                         pair(p.dtype, data, vals, xq, i, tile, k, &mut acc, ask);
                         put(&acc[0], g, i, tile);
                         put(&acc[1], g + 1, i, tile);
-                        g += 2;
                     } else {
                         let mut acc = [[0f32; GROUP]; TILE];
                         group(p.dtype, records(g), vals(g), xq, i, tile, k, &mut acc);
                         put(&acc, g, i, tile);
-                        g += 1;
                     }
+                    g += groups;
                 }
             }
         }

@@ -305,7 +305,7 @@ twins!(q8_0, q8_0_vnni<F: u8, R: usize>
 /// Two groups of Q8_0 (or IQ4, MXFP4) side by side, with VNNI only ([`pairs`]).
 ///
 /// # Safety
-/// As [`q8_two`]'s.
+/// As [`q8_pairs`]'s.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn q8_two_vnni<const F: u8, const R: usize>(
     src: [Src; 2],
@@ -314,13 +314,13 @@ unsafe fn q8_two_vnni<const F: u8, const R: usize>(
     blocks: usize,
     out: &mut [[[f32; GROUP]; TILE]; 2],
 ) {
-    unsafe { q8_two::<F, R>(src, xq, first, blocks, out) }
+    unsafe { q8_pairs::<F, 2, 1, R>(src, xq, first, blocks, out) }
 }
 
 /// Four groups of Q8_0 (or IQ4, MXFP4), two pairs side by side, with VNNI only ([`quads`]).
 ///
 /// # Safety
-/// As [`q8_four`]'s.
+/// As [`q8_pairs`]'s.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn q8_four_vnni<const F: u8, const R: usize>(
     src: [Src; 4],
@@ -329,7 +329,7 @@ unsafe fn q8_four_vnni<const F: u8, const R: usize>(
     blocks: usize,
     out: &mut [[[f32; GROUP]; TILE]; 4],
 ) {
-    unsafe { q8_four::<F, R>(src, xq, first, blocks, out) }
+    unsafe { q8_pairs::<F, 4, 2, R>(src, xq, first, blocks, out) }
 }
 
 /// Two groups of TQ2_0 (TQ1_0's decoded ahead with `ONE`) side by side, with VNNI only ([`pairs`]).

@@ -8,7 +8,7 @@ use crate::kernels::quant::{IQ4_VALUES, MXFP4_VALUES};
 /// once for the tile's rows; a row's half-block sums gather in i32 and go straight
 /// into its results under the product of the two scales, so that a row holds two
 /// registers, not three (with a per-block sum as well, four rows spilled and ran
-/// slower than one). Two groups side by side run in [`q8_two`].
+/// slower than one). Pairs of groups side by side run in [`q8_pairs`].
 ///
 /// IQ4_NL (`F`) and IQ4_XS run here too: each chunk of their 4-bit indices (as Q4_0's
 /// nibbles) becomes its signed values with one byte shuffle from [`IQ4_VALUES`], and
@@ -76,45 +76,16 @@ pub(super) unsafe fn q8<const V: bool, const F: u8, const R: usize>(
     }
 }
 
-/// [`q8`] for two groups with VNNI ([`pairs`]), both in each 512-bit register
-/// ([`two_groups`]), so that each broadcast of activations feeds both groups' sixteen rows
-/// in one `vpdpbusd`: the same operations per lane as one group's, so the same bits.
+/// [`q8`] for `P = G / 2` pairs of groups with VNNI ([`pairs`], [`quads`]), a pair in
+/// each 512-bit register ([`two_groups`]), so that each broadcast of activations feeds a
+/// pair's sixteen rows in one `vpdpbusd` (and, with two pairs, each row's broadcast,
+/// offset and scale serve both): the same operations per lane as one group's, so the
+/// same bits.
 ///
 /// # Safety
-/// As [`q8`]'s, for two groups, and what [`vnni`] checks.
+/// As [`q8`]'s, for each of `G` groups, and what [`vnni`] checks.
 #[inline(always)]
-pub(super) unsafe fn q8_two<const F: u8, const R: usize>(
-    src: [Src; 2],
-    xq: &QActs,
-    first: usize,
-    blocks: usize,
-    out: &mut [[[f32; GROUP]; TILE]; 2],
-) {
-    unsafe { q8_pairs::<F, 2, 1, R>(src, xq, first, blocks, out) }
-}
-
-/// [`q8_two`] for four groups, two pairs ([`quads`]): each broadcast of activations, and
-/// each row's offset and scale, serves both pairs.
-///
-/// # Safety
-/// As [`q8_two`]'s, for four groups.
-#[inline(always)]
-pub(super) unsafe fn q8_four<const F: u8, const R: usize>(
-    src: [Src; 4],
-    xq: &QActs,
-    first: usize,
-    blocks: usize,
-    out: &mut [[[f32; GROUP]; TILE]; 4],
-) {
-    unsafe { q8_pairs::<F, 4, 2, R>(src, xq, first, blocks, out) }
-}
-
-/// [`q8_two`] over `P = G / 2` pairs of groups.
-///
-/// # Safety
-/// As [`q8_two`]'s, for `G` groups.
-#[inline(always)]
-unsafe fn q8_pairs<const F: u8, const G: usize, const P: usize, const R: usize>(
+pub(super) unsafe fn q8_pairs<const F: u8, const G: usize, const P: usize, const R: usize>(
     src: [Src; G],
     xq: &QActs,
     first: usize,
