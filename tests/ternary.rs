@@ -103,6 +103,46 @@ fn batching_changes_nothing_on_the_ternary_path() {
     }
 }
 
+/// A 16-bit head beside ternary layers is computed from a Q8_0 copy (`auto`), whose leading
+/// logits are recomputed from the stored rows, which stay in the mapped file: at every
+/// teacher-forced step the argmax is the stored head's (`stored`), its logit equal to f32
+/// rounding, and every other logit within the copy's rounding (int8 activations and Q8_0
+/// weights: 1 % of the largest logit here).
+#[test]
+fn a_16_bit_head_reads_a_q8_0_copy_and_refines_its_leading_logits() {
+    if shared_models().is_none() {
+        return;
+    }
+    for path in &FILES[1..] {
+        let (copy, stored) = (model_as(path, WeightDtype::Auto), model_as(path, WeightDtype::Stored));
+        let formats = |m: &LoadedModel| m.model.products_by_format().into_iter().map(|(t, _)| t).collect::<Vec<_>>();
+        assert!(formats(&copy).contains(&Some(GgmlType::Q8_0)) && !formats(&copy).contains(&None), "{path}");
+        assert!(formats(&stored).contains(&None), "{path}: the stored head is computed in floats");
+        // The tied 512 × 256 head: f16 rows left in the file, a Q8_0 copy of 8.5 bits a value.
+        assert_eq!(stored.model.resident_bytes() - copy.model.resident_bytes(), 512 * 256 * 2 - 512 * 8 * 34, "{path}");
+        let (mut steps, mut worst) = (0, 0f32);
+        for case in reference("tiny-bitnet") {
+            let got = teacher_forced(&copy, &case.prompt_ids, &case.generated_ids);
+            let want = teacher_forced(&stored, &case.prompt_ids, &case.generated_ids);
+            for (g, w) in got.iter().zip(&want) {
+                let best = argmax(w) as usize;
+                assert_eq!(argmax(g) as usize, best, "{path} case {}", case.id);
+                assert!(
+                    (g[best] - w[best]).abs() <= 1e-5 * w[best].abs().max(1.0),
+                    "{path}: {} against {}",
+                    g[best],
+                    w[best]
+                );
+                let scale = w.iter().fold(0f32, |m, x| m.max(x.abs()));
+                worst = g.iter().zip(w).map(|(a, b)| (a - b).abs() / scale).fold(worst, f32::max);
+                steps += 1;
+            }
+        }
+        eprintln!("{path}: {steps} steps, largest logit difference {worst} of the largest logit");
+        assert!(worst < 0.03, "{path}: {worst}");
+    }
+}
+
 /// A copy of the TQ2_0 or I2_S fixture with `edit` applied to the bytes of tensor
 /// `blk.0.attn_q.weight`, loaded.
 fn load_edited(file: &str, edit: impl Fn(&mut [u8])) -> String {

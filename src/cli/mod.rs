@@ -67,8 +67,11 @@ pub struct EngineArgs {
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// Weights computed as stored (`auto`: block formats stay quantized with int8
-    /// activations and 16-bit floats stay 16-bit, at the file's size in memory; the fastest
-    /// at every batch size) or widened to f32 at load (`f32`: the exact reference path).
+    /// activations and 16-bit floats stay 16-bit, at most the file's size in memory; the
+    /// fastest at every batch size. A 16-bit LM head beside block-format layers is computed
+    /// from a Q8_0 copy, its 16 leading logits recomputed from the stored rows; `stored`
+    /// computes it as stored too) or widened to f32 at load (`f32`: the exact reference
+    /// path).
     #[arg(long, default_value = "auto")]
     pub dtype: WeightDtype,
     /// Quantize float matrices (f32/f16/bf16, from a Hugging Face directory or a GGUF) to

@@ -9,10 +9,9 @@ use super::delta_net::{self, DeltaNet};
 use super::loader::WeightSource;
 use super::moe::{self, Experts};
 use super::resize;
-use super::tensor::Tensor;
+use super::tensor::{HalfRows, Tensor};
 use super::weight::{Weight, WeightDtype};
 use crate::kernels::attention::{attend, softcap, KvSpan, Scoring, Scratch};
-use crate::kernels::matmul::Half;
 use crate::kernels::norm::{gelu_tanh_mul, relu2_mul, rmsnorm_in_place, swiglu_oai_mul};
 use crate::kernels::qmatmul::{QActs, QMatrix};
 use crate::kernels::quant::GgmlType;
@@ -176,7 +175,7 @@ impl Rotary {
 /// (memory-mapped f32 where the file allows), 16-bit, or in its block format.
 enum Embeddings {
     Rows(Tensor),
-    Half(Half, Vec<u16>),
+    Half(HalfRows),
     Blocks(QMatrix),
 }
 
@@ -185,9 +184,7 @@ impl Embeddings {
         let d = out.len();
         match self {
             Embeddings::Rows(t) => out.copy_from_slice(&t.data()[tok * d..(tok + 1) * d]),
-            Embeddings::Half(h, bits) => {
-                out.iter_mut().zip(&bits[tok * d..(tok + 1) * d]).for_each(|(o, &b)| *o = h.to_f32(b))
-            }
+            Embeddings::Half(rows) => rows.row_into(tok, out),
             Embeddings::Blocks(q) => q.row_into(tok, out),
         }
     }
@@ -295,6 +292,11 @@ impl Workspace {
 
 /// Rows per task when row-wise work (norms, RoPE, SwiGLU) is spread over the pool.
 const ROWS_PER_TASK: usize = 8;
+
+/// Whether any of the layers' matrices is computed in a block format.
+fn in_block_formats(layers: &[Layer]) -> bool {
+    layers.iter().any(|l| l.matrices().into_iter().any(|w| matches!(w, Weight::Quant(_))))
+}
 
 /// Logits per row that a quantized LM head recomputes in f32 ([`Weight::refine_top`]).
 const EXACT_TOP_LOGITS: usize = 16;
@@ -522,15 +524,16 @@ impl Decoder {
         }
         let final_norm = norm("model.norm.weight", d)?;
         let emb = [("model.embed_tokens.weight", [c.vocab_size, d])];
+        let quantized = in_block_formats(&layers);
         let (embed, lm_head) = if c.tie_word_embeddings && !src.contains("lm_head.weight") {
-            (None, Weight::load(src, &emb, dtype)?)
+            (None, Weight::load_head(src, emb[0].0, emb[0].1, dtype, quantized)?)
         } else {
             let embed = match (Weight::load_blocks(src, &emb, dtype)?, Weight::load_half(src, &emb, dtype)?) {
                 (Some(q), _) => Embeddings::Blocks(q),
-                (None, Some((h, bits))) => Embeddings::Half(h, bits),
+                (None, Some(rows)) => Embeddings::Half(rows),
                 (None, None) => Embeddings::Rows(src.load(emb[0].0, &emb[0].1)?),
             };
-            (Some(embed), Weight::load(src, &[("lm_head.weight", [c.vocab_size, d])], dtype)?)
+            (Some(embed), Weight::load_head(src, "lm_head.weight", [c.vocab_size, d], dtype, quantized)?)
         };
         let rope = Self::rotary(c, src)?;
         let rope_local = c.rope_local_theta.map(|theta| {
@@ -585,8 +588,7 @@ impl Decoder {
     /// Whether the matrices are computed in a block format (then approximate anyway, so an
     /// f16 KV cache is the default).
     pub fn quantized(&self) -> bool {
-        let quant = |w: &Weight| matches!(w, Weight::Quant(_));
-        self.layers.iter().any(|l| l.matrices().into_iter().any(quant))
+        in_block_formats(&self.layers)
     }
 
     /// The KV cache element type `choice` comes to for this model: f16 by default where
@@ -612,11 +614,11 @@ impl Decoder {
             self.layers.iter().map(|l| l.norm_bytes() + l.matrices().iter().map(|w| w.bytes()).sum::<usize>()).sum();
         let embed = match &self.embed {
             Some(Embeddings::Rows(t)) => 4 * t.data().len(),
-            Some(Embeddings::Half(_, bits)) => 2 * bits.len(),
+            Some(Embeddings::Half(rows)) => rows.owned_bytes(),
             Some(Embeddings::Blocks(q)) => q.bytes(),
             None => 0,
         };
-        layers + embed + 4 * self.norm.data().len() + self.lm_head.bytes()
+        layers + embed + 4 * self.norm.data().len() + self.lm_head.resident_bytes()
     }
 
     /// A line for the log: the weights' memory and, where it differs (a mixture of

@@ -8,6 +8,7 @@ use anyhow::{bail, ensure, Context, Result};
 use memmap2::Mmap;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// A metadata value.
 #[derive(Debug, Clone, PartialEq)]
@@ -107,7 +108,7 @@ pub struct GgufFile {
     pub tensors: HashMap<String, TensorInfo>,
     /// The file's layout, for writing a copy ([`super::requantize`]).
     pub layout: Layout,
-    mmap: Mmap,
+    mmap: Arc<Mmap>,
 }
 
 /// Where things are in the file, beyond what reading the model needs.
@@ -184,7 +185,7 @@ impl GgufFile {
             tensors.insert(name, TensorInfo { shape, dtype, offset, len_bytes });
         }
         let layout = Layout { entries, order, alignment: align };
-        Ok(GgufFile { path: path.to_path_buf(), metadata, tensors, layout, mmap })
+        Ok(GgufFile { path: path.to_path_buf(), metadata, tensors, layout, mmap: Arc::new(mmap) })
     }
 
     pub fn get(&self, key: &str) -> Option<&Value> {
@@ -194,6 +195,11 @@ impl GgufFile {
     /// The bytes of the file in `range` (a metadata entry, say).
     pub fn bytes(&self, range: std::ops::Range<usize>) -> &[u8] {
         &self.mmap[range]
+    }
+
+    /// The file's map, for weights that borrow it past loading.
+    pub fn map(&self) -> &Arc<Mmap> {
+        &self.mmap
     }
 
     /// Raw bytes of a tensor, still in its on-disk type.

@@ -557,7 +557,7 @@ fn fused_stacked(
 fn quant(w: &Weight) -> &QMatrix {
     match w {
         Weight::Quant(q) => q,
-        Weight::F32(_) => unreachable!("run_blocks with a float expert"),
+        Weight::F32(_) | Weight::Refined { .. } => unreachable!("run_blocks with a float expert"),
     }
 }
 

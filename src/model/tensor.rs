@@ -1,5 +1,7 @@
-//! An f32 weight that either borrows the memory-mapped file or owns converted data.
+//! Weights that either borrow the memory-mapped file or own converted data: f32 tensors
+//! and 16-bit float rows.
 
+use crate::kernels::matmul::Half;
 use memmap2::Mmap;
 use std::sync::Arc;
 
@@ -34,5 +36,113 @@ impl Tensor {
                 unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<f32>(), *len) }
             }
         }
+    }
+}
+
+/// A matrix's 16-bit float rows (f16 or bf16 bit patterns, little-endian), borrowed from
+/// the mapped file where they are stored in order, so that rows read now and then (an
+/// embedding, a few logits recomputed exactly) cost pages of the page cache, not a copy.
+pub struct HalfRows {
+    pub format: Half,
+    cols: usize,
+    data: Bits,
+}
+
+enum Bits {
+    Owned(Vec<u16>),
+    Mapped { map: Arc<Mmap>, offset: usize, len: usize },
+}
+
+impl HalfRows {
+    pub fn owned(format: Half, cols: usize, bits: Vec<u16>) -> Self {
+        debug_assert!(cols > 0 && bits.len().is_multiple_of(cols));
+        HalfRows { format, cols, data: Bits::Owned(bits) }
+    }
+
+    /// Borrows `len` values at `offset` of the map, if they are aligned for 16-bit reads.
+    pub fn mapped(format: Half, cols: usize, map: Arc<Mmap>, offset: usize, len: usize) -> Option<Self> {
+        let aligned = (map.as_ptr() as usize + offset).is_multiple_of(std::mem::align_of::<u16>());
+        let fits = offset.checked_add(2 * len).is_some_and(|end| end <= map.len());
+        (aligned && fits && cfg!(target_endian = "little") && cols > 0 && len.is_multiple_of(cols))
+            .then_some(HalfRows { format, cols, data: Bits::Mapped { map, offset, len } })
+    }
+
+    /// Every row's bit patterns, row-major.
+    pub fn bits(&self) -> &[u16] {
+        match &self.data {
+            Bits::Owned(v) => v,
+            Bits::Mapped { map, offset, len } => {
+                let bytes = &map[*offset..*offset + 2 * len];
+                // SAFETY: alignment and bounds were checked in `mapped`; the map lives as
+                // long as self.
+                unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<u16>(), *len) }
+            }
+        }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.bits().len() / self.cols
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Bytes this holds in anonymous memory (a mapped matrix holds none).
+    pub fn owned_bytes(&self) -> usize {
+        match &self.data {
+            Bits::Owned(v) => 2 * v.len(),
+            Bits::Mapped { .. } => 0,
+        }
+    }
+
+    /// Row `r` as f32.
+    pub fn row_into(&self, r: usize, out: &mut [f32]) {
+        let row = &self.bits()[r * self.cols..(r + 1) * self.cols];
+        out.iter_mut().zip(row).for_each(|(o, &b)| *o = self.format.to_f32(b));
+    }
+
+    /// Row `r` · `x` in f32, eight lanes summed at the end.
+    pub fn dot_row(&self, r: usize, x: &[f32]) -> f32 {
+        let row = &self.bits()[r * self.cols..(r + 1) * self.cols];
+        let mut acc = [0f32; 8];
+        for (a, b) in x[..self.cols].chunks(8).zip(row.chunks(8)) {
+            for ((s, &a), &b) in acc.iter_mut().zip(a).zip(b) {
+                *s += a * self.format.to_f32(b);
+            }
+        }
+        acc.iter().sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn mapped_half_rows_read_as_owned_ones_and_refuse_what_does_not_fit() {
+        let values: Vec<f32> = (0..3 * 40).map(|i| (i as f32 - 60.0) / 8.0).collect();
+        let bits: Vec<u16> = values.iter().map(|&v| half::f16::from_f32(v).to_bits()).collect();
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(&[0u8; 2]).unwrap();
+        file.write_all(&bits.iter().flat_map(|b| b.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+        // SAFETY: a private temporary file, not modified while mapped.
+        let map = Arc::new(unsafe { Mmap::map(&file) }.unwrap());
+        let mapped = HalfRows::mapped(Half::F16, 40, map.clone(), 2, bits.len()).unwrap();
+        let owned = HalfRows::owned(Half::F16, 40, bits.clone());
+        assert_eq!((mapped.rows(), mapped.cols(), mapped.owned_bytes(), owned.owned_bytes()), (3, 40, 0, 240));
+        let x: Vec<f32> = (0..40).map(|i| (i % 7) as f32 - 3.0).collect();
+        for r in 0..3 {
+            let (mut a, mut b) = (vec![0f32; 40], vec![0f32; 40]);
+            mapped.row_into(r, &mut a);
+            owned.row_into(r, &mut b);
+            assert_eq!((a.as_slice(), mapped.dot_row(r, &x)), (&values[r * 40..(r + 1) * 40], owned.dot_row(r, &x)));
+            let want: f32 = a.iter().zip(&x).map(|(a, b)| a * b).sum();
+            assert!((mapped.dot_row(r, &x) - want).abs() < 1e-4);
+        }
+        assert!(HalfRows::mapped(Half::F16, 40, map.clone(), 1, 40).is_none(), "misaligned");
+        assert!(HalfRows::mapped(Half::F16, 40, map.clone(), 2, bits.len() + 40).is_none(), "past the end");
+        assert!(HalfRows::mapped(Half::F16, 40, map, 2, 60).is_none(), "not whole rows");
     }
 }

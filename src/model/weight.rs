@@ -2,6 +2,7 @@
 //! reference path), or the file's GGML block formats computed with int8 activations.
 
 use super::loader::WeightSource;
+use super::tensor::HalfRows;
 use crate::kernels::matmul::Half;
 use crate::kernels::qmatmul::{qmatmul, QActs, QMatrix};
 use crate::kernels::quant::GgmlType;
@@ -11,12 +12,17 @@ use crate::kernels::{matmul, PackedMatrix};
 use anyhow::Result;
 use rayon::prelude::*;
 use std::borrow::Cow;
+use std::ops::Range;
 
 /// Which form weights are computed in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WeightDtype {
-    /// Block-format weights stay in their format; float weights are computed in f32.
+    /// Block-format weights stay in their format; float weights are computed in f32 or
+    /// 16 bits as stored, except a 16-bit LM head beside block-format layers, computed
+    /// from a Q8_0 copy with its leading logits from the stored rows ([`Weight::load_head`]).
     Auto,
+    /// As `Auto`, but the LM head too is computed as stored.
+    Stored,
     /// Everything widened to f32 at load: the exact reference path.
     F32,
     /// As `Auto`, but float matrices are quantized to this block format at load.
@@ -35,8 +41,9 @@ impl std::str::FromStr for WeightDtype {
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "auto" => Ok(WeightDtype::Auto),
+            "stored" => Ok(WeightDtype::Stored),
             "f32" => Ok(WeightDtype::F32),
-            other => Err(format!("unknown dtype {other:?} (auto or f32)")),
+            other => Err(format!("unknown dtype {other:?} (auto, stored or f32)")),
         }
     }
 }
@@ -44,6 +51,11 @@ impl std::str::FromStr for WeightDtype {
 pub enum Weight {
     F32(PackedMatrix),
     Quant(QMatrix),
+    /// A 16-bit LM head computed from a Q8_0 copy ([`Weight::load_head`]).
+    Refined {
+        coarse: QMatrix,
+        exact: HalfRows,
+    },
 }
 
 impl Weight {
@@ -58,9 +70,10 @@ impl Weight {
         if let Some(q) = Self::quantize_at_load(src, parts, dtype)? {
             return Ok(Weight::Quant(q));
         }
-        if let Some((format, bits)) = Self::load_half(src, parts, dtype)? {
-            let rows: usize = parts.iter().map(|(_, s)| s[0]).sum();
-            return Ok(Weight::F32(PackedMatrix::pack_half(&bits, format, rows, parts[0].1[1])));
+        if let Some(half) = Self::load_half(src, parts, dtype)? {
+            let packed = PackedMatrix::pack_half(half.bits(), half.format, half.rows(), half.cols());
+            parts.iter().for_each(|(name, _)| src.release(name));
+            return Ok(Weight::F32(packed));
         }
         let k = parts[0].1[1];
         let rows: usize = parts.iter().map(|(_, s)| s[0]).sum();
@@ -72,6 +85,34 @@ impl Weight {
             all.extend_from_slice(src.load(name, shape)?.data());
         }
         Ok(Weight::F32(PackedMatrix::pack(&all, rows, k)))
+    }
+
+    /// The LM head `[vocab, k]` (with tied embeddings, also the embeddings' rows). Stored in
+    /// 16 bits beside layers computed in block formats (`quantized`), with `dtype` auto,
+    /// its logits come from a Q8_0 copy and [`Weight::refine_top`] recomputes the leading
+    /// ones from the stored rows, which stay in the mapped file: BitNet b1.58's f16 head is
+    /// over half of the bytes a token reads, and a Q8_0 copy reads 53 % of them. Otherwise
+    /// as [`Weight::load`].
+    pub fn load_head(
+        src: &dyn WeightSource,
+        name: &str,
+        shape: [usize; 2],
+        dtype: WeightDtype,
+        quantized: bool,
+    ) -> Result<Self> {
+        let k = shape[1];
+        if dtype != WeightDtype::Auto || !quantized || fitting(GgmlType::Q8_0, k).is_none() {
+            return Self::load(src, &[(name, shape)], dtype);
+        }
+        let Some(exact) = src.load_half(name, &shape)? else { return Self::load(src, &[(name, shape)], dtype) };
+        let widened = |r: Range<usize>| {
+            let bits = &exact.bits()[r.start * k..r.end * k];
+            Cow::Owned(bits.iter().map(|&b| exact.format.to_f32(b)).collect())
+        };
+        let raw = quantize_matrix(GgmlType::Q8_0, k, shape[0], widened);
+        src.release(name);
+        let coarse = QMatrix::new(k, vec![(GgmlType::Q8_0, shape[0], raw.into())])?;
+        Ok(Weight::Refined { coarse, exact })
     }
 
     /// A `[rows, k]` matrix from values computed at load (experts cut from a fused
@@ -95,13 +136,13 @@ impl Weight {
         Ok(Weight::F32(PackedMatrix::pack(&crate::kernels::quant::dequantize(t, &raw), rows, k)))
     }
 
-    /// BitNet's ternary projections: with `dtype` auto, TQ1_0 or TQ2_0 blocks computed with
+    /// BitNet's ternary projections: with `dtype` auto or stored, TQ1_0 or TQ2_0 blocks computed with
     /// per-row int8 activations, as the model was trained, from whatever ternary form the
     /// file holds (sources give I2_S and packed Hugging Face weights as TQ2_0) or from
     /// float weights that are ternary. Otherwise, and for weights that are not ternary
     /// (said in the log), as [`Weight::load`].
     pub fn load_ternary(src: &dyn WeightSource, parts: &[(&str, [usize; 2])], dtype: WeightDtype) -> Result<Self> {
-        if dtype != WeightDtype::Auto {
+        if !matches!(dtype, WeightDtype::Auto | WeightDtype::Stored) {
             return Self::load(src, parts, dtype);
         }
         let k = parts[0].1[1];
@@ -175,26 +216,30 @@ impl Weight {
         src: &dyn WeightSource,
         parts: &[(&str, [usize; 2])],
         dtype: WeightDtype,
-    ) -> Result<Option<(Half, Vec<u16>)>> {
+    ) -> Result<Option<HalfRows>> {
         if !dtype.keeps_stored() {
             return Ok(None);
+        }
+        if let [(name, shape)] = parts {
+            return src.load_half(name, shape);
         }
         let mut all: Option<(Half, Vec<u16>)> = None;
         for (name, shape) in parts {
             match (src.load_half(name, shape)?, &mut all) {
-                (Some((f, bits)), None) => all = Some((f, bits)),
-                (Some((f, bits)), Some((g, acc))) if f == *g => acc.extend(bits),
+                (Some(h), None) => all = Some((h.format, h.bits().to_vec())),
+                (Some(h), Some((g, acc))) if h.format == *g => acc.extend_from_slice(h.bits()),
                 _ => return Ok(None),
             }
+            src.release(name);
         }
-        Ok(all)
+        Ok(all.map(|(format, bits)| HalfRows::owned(format, parts[0].1[1], bits)))
     }
 
     /// Multiply-adds one activation row costs, by block format (`None`: computed in f32).
     pub fn products(&self) -> Vec<(Option<GgmlType>, usize)> {
         match self {
             Weight::F32(w) => vec![(None, w.products())],
-            Weight::Quant(w) => w.products().map(|(t, n)| (Some(t), n)).collect(),
+            Weight::Quant(w) | Weight::Refined { coarse: w, .. } => w.products().map(|(t, n)| (Some(t), n)).collect(),
         }
     }
 
@@ -202,7 +247,15 @@ impl Weight {
     pub fn bytes(&self) -> usize {
         match self {
             Weight::F32(w) => w.bytes(),
-            Weight::Quant(w) => w.bytes(),
+            Weight::Quant(w) | Weight::Refined { coarse: w, .. } => w.bytes(),
+        }
+    }
+
+    /// Bytes the weight holds in memory (rows left in the mapped file hold none).
+    pub fn resident_bytes(&self) -> usize {
+        match self {
+            Weight::Refined { coarse, exact } => coarse.bytes() + exact.owned_bytes(),
+            _ => self.bytes(),
         }
     }
 
@@ -211,6 +264,7 @@ impl Weight {
         match self {
             Weight::F32(w) => w.row_into(r, out),
             Weight::Quant(w) => w.row_into(r, out),
+            Weight::Refined { exact, .. } => exact.row_into(r, out),
         }
     }
 
@@ -218,7 +272,7 @@ impl Weight {
     pub fn matmul(&self, x: &[f32], xq: &mut QActs, y: &mut [f32], m: usize) {
         match self {
             Weight::F32(w) => matmul(x, w, y, m),
-            Weight::Quant(w) => {
+            Weight::Quant(w) | Weight::Refined { coarse: w, .. } => {
                 w.quantize(x, m, xq);
                 qmatmul(xq, w, y, m);
             }
@@ -226,17 +280,24 @@ impl Weight {
     }
 
     /// Recomputes the `top` largest values of each of the `m` rows of `y = x · Wᵀ` in f32
-    /// against the dequantized weight rows (float weights are exact already). For the LM
-    /// head: int8 activations blur near-ties between the leading tokens, and on SmolLM2
-    /// Q4_1 the head's activation rounding alone cost 1.4 points of top-1 agreement with
-    /// the f32 path; `top` dot products per row win them back. Each row on its own, so
-    /// batch invariance holds.
+    /// against the dequantized weight rows, or a refined head's stored rows (float weights
+    /// are exact already). For the LM head: int8 activations blur near-ties between the
+    /// leading tokens, and on SmolLM2 Q4_1 the head's activation rounding alone cost 1.4
+    /// points of top-1 agreement with the f32 path; `top` dot products per row win them
+    /// back. Each row on its own, so batch invariance holds.
     pub fn refine_top(&self, x: &[f32], y: &mut [f32], m: usize, top: usize) {
-        let Weight::Quant(w) = self else { return };
+        let (w, exact) = match self {
+            Weight::F32(_) => return,
+            Weight::Quant(w) => (w, None),
+            Weight::Refined { coarse, exact } => (coarse, Some(exact)),
+        };
         let (n, k) = (w.rows(), w.cols());
         x[..m * k].par_chunks(k).zip(y[..m * n].par_chunks_mut(n)).for_each_init(Vec::new, |scratch, (x, y)| {
             for j in top_indices(y, top) {
-                y[j] = w.dot_row_exact(j, x, scratch);
+                y[j] = match exact {
+                    Some(rows) => rows.dot_row(j, x),
+                    None => w.dot_row_exact(j, x, scratch),
+                };
             }
         });
     }

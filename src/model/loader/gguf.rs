@@ -1,7 +1,7 @@
 //! Weights from a GGUF file under their Hugging Face names, with llama.cpp's q/k row order
 //! for interleaved RoPE (arch `llama` only) mapped back to the rotate_half order.
 
-use super::{check_shape, le_u16s, Tensor, WeightSource};
+use super::{check_shape, le_u16s, HalfRows, Tensor, WeightSource};
 use crate::kernels::matmul::Half;
 use crate::kernels::qmatmul::QMatrix;
 use crate::kernels::quant::{mxfp4_check, GgmlType};
@@ -251,16 +251,23 @@ impl WeightSource for GgufWeights<'_> {
         Ok(Tensor::owned(shape.to_vec(), data))
     }
 
-    fn load_half(&self, name: &str, shape: &[usize]) -> Result<Option<(Half, Vec<u16>)>> {
+    fn load_half(&self, name: &str, shape: &[usize]) -> Result<Option<HalfRows>> {
         let info = self.info(name, shape)?;
         let format = match info.dtype {
             GgmlType::F16 => Half::F16,
             GgmlType::Bf16 => Half::Bf16,
             _ => return Ok(None),
         };
+        let cols = shape[1..].iter().product();
+        let len = info.len_bytes / 2;
+        if self.permuted_heads(name).is_none() {
+            if let Some(rows) = HalfRows::mapped(format, cols, self.file.map().clone(), info.offset, len) {
+                return Ok(Some(rows));
+            }
+        }
         let bits = le_u16s(self.file.raw(&info));
         self.file.release(&info);
-        Ok(Some((format, self.hf_rows(name, bits, shape[1..].iter().product()))))
+        Ok(Some(HalfRows::owned(format, cols, self.hf_rows(name, bits, cols))))
     }
 
     fn load_blocks(&self, name: &str, shape: &[usize]) -> Result<Option<(GgmlType, Cow<'_, [u8]>)>> {

@@ -7,8 +7,7 @@ mod safetensors;
 pub use gguf::{gguf_expert, gguf_name, permute_rows, GgufWeights};
 pub use safetensors::SafetensorsWeights;
 
-use super::tensor::Tensor;
-use crate::kernels::matmul::Half;
+use super::tensor::{HalfRows, Tensor};
 use crate::kernels::quant::GgmlType;
 use anyhow::Result;
 use std::borrow::Cow;
@@ -29,9 +28,10 @@ pub trait WeightSource {
     /// mapped source drops its pages from this process, so that loading holds at most one
     /// tensor of the file beside the weights built from it.
     fn release(&self, _name: &str) {}
-    /// The tensor's 16-bit float bit patterns (Hugging Face row order) when it is stored as
-    /// f16 or bf16, so it can stay 16-bit.
-    fn load_half(&self, _name: &str, _shape: &[usize]) -> Result<Option<(Half, Vec<u16>)>> {
+    /// The tensor's 16-bit float rows (Hugging Face row order) when it is stored as f16 or
+    /// bf16, so it can stay 16-bit: borrowed from a mapped file where its rows need no
+    /// reordering. [`WeightSource::release`] it after reading it through.
+    fn load_half(&self, _name: &str, _shape: &[usize]) -> Result<Option<HalfRows>> {
         Ok(None)
     }
     /// Whether Gemma's `(1 + w)` norm weights are stored with the 1 already added, as

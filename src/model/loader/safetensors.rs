@@ -1,7 +1,7 @@
 //! Hugging Face safetensors (one file or shards): f32 tensors are borrowed from the
 //! memory map, f16/bf16 are widened to f32 once at load.
 
-use super::{check_shape, le_u16s, Tensor, WeightSource};
+use super::{check_shape, le_u16s, HalfRows, Tensor, WeightSource};
 use crate::kernels::matmul::Half;
 use crate::kernels::quant::GgmlType;
 use crate::kernels::ternary;
@@ -178,7 +178,7 @@ impl WeightSource for SafetensorsWeights {
         Ok(ternary::codes_to_tq2_0(&codes, shape[1], scale).map(|b| (GgmlType::Tq2_0, Cow::Owned(b))))
     }
 
-    fn load_half(&self, name: &str, shape: &[usize]) -> Result<Option<(Half, Vec<u16>)>> {
+    fn load_half(&self, name: &str, shape: &[usize]) -> Result<Option<HalfRows>> {
         // A packed ternary matrix is not 16-bit (and is unpacked only by the other loads).
         if self.entries.get(name).is_some_and(|e| self.is_packed(name, e)) {
             return Ok(None);
@@ -189,7 +189,11 @@ impl WeightSource for SafetensorsWeights {
             Dtype::BF16 => Half::Bf16,
             _ => return Ok(None),
         };
-        Ok(Some((format, le_u16s(&map[e.offset..e.offset + e.len_bytes]))))
+        let cols = shape[1..].iter().product();
+        let mapped = HalfRows::mapped(format, cols, map.clone(), e.offset, e.len_bytes / 2);
+        Ok(Some(
+            mapped.unwrap_or_else(|| HalfRows::owned(format, cols, le_u16s(&map[e.offset..e.offset + e.len_bytes]))),
+        ))
     }
 
     fn load(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
