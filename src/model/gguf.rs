@@ -2,10 +2,10 @@
 //! checked against the file. Tensor data stays in the file's block formats
 //! ([`crate::kernels::quant`]).
 
+use super::tensor::MappedFile;
 pub use crate::kernels::quant::GgmlType;
 use crate::kernels::quant::{dequantize, TYPES};
 use anyhow::{bail, ensure, Context, Result};
-use memmap2::Mmap;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -108,7 +108,7 @@ pub struct GgufFile {
     pub tensors: HashMap<String, TensorInfo>,
     /// The file's layout, for writing a copy ([`super::requantize`]).
     pub layout: Layout,
-    mmap: Arc<Mmap>,
+    mmap: Arc<MappedFile>,
 }
 
 /// Where things are in the file, beyond what reading the model needs.
@@ -123,13 +123,11 @@ pub struct Layout {
 
 impl GgufFile {
     pub fn open(path: &Path) -> Result<Self> {
-        let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-        // SAFETY: the file is opened read-only; weights files are not modified while served.
-        let mmap = unsafe { Mmap::map(&file) }.with_context(|| format!("mapping {}", path.display()))?;
+        let mmap = MappedFile::open(path).with_context(|| format!("opening {}", path.display()))?;
         Self::parse(path, mmap).with_context(|| format!("reading GGUF file {}", path.display()))
     }
 
-    fn parse(path: &Path, mmap: Mmap) -> Result<Self> {
+    fn parse(path: &Path, mmap: MappedFile) -> Result<Self> {
         let mut r = Reader { buf: &mmap, pos: 0, values_left: MAX_VALUES };
         ensure!(r.bytes(4)? == b"GGUF", "not a GGUF file (bad magic)");
         let version = r.u32()?;
@@ -198,7 +196,7 @@ impl GgufFile {
     }
 
     /// The file's map, for weights that borrow it past loading.
-    pub fn map(&self) -> &Arc<Mmap> {
+    pub fn map(&self) -> &Arc<MappedFile> {
         &self.mmap
     }
 
@@ -211,11 +209,7 @@ impl GgufFile {
     /// stay in the page cache and come back from the file if read again, so loading holds
     /// at most one tensor of the file beside the weights built from it.
     pub fn release(&self, info: &TensorInfo) {
-        // SAFETY: the map is read-only, so dropping its pages loses nothing: a later read
-        // faults them in again from the file. Failing to release is harmless.
-        let _ = unsafe {
-            self.mmap.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, info.offset, info.len_bytes)
-        };
+        self.mmap.release(info.offset, info.len_bytes);
     }
 
     /// A tensor dequantized to f32, row-major.

@@ -3,7 +3,52 @@
 
 use crate::kernels::matmul::Half;
 use memmap2::Mmap;
+use std::borrow::Cow;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
 use std::sync::Arc;
+
+/// A weights file, mapped for reading whole tensors and open for reading single rows: rows
+/// read now and then while serving (an embedding, a few logits recomputed exactly) are read
+/// into a buffer, since a fault through the map maps the pages around it too and a
+/// vocabulary's worth of such faults would map the whole matrix into the process.
+pub struct MappedFile {
+    file: File,
+    map: Mmap,
+}
+
+impl MappedFile {
+    pub fn open(path: &Path) -> std::io::Result<Self> {
+        let file = File::open(path)?;
+        // SAFETY: the file is opened read-only; weights files are not modified while served.
+        let map = unsafe { Mmap::map(&file) }?;
+        Ok(MappedFile { file, map })
+    }
+
+    /// Fills `buf` from byte `offset` of the file with a read (through the map if the read
+    /// fails).
+    pub fn read_at(&self, buf: &mut [u8], offset: usize) {
+        if self.file.read_exact_at(buf, offset as u64).is_err() {
+            buf.copy_from_slice(&self.map[offset..offset + buf.len()]);
+        }
+    }
+
+    /// Drops the pages of `len` bytes at `offset` from this process once they have been
+    /// read through: they stay in the page cache and come back from the file if read again.
+    pub fn release(&self, offset: usize, len: usize) {
+        // SAFETY: the map is read-only, so dropping its pages loses nothing: a later read
+        // faults them in again from the file. Failing to release is harmless.
+        let _ = unsafe { self.map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len) };
+    }
+}
+
+impl std::ops::Deref for MappedFile {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.map
+    }
+}
 
 pub struct Tensor {
     pub shape: Vec<usize>,
@@ -12,7 +57,7 @@ pub struct Tensor {
 
 enum Data {
     Owned(Vec<f32>),
-    Mapped { map: Arc<Mmap>, offset: usize, len: usize },
+    Mapped { map: Arc<MappedFile>, offset: usize, len: usize },
 }
 
 impl Tensor {
@@ -22,7 +67,7 @@ impl Tensor {
     }
 
     /// Borrows `len` f32 values at `offset` of the map, if they are aligned for f32 reads.
-    pub fn mapped(shape: Vec<usize>, map: Arc<Mmap>, offset: usize, len: usize) -> Option<Self> {
+    pub fn mapped(shape: Vec<usize>, map: Arc<MappedFile>, offset: usize, len: usize) -> Option<Self> {
         let aligned = (map.as_ptr() as usize + offset).is_multiple_of(std::mem::align_of::<f32>());
         (aligned && cfg!(target_endian = "little")).then_some(Tensor { shape, data: Data::Mapped { map, offset, len } })
     }
@@ -39,9 +84,9 @@ impl Tensor {
     }
 }
 
-/// A matrix's 16-bit float rows (f16 or bf16 bit patterns, little-endian), borrowed from
-/// the mapped file where they are stored in order, so that rows read now and then (an
-/// embedding, a few logits recomputed exactly) cost pages of the page cache, not a copy.
+/// A matrix's 16-bit float rows (f16 or bf16 bit patterns, little-endian), left in the
+/// file where they are stored in order, so that rows read now and then (an embedding, a
+/// few logits recomputed exactly) cost pages of the page cache, not a copy.
 pub struct HalfRows {
     pub format: Half,
     cols: usize,
@@ -50,7 +95,7 @@ pub struct HalfRows {
 
 enum Bits {
     Owned(Vec<u16>),
-    Mapped { map: Arc<Mmap>, offset: usize, len: usize },
+    Mapped { map: Arc<MappedFile>, offset: usize, len: usize },
 }
 
 impl HalfRows {
@@ -60,14 +105,16 @@ impl HalfRows {
     }
 
     /// Borrows `len` values at `offset` of the map, if they are aligned for 16-bit reads.
-    pub fn mapped(format: Half, cols: usize, map: Arc<Mmap>, offset: usize, len: usize) -> Option<Self> {
+    pub fn mapped(format: Half, cols: usize, map: Arc<MappedFile>, offset: usize, len: usize) -> Option<Self> {
         let aligned = (map.as_ptr() as usize + offset).is_multiple_of(std::mem::align_of::<u16>());
         let fits = offset.checked_add(2 * len).is_some_and(|end| end <= map.len());
         (aligned && fits && cfg!(target_endian = "little") && cols > 0 && len.is_multiple_of(cols))
             .then_some(HalfRows { format, cols, data: Bits::Mapped { map, offset, len } })
     }
 
-    /// Every row's bit patterns, row-major.
+    /// Every row's bit patterns, row-major, through the map: for reading the whole matrix
+    /// at load (then [`MappedFile::release`] it); single rows are read by `row_into` and
+    /// `dot_row`.
     pub fn bits(&self) -> &[u16] {
         match &self.data {
             Bits::Owned(v) => v,
@@ -96,15 +143,27 @@ impl HalfRows {
         }
     }
 
+    /// Row `r`'s bit patterns: borrowed when owned, else read from the file.
+    fn row(&self, r: usize) -> Cow<'_, [u16]> {
+        match &self.data {
+            Bits::Owned(v) => Cow::Borrowed(&v[r * self.cols..(r + 1) * self.cols]),
+            Bits::Mapped { map, offset, .. } => {
+                let mut buf = vec![0u8; 2 * self.cols];
+                map.read_at(&mut buf, offset + 2 * r * self.cols);
+                Cow::Owned(buf.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect())
+            }
+        }
+    }
+
     /// Row `r` as f32.
     pub fn row_into(&self, r: usize, out: &mut [f32]) {
-        let row = &self.bits()[r * self.cols..(r + 1) * self.cols];
-        out.iter_mut().zip(row).for_each(|(o, &b)| *o = self.format.to_f32(b));
+        let row = self.row(r);
+        out.iter_mut().zip(row.iter()).for_each(|(o, &b)| *o = self.format.to_f32(b));
     }
 
     /// Row `r` · `x` in f32, eight lanes summed at the end.
     pub fn dot_row(&self, r: usize, x: &[f32]) -> f32 {
-        let row = &self.bits()[r * self.cols..(r + 1) * self.cols];
+        let row = self.row(r);
         let mut acc = [0f32; 8];
         for (a, b) in x[..self.cols].chunks(8).zip(row.chunks(8)) {
             for ((s, &a), &b) in acc.iter_mut().zip(a).zip(b) {
@@ -124,11 +183,10 @@ mod tests {
     fn mapped_half_rows_read_as_owned_ones_and_refuse_what_does_not_fit() {
         let values: Vec<f32> = (0..3 * 40).map(|i| (i as f32 - 60.0) / 8.0).collect();
         let bits: Vec<u16> = values.iter().map(|&v| half::f16::from_f32(v).to_bits()).collect();
-        let mut file = tempfile::tempfile().unwrap();
+        let mut file = tempfile::NamedTempFile::new().unwrap();
         file.write_all(&[0u8; 2]).unwrap();
         file.write_all(&bits.iter().flat_map(|b| b.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
-        // SAFETY: a private temporary file, not modified while mapped.
-        let map = Arc::new(unsafe { Mmap::map(&file) }.unwrap());
+        let map = Arc::new(MappedFile::open(file.path()).unwrap());
         let mapped = HalfRows::mapped(Half::F16, 40, map.clone(), 2, bits.len()).unwrap();
         let owned = HalfRows::owned(Half::F16, 40, bits.clone());
         assert_eq!((mapped.rows(), mapped.cols(), mapped.owned_bytes(), owned.owned_bytes()), (3, 40, 0, 240));

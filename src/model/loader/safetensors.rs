@@ -5,8 +5,8 @@ use super::{check_shape, le_u16s, HalfRows, Tensor, WeightSource};
 use crate::kernels::matmul::Half;
 use crate::kernels::quant::GgmlType;
 use crate::kernels::ternary;
+use crate::model::tensor::MappedFile;
 use anyhow::{bail, Context, Result};
-use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -22,7 +22,7 @@ struct Entry {
 }
 
 pub struct SafetensorsWeights {
-    files: Vec<(PathBuf, Arc<Mmap>)>,
+    files: Vec<(PathBuf, Arc<MappedFile>)>,
     entries: HashMap<String, Entry>,
 }
 
@@ -41,9 +41,7 @@ impl SafetensorsWeights {
         let mut files = Vec::new();
         let mut entries = HashMap::new();
         for (i, path) in paths.into_iter().enumerate() {
-            let file = std::fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
-            // SAFETY: read-only map of a weights file that is not modified while in use.
-            let map = Arc::new(unsafe { Mmap::map(&file) }.with_context(|| format!("mapping {}", path.display()))?);
+            let map = Arc::new(MappedFile::open(&path).with_context(|| format!("opening {}", path.display()))?);
             let st = SafeTensors::deserialize(&map)
                 .with_context(|| format!("{}: invalid or truncated safetensors file", path.display()))?;
             for (name, view) in st.tensors() {
@@ -86,7 +84,7 @@ impl SafetensorsWeights {
     }
 
     /// The entry `name` and its file (path and map), checked to have `shape`.
-    fn entry(&self, name: &str, shape: &[usize]) -> Result<(&Entry, &Path, &Arc<Mmap>)> {
+    fn entry(&self, name: &str, shape: &[usize]) -> Result<(&Entry, &Path, &Arc<MappedFile>)> {
         let Some(e) = self.entries.get(name) else {
             let dir = self.files[0].0.parent().unwrap_or(Path::new("."));
             bail!("{}: tensor {name} not found in any *.safetensors file", dir.display());
