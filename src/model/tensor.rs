@@ -3,7 +3,6 @@
 
 use crate::kernels::matmul::Half;
 use memmap2::Mmap;
-use std::borrow::Cow;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -113,8 +112,7 @@ impl HalfRows {
     }
 
     /// Every row's bit patterns, row-major, through the map: for reading the whole matrix
-    /// at load (then [`MappedFile::release`] it); single rows are read by `row_into` and
-    /// `dot_row`.
+    /// at load (then [`MappedFile::release`] it); single rows are read by `row_into`.
     pub fn bits(&self) -> &[u16] {
         match &self.data {
             Bits::Owned(v) => v,
@@ -143,34 +141,20 @@ impl HalfRows {
         }
     }
 
-    /// Row `r`'s bit patterns: borrowed when owned, else read from the file.
-    fn row(&self, r: usize) -> Cow<'_, [u16]> {
-        match &self.data {
-            Bits::Owned(v) => Cow::Borrowed(&v[r * self.cols..(r + 1) * self.cols]),
-            Bits::Mapped { map, offset, .. } => {
-                let mut buf = vec![0u8; 2 * self.cols];
-                map.read_at(&mut buf, offset + 2 * r * self.cols);
-                Cow::Owned(buf.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect())
-            }
-        }
-    }
-
-    /// Row `r` as f32.
+    /// Row `r` as f32, read from the file when it was left there.
     pub fn row_into(&self, r: usize, out: &mut [f32]) {
-        let row = self.row(r);
-        out.iter_mut().zip(row.iter()).for_each(|(o, &b)| *o = self.format.to_f32(b));
-    }
-
-    /// Row `r` · `x` in f32, eight lanes summed at the end.
-    pub fn dot_row(&self, r: usize, x: &[f32]) -> f32 {
-        let row = self.row(r);
-        let mut acc = [0f32; 8];
-        for (a, b) in x[..self.cols].chunks(8).zip(row.chunks(8)) {
-            for ((s, &a), &b) in acc.iter_mut().zip(a).zip(b) {
-                *s += a * self.format.to_f32(b);
+        let (cols, format) = (self.cols, self.format);
+        match &self.data {
+            Bits::Owned(v) => {
+                out.iter_mut().zip(&v[r * cols..(r + 1) * cols]).for_each(|(o, &b)| *o = format.to_f32(b))
+            }
+            Bits::Mapped { map, offset, .. } => {
+                let mut buf = vec![0u8; 2 * cols];
+                map.read_at(&mut buf, offset + 2 * r * cols);
+                let bits = buf.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]]));
+                out.iter_mut().zip(bits).for_each(|(o, b)| *o = format.to_f32(b));
             }
         }
-        acc.iter().sum()
     }
 }
 
@@ -190,14 +174,11 @@ mod tests {
         let mapped = HalfRows::mapped(Half::F16, 40, map.clone(), 2, bits.len()).unwrap();
         let owned = HalfRows::owned(Half::F16, 40, bits.clone());
         assert_eq!((mapped.rows(), mapped.cols(), mapped.owned_bytes(), owned.owned_bytes()), (3, 40, 0, 240));
-        let x: Vec<f32> = (0..40).map(|i| (i % 7) as f32 - 3.0).collect();
         for r in 0..3 {
             let (mut a, mut b) = (vec![0f32; 40], vec![0f32; 40]);
             mapped.row_into(r, &mut a);
             owned.row_into(r, &mut b);
-            assert_eq!((a.as_slice(), mapped.dot_row(r, &x)), (&values[r * 40..(r + 1) * 40], owned.dot_row(r, &x)));
-            let want: f32 = a.iter().zip(&x).map(|(a, b)| a * b).sum();
-            assert!((mapped.dot_row(r, &x) - want).abs() < 1e-4);
+            assert_eq!((a.as_slice(), b.as_slice()), (&values[r * 40..(r + 1) * 40], &values[r * 40..(r + 1) * 40]));
         }
         assert!(HalfRows::mapped(Half::F16, 40, map.clone(), 1, 40).is_none(), "misaligned");
         assert!(HalfRows::mapped(Half::F16, 40, map.clone(), 2, bits.len() + 40).is_none(), "past the end");

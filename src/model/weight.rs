@@ -101,10 +101,10 @@ impl Weight {
         quantized: bool,
     ) -> Result<Self> {
         let k = shape[1];
-        if dtype != WeightDtype::Auto || !quantized || fitting(GgmlType::Q8_0, k).is_none() {
+        let copied = dtype == WeightDtype::Auto && quantized && fitting(GgmlType::Q8_0, k).is_some();
+        let Some(exact) = (if copied { src.load_half(name, &shape)? } else { None }) else {
             return Self::load(src, &[(name, shape)], dtype);
-        }
-        let Some(exact) = src.load_half(name, &shape)? else { return Self::load(src, &[(name, shape)], dtype) };
+        };
         let widened = |r: Range<usize>| {
             let bits = &exact.bits()[r.start * k..r.end * k];
             Cow::Owned(bits.iter().map(|&b| exact.format.to_f32(b)).collect())
@@ -292,15 +292,30 @@ impl Weight {
             Weight::Refined { coarse, exact } => (coarse, Some(exact)),
         };
         let (n, k) = (w.rows(), w.cols());
-        x[..m * k].par_chunks(k).zip(y[..m * n].par_chunks_mut(n)).for_each_init(Vec::new, |scratch, (x, y)| {
+        x[..m * k].par_chunks(k).zip(y[..m * n].par_chunks_mut(n)).for_each_init(Vec::new, |row, (x, y)| {
+            row.resize(k, 0.0);
             for j in top_indices(y, top) {
-                y[j] = match exact {
-                    Some(rows) => rows.dot_row(j, x),
-                    None => w.dot_row_exact(j, x, scratch),
-                };
+                match exact {
+                    Some(rows) => rows.row_into(j, row),
+                    None => w.row_into(j, row),
+                }
+                y[j] = exact_dot(x, row);
             }
         });
     }
+}
+
+/// `x · w` in f32: what the f32 path computes, up to the order of the sum. Plain
+/// multiply-adds in eight lanes, not `mul_add`, which is a libm call outside
+/// AVX2-compiled code.
+fn exact_dot(x: &[f32], w: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (a, b) in x.chunks_exact(8).zip(w.chunks_exact(8)) {
+        for l in 0..8 {
+            acc[l] += a[l] * b[l];
+        }
+    }
+    acc.iter().sum()
 }
 
 /// Indices of the `top` largest values of `v` (NaNs never among them), in no set order.
@@ -368,7 +383,17 @@ mod tests {
         let w = random_vec(n * k, 1);
         let raw = quantize(GgmlType::Q8_0, &w);
         let wq = dequantize(GgmlType::Q8_0, &raw);
-        let head = Weight::Quant(QMatrix::new(k, vec![(GgmlType::Q8_0, n, raw.into())]).unwrap());
+        let q8 = || QMatrix::new(k, vec![(GgmlType::Q8_0, n, raw.clone().into())]).unwrap();
+        // A refined head's leading logits come from its f16 rows instead.
+        let bits: Vec<u16> = w.iter().map(|&v| half::f16::from_f32(v).to_bits()).collect();
+        let wh: Vec<f32> = bits.iter().map(|&b| Half::F16.to_f32(b)).collect();
+        let refined = Weight::Refined { coarse: q8(), exact: HalfRows::owned(Half::F16, k, bits) };
+        for (head, wq) in [(Weight::Quant(q8()), &wq), (refined, &wh)] {
+            leading_logits_exact(&head, wq, (n, k, m, top));
+        }
+    }
+
+    fn leading_logits_exact(head: &Weight, wq: &[f32], (n, k, m, top): (usize, usize, usize, usize)) {
         let x = random_vec(m * k, 2);
         let mut y = vec![0.0; m * n];
         // No rows: nothing to compute, nothing written.

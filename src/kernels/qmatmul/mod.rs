@@ -162,21 +162,6 @@ impl QMatrix {
         }
         panic!("row {r} past the end of the matrix");
     }
-
-    /// `x · row r` in f32 against the exactly dequantized row: what the f32 path computes,
-    /// up to the order of the sum. Plain multiply-adds in eight lanes, not `dot_lanes`:
-    /// its `mul_add` is a libm call outside AVX2-compiled code.
-    pub fn dot_row_exact(&self, r: usize, x: &[f32], scratch: &mut Vec<f32>) -> f32 {
-        scratch.resize(self.k, 0.0);
-        self.row_into(r, scratch);
-        let mut acc = [0f32; 8];
-        for (a, b) in x[..self.k].chunks_exact(8).zip(scratch.chunks_exact(8)) {
-            for l in 0..8 {
-                acc[l] += a[l] * b[l];
-            }
-        }
-        acc.iter().sum()
-    }
 }
 
 /// How finely a row's int8 activations are scaled: the matrix that takes them chooses

@@ -1,5 +1,6 @@
-//! Hugging Face safetensors (one file or shards): f32 tensors are borrowed from the
-//! memory map, f16/bf16 are widened to f32 once at load.
+//! Hugging Face safetensors (one file or shards): f32 tensors, and f16/bf16 ones kept
+//! 16-bit, are borrowed from the memory map; f16/bf16 asked for as f32 are widened once
+//! at load.
 
 use super::{check_shape, le_u16s, HalfRows, Tensor, WeightSource};
 use crate::kernels::matmul::Half;
