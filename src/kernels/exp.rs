@@ -27,6 +27,31 @@ pub fn exp(x: f32) -> f32 {
     y * f32::from_bits(((n as i32 + 127) << 23) as u32)
 }
 
+/// `out[i] = e^((x[i] − shift) · scale)`, and 0 where that exponent is below the clamp (or
+/// NaN): a sampler's weights from its logits, masked ones (−∞) exactly 0. Eight lanes at a
+/// time where AVX2 runs, the same bits either way.
+pub fn exp_scaled(x: &[f32], shift: f32, scale: f32, out: &mut [f32]) {
+    assert_eq!(x.len(), out.len(), "exp_scaled: {} inputs, {} outputs", x.len(), out.len());
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::matmul::avx2::available() {
+        // SAFETY: AVX2 and FMA were checked; the lengths match.
+        return unsafe { avx2::exp_scaled(x, shift, scale, out) };
+    }
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = exp_or_zero((v - shift) * scale);
+    }
+}
+
+/// [`exp`], or 0 below its clamp and for NaN.
+#[inline(always)]
+fn exp_or_zero(a: f32) -> f32 {
+    if a >= MIN {
+        exp(a)
+    } else {
+        0.0
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
     use super::*;
@@ -54,6 +79,27 @@ pub(crate) mod avx2 {
         let pow2 = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)));
         _mm256_mul_ps(y, _mm256_castsi256_ps(pow2))
     }
+
+    /// [`super::exp_scaled`] for 8 lanes at a time, the tail with the scalar twin.
+    ///
+    /// # Safety
+    /// AVX2 and FMA must be available and `out` as long as `x`.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn exp_scaled(x: &[f32], shift: f32, scale: f32, out: &mut [f32]) {
+        let (sh, sc, min) = (_mm256_set1_ps(shift), _mm256_set1_ps(scale), _mm256_set1_ps(MIN));
+        let whole = x.len() / 8 * 8;
+        for (o, v) in out[..whole].chunks_exact_mut(8).zip(x.chunks_exact(8)) {
+            // SAFETY: each chunk holds 8 floats.
+            unsafe {
+                let a = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(v.as_ptr()), sh), sc);
+                let keep = _mm256_cmp_ps::<_CMP_GE_OQ>(a, min);
+                _mm256_storeu_ps(o.as_mut_ptr(), _mm256_and_ps(exp(a), keep));
+            }
+        }
+        for (o, &v) in out[whole..].iter_mut().zip(&x[whole..]) {
+            *o = exp_or_zero((v - shift) * scale);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -73,6 +119,24 @@ mod tests {
             let got = exp(x) as f64;
             assert!(((got - want) / want).abs() < 3e-7, "exp({x}) = {got}, want {want}");
         }
+    }
+
+    #[test]
+    fn scaled_weights_are_exp_or_zero_in_every_lane_and_tail() {
+        let mut x = inputs();
+        x.extend([f32::NEG_INFINITY, f32::NAN, 3.0]);
+        for len in [0, 1, 7, 8, 9, 17, x.len()] {
+            let mut out = vec![-1.0; len];
+            exp_scaled(&x[..len], 3.0, 0.7, &mut out);
+            for (v, o) in x[..len].iter().zip(&out) {
+                let a = (v - 3.0) * 0.7;
+                let want = if a >= MIN { exp(a) } else { 0.0 };
+                assert_eq!(o.to_bits(), want.to_bits(), "e^({v} - 3) * 0.7");
+            }
+        }
+        let mut out = [1.0; 3];
+        exp_scaled(&[f32::NEG_INFINITY, f32::NAN, -200.0], 0.0, 1.0, &mut out);
+        assert_eq!(out, [0.0; 3], "masked, NaN and negligible logits weigh nothing");
     }
 
     #[cfg(target_arch = "x86_64")]

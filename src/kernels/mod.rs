@@ -5,7 +5,7 @@ pub mod attention;
 pub mod buffer;
 pub mod delta;
 mod dot;
-mod exp;
+pub(crate) mod exp;
 pub mod matmul;
 pub mod norm;
 pub mod qmatmul;

@@ -3,6 +3,7 @@
 //! Each sequence has its own RNG, so a seeded request draws the same tokens whatever else
 //! shares the batch.
 
+mod candidates;
 mod params;
 mod sampler;
 

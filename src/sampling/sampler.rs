@@ -1,8 +1,9 @@
 //! Logits processors and the sampler, applied in vLLM's order: logit bias, penalties, then
 //! (unless greedy) temperature, top-k, top-p, min-p and a draw from the sequence's RNG.
 
-use super::SamplingParams;
+use super::{candidates, SamplingParams};
 use crate::grammar::TokenMask;
+use crate::kernels::exp::exp_scaled;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
@@ -48,7 +49,10 @@ pub struct Sampler {
     /// Tokens of prompt and output (repetition penalty).
     seen: HashMap<u32, ()>,
     scratch: Vec<f32>,
+    /// A draw's candidates, their weights, and every token's weight (top-p, plain).
     order: Vec<u32>,
+    probs: Vec<f32>,
+    weights: Vec<f32>,
     /// Tokens kept from being drawn for the first `hold_for` samples (min_tokens).
     held: Vec<u32>,
     hold_for: usize,
@@ -71,6 +75,8 @@ impl Sampler {
             seen,
             scratch: Vec::new(),
             order: Vec::new(),
+            probs: Vec::new(),
+            weights: Vec::new(),
             held: Vec::new(),
             hold_for: 0,
             sampled: 0,
@@ -160,36 +166,22 @@ impl Sampler {
         }
     }
 
-    /// Temperature, top-k, top-p, min-p, then a draw. Works on the candidates only, so
-    /// that the common settings do not sort the whole vocabulary.
+    /// Temperature, top-k, top-p, min-p, then a draw. Works on the candidates only
+    /// ([`candidates`]), so that no setting sorts the whole vocabulary; top-p alone is
+    /// taken over the whole distribution, after top-k over the k renormalised, as vLLM does.
     fn draw(&mut self) -> u32 {
         let p = &self.params;
         let x = &self.scratch;
-        let inv_t = 1.0 / p.temperature;
-        let max = x.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-        // Candidates in descending order of logit: top-k first, widened until they cover top-p.
-        let order = &mut self.order;
-        let want_sorted = p.top_k > 0 || p.top_p < 1.0;
-        let mut probs: Vec<f32>;
-        if want_sorted {
-            let vocab = x.len();
-            let mut k = if p.top_k > 0 { p.top_k.min(vocab) } else { 64.min(vocab) };
-            let total: f32 = x.iter().map(|l| ((l - max) * inv_t).exp()).sum();
-            loop {
-                order.clear();
-                order.extend(0..vocab as u32);
-                if k < vocab {
-                    order.select_nth_unstable_by(k - 1, |a, b| x[*b as usize].total_cmp(&x[*a as usize]));
-                    order.truncate(k);
-                }
-                order.sort_unstable_by(|a, b| x[*b as usize].total_cmp(&x[*a as usize]).then(a.cmp(b)));
-                let mass: f32 = order.iter().map(|&i| ((x[i as usize] - max) * inv_t).exp()).sum::<f32>() / total;
-                if p.top_k > 0 || mass >= p.top_p || k == vocab {
-                    break;
-                }
-                k = (k * 4).min(vocab);
-            }
-            probs = order.iter().map(|&i| ((x[i as usize] - max) * inv_t).exp()).collect();
+        let scale = 1.0 / p.temperature;
+        let max = largest(x);
+        let (order, probs) = (&mut self.order, &mut self.probs);
+        if p.top_k > 0 {
+            candidates::top_k(x, p.top_k, order);
+            probs.clear();
+            probs.extend(order.iter().map(|&i| x[i as usize]));
+            let logits = std::mem::take(probs);
+            probs.resize(logits.len(), 0.0);
+            exp_scaled(&logits, max, scale, probs);
             if p.top_p < 1.0 {
                 let total: f32 = probs.iter().sum();
                 let mut cum = 0.0;
@@ -204,9 +196,18 @@ impl Sampler {
                 order.truncate(keep);
             }
         } else {
-            order.clear();
-            order.extend(0..x.len() as u32);
-            probs = x.iter().map(|l| ((l - max) * inv_t).exp()).collect();
+            let w = &mut self.weights;
+            w.resize(x.len(), 0.0);
+            exp_scaled(x, max, scale, w);
+            if p.top_p < 1.0 {
+                candidates::nucleus(x, w, max, scale, p.top_p, order);
+                probs.clear();
+                probs.extend(order.iter().map(|&i| w[i as usize]));
+            } else {
+                order.clear();
+                order.extend(0..x.len() as u32);
+                std::mem::swap(probs, w);
+            }
         }
         if p.min_p > 0.0 {
             let top = probs.iter().cloned().fold(0.0, f32::max);
@@ -216,17 +217,44 @@ impl Sampler {
                 }
             }
         }
-        let total: f32 = probs.iter().sum();
-        let mut r = self.rng.random::<f32>() * total;
-        for (q, &id) in probs.iter().zip(order.iter()) {
+        let at = pick(probs, self.rng.random::<f32>());
+        at.map_or(order[0], |i| order[i])
+    }
+}
+
+/// Where a draw `u` in [0, 1) falls among weights `probs` (≥ 0, not normalised): the first
+/// index whose running sum passes `u` times the total, only one with weight counting; none
+/// when every weight is 0. Blocks' sums first, summed in lanes, so that the walk one value
+/// at a time covers one block rather than the vocabulary.
+fn pick(probs: &[f32], u: f32) -> Option<usize> {
+    const BLOCK: usize = 256;
+    let block_sum = |b: &[f32]| {
+        let mut lanes = [0f32; 16];
+        let chunks = b.chunks_exact(16);
+        let tail: f32 = chunks.remainder().iter().sum();
+        for c in chunks {
+            lanes.iter_mut().zip(c).for_each(|(l, &q)| *l += q);
+        }
+        lanes.iter().sum::<f32>() + tail
+    };
+    let sums: Vec<f32> = probs.chunks(BLOCK).map(block_sum).collect();
+    let mut r = u * sums.iter().sum::<f32>();
+    for (b, &sum) in sums.iter().enumerate() {
+        if r >= sum {
+            r -= sum;
+            continue;
+        }
+        // The draw is in this block (or, by rounding, a sliver past its end: walk on).
+        for (i, &q) in probs.iter().enumerate().skip(b * BLOCK) {
             r -= q;
-            if r < 0.0 && *q > 0.0 {
-                return id;
+            if r < 0.0 && q > 0.0 {
+                return Some(i);
             }
         }
-        // Rounding left a sliver: take the last candidate with mass.
-        probs.iter().zip(order.iter()).rev().find(|(q, _)| **q > 0.0).map_or(order[0], |(_, &id)| id)
+        break;
     }
+    // Rounding left a sliver: the last candidate with mass.
+    probs.iter().rposition(|&q| q > 0.0)
 }
 
 /// Sets every logit the mask does not allow to -inf (ids past the mask's end included).
@@ -263,6 +291,20 @@ fn log_probs(logits: &[f32], id: u32, top: usize) -> (TokenLogprob, Vec<TokenLog
 }
 
 /// Index of the largest logit (the first one on ties).
+/// The largest value of `x` (NaNs skipped; −∞ when empty), sixteen lanes at a time so
+/// that it vectorizes, where a fold of `f32::max` ran one value at a time.
+fn largest(x: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    let chunks = x.chunks_exact(16);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (m, &v) in lanes.iter_mut().zip(c) {
+            *m = if v > *m { v } else { *m };
+        }
+    }
+    lanes.iter().chain(tail).fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m })
+}
+
 pub fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0;
     for (i, &l) in logits.iter().enumerate() {
@@ -321,6 +363,30 @@ mod tests {
         let mut s = Sampler::new(p, &[]);
         let l = logits();
         (0..n).map(|_| s.sample(&l).id).collect()
+    }
+
+    #[test]
+    fn a_pick_falls_in_proportion_and_never_on_a_zero_weight() {
+        // Over several blocks, with zero weights at both ends and between.
+        let mut w: Vec<f32> = (0..1000).map(|i| ((i * 37 % 101) as f32).powi(2) / 1e4).collect();
+        w[..3].fill(0.0);
+        w[500..520].fill(0.0);
+        w[997..].fill(0.0);
+        let total: f64 = w.iter().map(|&q| q as f64).sum();
+        let mut counts = vec![0usize; w.len()];
+        let draws = 200_000;
+        for j in 0..draws {
+            let i = pick(&w, j as f32 / draws as f32).expect("some weight");
+            assert!(w[i] > 0.0, "picked {i} of weight 0");
+            counts[i] += 1;
+        }
+        assert!(pick(&w, 1.0 - f32::EPSILON).is_some_and(|i| w[i] > 0.0));
+        for (i, (&c, &q)) in counts.iter().zip(&w).enumerate() {
+            let want = q as f64 / total * draws as f64;
+            assert!((c as f64 - want).abs() <= 3.0 + want * 0.01, "{i}: {c} picks, want {want:.1}");
+        }
+        assert_eq!(pick(&[0.0; 300], 0.5), None);
+        assert_eq!(pick(&[], 0.5), None);
     }
 
     #[test]
