@@ -449,6 +449,7 @@ impl EngineLoop {
     /// Hands each scheduled sequence its rows of the step's logits: prompt rows to be
     /// scored, then the sampled row (or the rows that verify a draft).
     fn dispatch_logits(&mut self, plan: &[Scheduled], logits: &[f32], vocab: usize) {
+        let mut drawn = self.presample(plan, logits, vocab);
         let mut row = 0;
         for s in plan {
             let rows = s.logit_rows();
@@ -467,11 +468,42 @@ impl EngineLoop {
                 continue;
             }
             if s.draft == 0 {
-                self.on_logits(s.id, logits);
+                self.on_logits(s.id, logits, drawn.remove(&s.id));
             } else {
                 self.verify(s.id, logits, vocab);
             }
         }
+    }
+
+    /// The draw of each sequence that samples one row without a draft, all taken in
+    /// parallel before the rows are handed out in order: each sequence has its own sampler
+    /// and RNG, so it draws what it would alone, and a large vocabulary's draws do not
+    /// wait one after another on this thread. Embeddings, prompts only scored and failed
+    /// masks are left to [`Self::on_logits`].
+    fn presample(&mut self, plan: &[Scheduled], logits: &[f32], vocab: usize) -> HashMap<SeqId, Sampled> {
+        use rayon::prelude::*;
+        let mut last_rows = HashMap::new();
+        let mut row = 0;
+        for s in plan {
+            row += s.logit_rows();
+            if s.sample && s.draft == 0 {
+                last_rows.insert(s.id, row - 1);
+            }
+        }
+        let requests = &self.requests;
+        let mut draws: Vec<(SeqId, &mut Sampler, Option<&TokenMask>, &[f32])> = (self.sched.states_mut())
+            .filter_map(|(id, st)| {
+                let r = *last_rows.get(&id)?;
+                let scored_only = requests.get(&st.request).is_none_or(|q| q.request.stop.max_tokens == 0);
+                let mask = match &st.mask {
+                    Some(Err(_)) => return None,
+                    Some(Ok(m)) => Some(m),
+                    None => None,
+                };
+                (!scored_only && st.pool.is_none()).then(|| (id, &mut st.sampler, mask, &logits[r * vocab..][..vocab]))
+            })
+            .collect();
+        draws.par_iter_mut().map(|(id, sampler, mask, row)| (*id, sampler.sample_masked(row, *mask))).collect()
     }
 
     /// Counts a step of `tokens` rows in the statistics, the step-time model and the
@@ -631,9 +663,9 @@ impl EngineLoop {
         }
     }
 
-    /// Samples the sequence's next token (and, for an `n > 1` request's first sample, its
-    /// siblings' first tokens from the same logits).
-    fn on_logits(&mut self, seq: SeqId, logits: &[f32]) {
+    /// Samples the sequence's next token, unless [`Self::presample`] drew it (`drawn`), and
+    /// for an `n > 1` request's first sample its siblings' first tokens from the same logits.
+    fn on_logits(&mut self, seq: SeqId, logits: &[f32], drawn: Option<Sampled>) {
         let Some(state) = self.sched.get_mut(seq).map(|q| &mut q.state) else {
             return;
         };
@@ -652,7 +684,7 @@ impl EngineLoop {
             Some(Ok(m)) => Some(m),
             None => None,
         };
-        let sampled = state.sampler.sample_masked(logits, mask.as_ref());
+        let sampled = drawn.unwrap_or_else(|| state.sampler.sample_masked(logits, mask.as_ref()));
         let fork = self.requests.get(&req_id).is_some_and(|r| !r.forked && r.request.n > 1);
         if fork {
             let req = self.requests.get_mut(&req_id).expect("checked");

@@ -329,6 +329,12 @@ impl<S> Scheduler<S> {
         self.seqs.get_mut(&id)
     }
 
+    /// Every sequence's state at once, in no particular order (each borrowed apart from
+    /// the others, so that they can be worked on in parallel).
+    pub fn states_mut(&mut self) -> impl Iterator<Item = (SeqId, &mut S)> {
+        self.seqs.iter_mut().map(|(&id, q)| (id, &mut q.state))
+    }
+
     /// Limits the prefill tokens of the next steps that carry decodes (`None`: only the
     /// token budget limits them).
     pub fn set_prefill_limit(&mut self, limit: Option<usize>) {
