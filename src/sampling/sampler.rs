@@ -49,7 +49,8 @@ pub struct Sampler {
     /// Tokens of prompt and output (repetition penalty).
     seen: HashMap<u32, ()>,
     scratch: Vec<f32>,
-    /// A draw's candidates, their weights, and every token's weight (top-p, plain).
+    /// A draw's candidates, their weights, and every token's weight (top-p, plain) or
+    /// the candidates' logits (top-k).
     order: Vec<u32>,
     probs: Vec<f32>,
     weights: Vec<f32>,
@@ -174,14 +175,14 @@ impl Sampler {
         let x = &self.scratch;
         let scale = 1.0 / p.temperature;
         let max = largest(x);
-        let (order, probs) = (&mut self.order, &mut self.probs);
+        let (order, probs, w) = (&mut self.order, &mut self.probs, &mut self.weights);
         if p.top_k > 0 {
             candidates::top_k(x, p.top_k, order);
-            probs.clear();
-            probs.extend(order.iter().map(|&i| x[i as usize]));
-            let logits = std::mem::take(probs);
-            probs.resize(logits.len(), 0.0);
-            exp_scaled(&logits, max, scale, probs);
+            // The candidates' logits, then their weights.
+            w.clear();
+            w.extend(order.iter().map(|&i| x[i as usize]));
+            probs.resize(w.len(), 0.0);
+            exp_scaled(w, max, scale, probs);
             if p.top_p < 1.0 {
                 let total: f32 = probs.iter().sum();
                 let mut cum = 0.0;
@@ -196,7 +197,6 @@ impl Sampler {
                 order.truncate(keep);
             }
         } else {
-            let w = &mut self.weights;
             w.resize(x.len(), 0.0);
             exp_scaled(x, max, scale, w);
             if p.top_p < 1.0 {
@@ -290,7 +290,6 @@ fn log_probs(logits: &[f32], id: u32, top: usize) -> (TokenLogprob, Vec<TokenLog
     (lp(id), best.into_iter().map(lp).collect())
 }
 
-/// Index of the largest logit (the first one on ties).
 /// The largest value of `x` (NaNs skipped; −∞ when empty), sixteen lanes at a time so
 /// that it vectorizes, where a fold of `f32::max` ran one value at a time.
 fn largest(x: &[f32]) -> f32 {
@@ -305,6 +304,7 @@ fn largest(x: &[f32]) -> f32 {
     lanes.iter().chain(tail).fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m })
 }
 
+/// Index of the largest logit (the first one on ties).
 pub fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0;
     for (i, &l) in logits.iter().enumerate() {
