@@ -275,7 +275,7 @@ fn mask_out(x: &mut [f32], allowed: &TokenMask) {
 
 /// Log-probability of `id` and the `top` most likely tokens under `log_softmax(logits)`.
 fn log_probs(logits: &[f32], id: u32, top: usize) -> (TokenLogprob, Vec<TokenLogprob>) {
-    let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    let max = largest(logits);
     let lse = max + logits.iter().map(|l| (l - max).exp()).sum::<f32>().ln();
     let lp = |i: u32| TokenLogprob { id: i, logprob: logits[i as usize] - lse };
     let mut best: Vec<u32> = Vec::with_capacity(top + 1);
