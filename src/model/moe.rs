@@ -7,7 +7,7 @@ use super::config::MoeConfig;
 use super::loader::WeightSource;
 use super::resize;
 use super::weight::{Weight, WeightDtype};
-use crate::kernels::qmatmul::{qmatmul_each, Product, QActs, QMatrix};
+use crate::kernels::qmatmul::{qmatmul, qmatmul_each, Product, QActs, QMatrix};
 use crate::kernels::quant::GgmlType;
 use crate::kernels::rmsnorm;
 use anyhow::{bail, Context, Result};
@@ -50,6 +50,9 @@ pub struct Experts {
     norm_topk_prob: bool,
     /// Whether every expert is in a block format, computed in one pass for all experts.
     blocks: bool,
+    /// Whether, besides, every expert's gate_up quantizes its rows alike: then the step's
+    /// rows are quantized once for all of them ([`QActs::gather`]).
+    alike: bool,
     hidden: usize,
     ffn: usize,
 }
@@ -109,6 +112,9 @@ pub struct Scratch {
     gate_up: Vec<f32>,
     act: Vec<f32>,
     y: Vec<f32>,
+    /// The step's rows quantized once for every expert's gate_up, where they all take
+    /// the same quantization.
+    step_q: QActs,
     /// Per expert, its gathered rows quantized for gate_up and for down.
     xq: Vec<QActs>,
     aq: Vec<QActs>,
@@ -197,8 +203,10 @@ impl Experts {
         d: usize,
     ) -> Self {
         let blocks = experts.iter().all(|x| matches!((&x.gate_up, &x.down), (Weight::Quant(_), Weight::Quant(_))));
+        let alike = blocks && experts.iter().all(|e| quant(&e.gate_up).quantizes_as(quant(&experts[0].gate_up)));
         let (top_k, norm_topk_prob, ffn) = (c.top_k, c.norm_topk_prob, c.expert_ffn);
-        Experts { router, router_bias, scales, shared: None, experts, top_k, norm_topk_prob, blocks, hidden: d, ffn }
+        let shared = None;
+        Experts { router, router_bias, scales, shared, experts, top_k, norm_topk_prob, blocks, alike, hidden: d, ffn }
     }
 
     /// Gemma 4's router (`router.proj`, `.scale`, `.per_expert_scale`) and experts: fused
@@ -336,8 +344,14 @@ impl Experts {
         for (i, &slot) in s.slots.iter().enumerate() {
             s.rows_of[slot] = i / k;
         }
-        let xs = resize(&mut s.x, t * k * d);
-        xs.par_chunks_mut(d).zip(&s.rows_of[..t * k]).for_each(|(dst, &r)| dst.copy_from_slice(&x[r * d..(r + 1) * d]));
+        // Experts that quantize their rows alike take them from one quantization of the
+        // step's rows; the others a copy of each.
+        if !self.alike {
+            let xs = resize(&mut s.x, t * k * d);
+            xs.par_chunks_mut(d)
+                .zip(&s.rows_of[..t * k])
+                .for_each(|(dst, &r)| dst.copy_from_slice(&x[r * d..(r + 1) * d]));
+        }
         let counts: Vec<usize> = (0..n_exp).map(|e| starts[e + 1] - starts[e]).collect();
         let st = &mut s.stats;
         st.layer_runs += 1;
@@ -346,7 +360,7 @@ impl Experts {
         st.busiest_rows += counts.iter().max().copied().unwrap_or(0) as u64;
         resize(&mut s.y, t * k * d);
         if self.blocks {
-            self.run_blocks(&counts, activation, s);
+            self.run_blocks(&counts, self.alike.then_some(&x[..t * d]), activation, s);
         } else {
             self.run_each(&counts, activation, s, xq);
         }
@@ -360,7 +374,13 @@ impl Experts {
         if let Some(sh) = &self.shared {
             // As transformers: the routed sum, plus σ(gate · x) times the shared expert's output.
             let gu = resize(&mut s.shared_gu, t * 2 * sh.ffn);
-            sh.gate_up.matmul(x, xq, gu, t);
+            match &sh.gate_up {
+                // The step's rows as the experts' gate_up took them, where they fit.
+                Weight::Quant(w) if self.alike && w.quantizes_as(quant(&self.experts[0].gate_up)) => {
+                    qmatmul(&s.step_q, w, gu, t)
+                }
+                other => other.matmul(x, xq, gu, t),
+            }
             let act = resize(&mut s.shared_act, t * sh.ffn);
             gu.par_chunks(2 * sh.ffn * 8)
                 .zip(act.par_chunks_mut(sh.ffn * 8))
@@ -404,24 +424,36 @@ impl Experts {
         }
     }
 
-    /// Block-format experts: every expert's rows quantized, then all experts' gate_up in
-    /// one pass over the pool, the activation, and all experts' down in another.
-    fn run_blocks(&self, counts: &[usize], activation: Activation, s: &mut Scratch) {
+    /// Block-format experts: every expert's rows quantized (or, given the step's rows
+    /// `shared`, gathered from their one quantization), then all experts' gate_up in one
+    /// pass over the pool, the activation, and all experts' down in another.
+    fn run_blocks(&self, counts: &[usize], shared: Option<&[f32]>, activation: Activation, s: &mut Scratch) {
         let (d, f) = (self.hidden, self.ffn);
         let rows: usize = counts.iter().sum();
         s.xq.resize_with(self.experts.len(), QActs::default);
         s.aq.resize_with(self.experts.len(), QActs::default);
         let gu = resize(&mut s.gate_up, rows * 2 * f);
         let act = resize(&mut s.act, rows * f);
-        let (xs, ys) = (&s.x[..rows * d], &mut s.y[..rows * d]);
+        let ys = &mut s.y[..rows * d];
 
-        let segments = split(xs, counts, d);
-        s.xq.par_iter_mut().zip(&segments).zip(&self.experts).zip(counts).for_each(|(((q, x), e), &n)| {
-            if n > 0 {
-                let w = quant(&e.gate_up);
-                w.quantize(x, n, q);
-            }
-        });
+        if let Some(x) = shared {
+            let steps_rows = &mut s.step_q;
+            quant(&self.experts[0].gate_up).quantize(x, x.len() / d, steps_rows);
+            let steps_rows: &QActs = steps_rows;
+            let segments = split(&s.rows_of[..rows], counts, 1);
+            s.xq.par_iter_mut().zip(&segments).for_each(|(q, of)| {
+                if !of.is_empty() {
+                    q.gather(steps_rows, d, of);
+                }
+            });
+        } else {
+            let segments = split(&s.x[..rows * d], counts, d);
+            s.xq.par_iter_mut().zip(&segments).zip(&self.experts).zip(counts).for_each(|(((q, x), e), &n)| {
+                if n > 0 {
+                    quant(&e.gate_up).quantize(x, n, q);
+                }
+            });
+        }
         run_products(&self.experts, counts, &s.xq, gu, 2 * f, |e| quant(&e.gate_up));
         add_biases(&self.experts, counts, gu, 2 * f, |e| e.gate_up_bias.as_deref());
 
@@ -562,7 +594,7 @@ fn quant(w: &Weight) -> &QMatrix {
 }
 
 /// `v`'s rows of `width` values cut into consecutive runs of `counts` rows.
-fn split<'a>(v: &'a [f32], counts: &[usize], width: usize) -> Vec<&'a [f32]> {
+fn split<'a, T>(v: &'a [T], counts: &[usize], width: usize) -> Vec<&'a [T]> {
     let mut rest = v;
     counts
         .iter()
@@ -695,6 +727,7 @@ mod tests {
             top_k,
             norm_topk_prob: true,
             blocks,
+            alike: blocks,
             hidden: d,
             ffn: f,
         };
@@ -710,16 +743,20 @@ mod tests {
     /// Every row count from 0, block-format and float experts: each row as computed alone
     /// (bit for bit), the float experts as a naive sum over the chosen experts and the
     /// gated shared expert, and the block-format ones within the int8 activations'
-    /// rounding of it.
+    /// rounding of it; block-format experts that take their rows from one quantization as
+    /// those that quantize a copy each.
     #[test]
     fn experts_compute_each_row_alone_and_as_the_naive_sum() {
         let (n, k, d, f) = (6, 2, 64, 32);
         // One more made than routed to: the shared expert.
         let (float, values) = experts(n + 1, k, d, f, false);
         let (quant, _) = experts(n + 1, k, d, f, true);
+        let (mut apart, _) = experts(n + 1, k, d, f, true);
+        apart.alike = false;
         let input = random_vec(13 * d, 3);
         let mut logits = vec![0.0; n];
         for t in 0..=13 {
+            assert!(run(&apart, &input[..t * d], t) == run(&quant, &input[..t * d], t), "{t} rows");
             for x in [&float, &quant] {
                 let all = run(x, &input[..t * d], t);
                 for r in 0..t {

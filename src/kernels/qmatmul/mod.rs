@@ -131,6 +131,13 @@ impl QMatrix {
         }
     }
 
+    /// Whether [`QMatrix::quantize`] quantizes rows for `self` exactly as for `other`:
+    /// then one quantization of a row serves both, [`QActs::gather`]ed.
+    pub fn quantizes_as(&self, other: &QMatrix) -> bool {
+        let wide = |w: &QMatrix| w.parts.iter().any(|p| takes_wide(p.dtype));
+        self.k == other.k && self.act_scales() == other.act_scales() && wide(self) == wide(other)
+    }
+
     /// Rows (`n`).
     pub fn rows(&self) -> usize {
         self.n
@@ -242,6 +249,35 @@ pub struct QActs {
 }
 
 impl QActs {
+    /// Rows `rows` of `src` (rows of `k` values), in that order: what quantizing those
+    /// rows alone writes, since each row is quantized on its own. A mixture's experts take
+    /// their rows of one quantization of the step's rows, not one each.
+    pub fn gather(&mut self, src: &QActs, k: usize, rows: &[usize]) {
+        let (per_d, per_sum) = (k / QH, k / QB);
+        self.q6 = Default::default();
+        self.q6_starts = Default::default();
+        self.pairs = Default::default();
+        self.half_pairs = Default::default();
+        self.block_sums = Default::default();
+        self.split = Default::default();
+        self.scales = src.scales;
+        self.q.clear();
+        self.d.clear();
+        self.sums.clear();
+        self.dsum.clear();
+        for &r in rows {
+            self.q.extend_from_slice(&src.q[r * k..(r + 1) * k]);
+            self.d.extend_from_slice(&src.d[r * per_d..(r + 1) * per_d]);
+            self.sums.extend_from_slice(&src.sums[r * per_d..(r + 1) * per_d]);
+            self.dsum.extend_from_slice(&src.dsum[r * per_sum..(r + 1) * per_sum]);
+        }
+        self.has_wide = src.has_wide;
+        if let (true, Some(wide)) = (src.has_wide, src.wide.as_deref()) {
+            let pairs: Vec<usize> = rows.iter().flat_map(|&r| [2 * r, 2 * r + 1]).collect();
+            self.wide.get_or_insert_with(Default::default).gather(wide, k, &pairs);
+        }
+    }
+
     /// The rows a part of `dtype` computes with, of these `m`: the `2m` paired rows when it
     /// takes them and this quantization has them (then `true`: add each pair's results),
     /// else these.
@@ -632,6 +668,33 @@ mod tests {
         qmatmul_each(&mut products);
         for (i, (a, b)) in alone.iter().zip(&ys).enumerate() {
             assert!(a == b, "{}: {} rows", TYPES[i], mats[i].1);
+        }
+    }
+
+    /// Rows gathered from one quantization of all rows give every format the products of
+    /// those rows quantized alone, bit for bit: none, one, repeats, out of order, and
+    /// MXFP4's wide rows.
+    #[test]
+    fn gathered_rows_compute_as_quantized_alone() {
+        let (k, m) = (512, 6);
+        let x = random_vec(m * k, 61);
+        for (i, &dtype) in TYPES.iter().enumerate() {
+            let raw = random_blocks(dtype, 16 * k / dtype.block().0, 70 + i as u64);
+            let w = QMatrix::new(k, vec![(dtype, 16, raw.into())]).unwrap();
+            assert!(w.quantizes_as(&w));
+            let mut all = QActs::default();
+            w.quantize(&x, m, &mut all);
+            let mut gathered = QActs::default();
+            for rows in [&[][..], &[4], &[5, 0, 5, 2], &[1, 2, 3, 4, 5, 0]] {
+                let picked: Vec<f32> = rows.iter().flat_map(|&r| x[r * k..(r + 1) * k].to_vec()).collect();
+                let mut alone = QActs::default();
+                w.quantize(&picked, rows.len(), &mut alone);
+                let (mut want, mut got) = (vec![0.0; rows.len() * 16], vec![f32::NAN; rows.len() * 16]);
+                qmatmul(&alone, &w, &mut want, rows.len());
+                gathered.gather(&all, k, rows);
+                qmatmul(&gathered, &w, &mut got, rows.len());
+                assert!(want == got, "{dtype}: rows {rows:?}");
+            }
         }
     }
 
