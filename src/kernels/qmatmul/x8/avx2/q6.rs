@@ -150,6 +150,14 @@ pub(super) unsafe fn q6_scales<const V: bool, const F: u8>(at: *const u8) -> __m
     }
 }
 
+/// Where chunk `c` of output `i` of half `n` finds its low nibbles and its high bits: the
+/// indices of their 32-byte chunks in a record's values ([`Q6_VALUES`]).
+#[inline(always)]
+pub(super) const fn q6_chunks_at(n: usize, i: usize, c: usize) -> (usize, usize) {
+    let ql_at = 24 * n + if i & 1 == 0 { c + 4 * (c / 4) } else { 16 + c };
+    (ql_at, 24 * n + 4 + c + 4 * (c / 4))
+}
+
 /// Chunk `c` of output `i` of half `n` of the Q6_K values at `vals`: four 6-bit values
 /// of each of the eight rows (unsigned), from a low-nibble chunk and a 2-bit chunk.
 ///
@@ -158,9 +166,7 @@ pub(super) unsafe fn q6_scales<const V: bool, const F: u8>(at: *const u8) -> __m
 #[inline(always)]
 pub(super) unsafe fn q6_chunk(vals: *const u8, n: usize, i: usize, c: usize) -> __m256i {
     unsafe {
-        // Chunk indices in the record ([`Q6_VALUES`]).
-        let ql_at = 24 * n + if i & 1 == 0 { c + 4 * (c / 4) } else { 16 + c };
-        let qh_at = 24 * n + 4 + c + 4 * (c / 4);
+        let (ql_at, qh_at) = q6_chunks_at(n, i, c);
         let ql = _mm256_loadu_si256(vals.add(32 * ql_at).cast());
         let qh = _mm256_loadu_si256(vals.add(32 * qh_at).cast());
         let (lo, hi) = match i {
