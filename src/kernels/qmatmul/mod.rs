@@ -254,12 +254,7 @@ impl QActs {
     /// their rows of one quantization of the step's rows, not one each.
     pub fn gather(&mut self, src: &QActs, k: usize, rows: &[usize]) {
         let (per_d, per_sum) = (k / QH, k / QB);
-        self.q6 = Default::default();
-        self.q6_starts = Default::default();
-        self.pairs = Default::default();
-        self.half_pairs = Default::default();
-        self.block_sums = Default::default();
-        self.split = Default::default();
+        self.clear_formed();
         self.scales = src.scales;
         self.q.clear();
         self.d.clear();
@@ -276,6 +271,16 @@ impl QActs {
             let pairs: Vec<usize> = rows.iter().flat_map(|&r| [2 * r, 2 * r + 1]).collect();
             self.wide.get_or_insert_with(Default::default).gather(wide, k, &pairs);
         }
+    }
+
+    /// Forgets what kernels formed on first use from the previous rows.
+    fn clear_formed(&mut self) {
+        self.q6 = Default::default();
+        self.q6_starts = Default::default();
+        self.pairs = Default::default();
+        self.half_pairs = Default::default();
+        self.block_sums = Default::default();
+        self.split = Default::default();
     }
 
     /// The rows a part of `dtype` computes with, of these `m`: the `2m` paired rows when it
@@ -360,12 +365,7 @@ pub fn quantize_rows(x: &[f32], m: usize, k: usize, scales: ActScales, out: &mut
         k.is_multiple_of(QB) && k.is_multiple_of(QH * halves),
         "quantize_rows: rows of {k} values are not whole runs of {halves} × {QH}"
     );
-    out.q6 = Default::default();
-    out.q6_starts = Default::default();
-    out.pairs = Default::default();
-    out.half_pairs = Default::default();
-    out.block_sums = Default::default();
-    out.split = Default::default();
+    out.clear_formed();
     out.has_wide = false;
     out.scales = scales;
     out.q.resize(m * k, 0);
