@@ -253,6 +253,16 @@ impl QActs {
     /// rows alone writes, since each row is quantized on its own. A mixture's experts take
     /// their rows of one quantization of the step's rows, not one each.
     pub fn gather(&mut self, src: &QActs, k: usize, rows: &[usize]) {
+        self.take_rows(src, k, rows.iter().copied());
+        self.has_wide = src.has_wide;
+        if let (true, Some(wide)) = (src.has_wide, src.wide.as_deref()) {
+            let pairs = rows.iter().flat_map(|&r| [2 * r, 2 * r + 1]);
+            self.wide.get_or_insert_with(Default::default).take_rows(wide, k, pairs);
+        }
+    }
+
+    /// [`QActs::gather`]'s rows of `src` itself, without its wide rows.
+    fn take_rows(&mut self, src: &QActs, k: usize, rows: impl Iterator<Item = usize>) {
         let (per_d, per_sum) = (k / QH, k / QB);
         self.clear_formed();
         self.scales = src.scales;
@@ -260,16 +270,11 @@ impl QActs {
         self.d.clear();
         self.sums.clear();
         self.dsum.clear();
-        for &r in rows {
+        for r in rows {
             self.q.extend_from_slice(&src.q[r * k..(r + 1) * k]);
             self.d.extend_from_slice(&src.d[r * per_d..(r + 1) * per_d]);
             self.sums.extend_from_slice(&src.sums[r * per_d..(r + 1) * per_d]);
             self.dsum.extend_from_slice(&src.dsum[r * per_sum..(r + 1) * per_sum]);
-        }
-        self.has_wide = src.has_wide;
-        if let (true, Some(wide)) = (src.has_wide, src.wide.as_deref()) {
-            let pairs: Vec<usize> = rows.iter().flat_map(|&r| [2 * r, 2 * r + 1]).collect();
-            self.wide.get_or_insert_with(Default::default).gather(wide, k, &pairs);
         }
     }
 
