@@ -303,7 +303,7 @@ fn attend_portable<E: KvElem>(
                 row.iter_mut().enumerate().for_each(|(d, r)| *r = kp[kb + d * bs + j].to_f32());
                 // Each query head's score in the chains of its head chunk on the AVX2 path,
                 // so that a block size or head dim this path serves gives that path's bits.
-                for (_, (first, heads)) in head_chunks(1, group) {
+                for (_, (first, heads)) in head_chunks(1, group, MAX_HEADS) {
                     let chains = score_chains(heads);
                     for h in g * group + first..g * group + first + heads {
                         scores[h * n + p0 + j] = dot_chains(&q[h * hd..(h + 1) * hd], row, chains) * scale;
@@ -362,46 +362,61 @@ unsafe fn attend_simd<E: KvElem, const ZMM: bool>(
         let group = q.len() / hd / kv.view_heads;
         let (bs, head_stride) = (kv.block_size, kv.block_size * hd);
         let kv_heads = kv.first_head..kv.first_head + kv.view_heads;
+        // (Four heads only where their V sums run sixteen dims a register.)
+        let max_heads = if ZMM && hd.is_multiple_of(16) { MAX_HEADS_ZMM } else { MAX_HEADS };
         runs.clear();
         runs.extend(kv.runs(span.block_table, start, end));
-        // Blocks are scattered in the pool, where the hardware prefetcher cannot follow: the
-        // runs are fetched `AHEAD` ahead in the order they are read, K's (whole dim-major
-        // slabs) and then V's (their rows).
-        let fetch = |i: usize| {
+        // Blocks are scattered in the pool, where the hardware prefetcher cannot follow: each
+        // kv head's slab of a run (K's whole and dim-major, then V's rows) asks for the same
+        // kv head's slab `ahead` runs on as it is read, so the asks spread over the work.
+        let ahead = (AHEAD / kv.view_heads).max(1);
+        let fetch = |i: usize, kvh: usize| {
             let (pool, i, whole) = if i < runs.len() { (kp, i, true) } else { (vp, i - runs.len(), false) };
             if let Some(&(base, slot, len)) = runs.get(i) {
-                for kvh in kv_heads.clone() {
-                    let slab = &pool[base + kvh * head_stride..][..head_stride];
-                    let run = if whole { slab } else { &slab[slot * hd..(slot + len) * hd] };
-                    crate::kernels::prefetch_lines(run.as_ptr().cast(), std::mem::size_of_val(run));
-                }
+                let slab = &pool[base + kvh * head_stride..][..head_stride];
+                let run = if whole { slab } else { &slab[slot * hd..(slot + len) * hd] };
+                crate::kernels::prefetch_lines(run.as_ptr().cast(), std::mem::size_of_val(run));
             }
         };
-        (0..AHEAD).for_each(fetch);
+        (0..ahead).for_each(|i| kv_heads.clone().for_each(|kvh| fetch(i, kvh)));
         let mut p0 = 0;
         for (i, &(base, slot, len)) in runs.iter().enumerate() {
-            fetch(i + AHEAD);
-            for (g, (h0, heads)) in head_chunks(kv.view_heads, group) {
+            let mut fetched = usize::MAX;
+            for (g, (h0, heads)) in head_chunks(kv.view_heads, group, max_heads) {
+                if fetched != g {
+                    fetch(i + ahead, kv.first_head + g);
+                    fetched = g;
+                }
                 let kb = kp.as_ptr().add(base + (kv.first_head + g) * head_stride);
                 // Sixteen slots at a time (eight at a block's end) from the eight holding the
                 // run's first, every slot's score formed alike; those outside the run are not
                 // kept.
                 let mut s0 = slot / 8 * 8;
                 while s0 < slot + len {
-                    let mut got = [[0f32; 16]; MAX_HEADS];
+                    let mut got = [[0f32; 16]; MAX_HEADS_ZMM];
                     let args = (q.as_ptr().add(h0 * hd), hd, kb.add(s0), bs, scoring.scale, &mut got);
                     let wide = s0 + 16 <= bs;
-                    const { assert!(score_chains(1) == 4 && score_chains(2) == 2 && score_chains(3) == 2) };
+                    const {
+                        assert!(
+                            score_chains(1) == 4
+                                && score_chains(2) == 2
+                                && score_chains(3) == 2
+                                && score_chains(4) == 2
+                        )
+                    };
                     match (heads, wide) {
                         (1, true) if ZMM => score_slots16::<E, 1, 4>(args),
                         (2, true) if ZMM => score_slots16::<E, 2, 2>(args),
-                        (_, true) if ZMM => score_slots16::<E, 3, 2>(args),
+                        (3, true) if ZMM => score_slots16::<E, 3, 2>(args),
+                        (_, true) if ZMM => score_slots16::<E, 4, 2>(args),
                         (1, true) => score_slots::<E, 1, 4, 2>(args),
                         (1, false) => score_slots::<E, 1, 4, 1>(args),
                         (2, true) => score_slots::<E, 2, 2, 2>(args),
                         (2, false) => score_slots::<E, 2, 2, 1>(args),
-                        (_, true) => score_slots::<E, 3, 2, 2>(args),
-                        (_, false) => score_slots::<E, 3, 2, 1>(args),
+                        (3, true) => score_slots::<E, 3, 2, 2>(args),
+                        (3, false) => score_slots::<E, 3, 2, 1>(args),
+                        (_, true) => score_slots::<E, 4, 2, 2>(args),
+                        (_, false) => score_slots::<E, 4, 2, 1>(args),
                     }
                     let s1 = s0 + if wide { 16 } else { 8 };
                     let keep = s0.max(slot)..s1.min(slot + len);
@@ -418,8 +433,12 @@ unsafe fn attend_simd<E: KvElem, const ZMM: bool>(
         scoring.softmax(scores, n);
         let mut p0 = 0;
         for (i, &(base, slot, len)) in runs.iter().enumerate() {
-            fetch(runs.len() + i + AHEAD);
-            for (g, (h0, heads)) in head_chunks(kv.view_heads, group) {
+            let mut fetched = usize::MAX;
+            for (g, (h0, heads)) in head_chunks(kv.view_heads, group, max_heads) {
+                if fetched != g {
+                    fetch(runs.len() + i + ahead, kv.first_head + g);
+                    fetched = g;
+                }
                 let vb = vp.as_ptr().add(base + (kv.first_head + g) * head_stride + slot * hd);
                 let (w, o) = (scores.as_ptr().add(h0 * n + p0), out.as_mut_ptr().add(h0 * hd));
                 // Each chunk of heads sums as many vectors of V at a time as keep its
@@ -454,7 +473,8 @@ unsafe fn attend_simd<E: KvElem, const ZMM: bool>(
                 match heads {
                     1 if ZMM && hd.is_multiple_of(16) => sum_v16!(1),
                     2 if ZMM && hd.is_multiple_of(16) => sum_v16!(2),
-                    _ if ZMM && hd.is_multiple_of(16) => sum_v16!(3),
+                    3 if ZMM && hd.is_multiple_of(16) => sum_v16!(3),
+                    _ if ZMM && hd.is_multiple_of(16) => sum_v16!(4),
                     1 => sum_v!(1: 1 2 3 4 5 6 7 8),
                     2 => sum_v!(2: 1 2 3 4),
                     _ => sum_v!(3: 1 2 3),
@@ -497,13 +517,17 @@ attend_twins! {
     attend_avx512: "avx2,fma,f16c,avx512f", true;
 }
 
-/// Runs of K and V fetched ahead of the one being read.
+/// Slabs (a kv head's K or V in one block) fetched ahead of the one being read, in whole
+/// runs: one run ahead for eight kv heads, eight for one.
 #[cfg(target_arch = "x86_64")]
-const AHEAD: usize = 2;
+const AHEAD: usize = 8;
 /// Query heads that share each K and V load: three heads' sums (twelve chains of scores,
 /// or three V vectors each), their broadcasts and the loaded vectors fit the sixteen AVX2
 /// registers (sums of four V vectors for three heads spilled, and ran slower).
 const MAX_HEADS: usize = 3;
+/// With 512-bit FMAs the 32 registers hold four heads' sums (sixteen V vectors, eight
+/// chains of scores): a group of four (Llama 3, 1B to 8B) reads its K and V once.
+const MAX_HEADS_ZMM: usize = 4;
 
 /// Chains of multiply-adds a score is formed in when `heads` query heads share each K load:
 /// four for one head, two for more (their sums then fill the registers).
@@ -517,9 +541,11 @@ const fn score_chains(heads: usize) -> usize {
 
 /// The query heads in view cut into chunks that share K and V loads: `(kv head, (first
 /// query head, heads))`, each kv head's `group` heads in about even chunks of at most
-/// [`MAX_HEADS`].
-fn head_chunks(kv_heads: usize, group: usize) -> impl Iterator<Item = (usize, (usize, usize))> {
-    let chunks = group.div_ceil(MAX_HEADS);
+/// `max`. Every chunk of a group of two or more holds two or more heads, so its scores
+/// take [`score_chains`]`(2)` whatever `max` is: the paths cut groups differently and
+/// give the same bits.
+fn head_chunks(kv_heads: usize, group: usize, max: usize) -> impl Iterator<Item = (usize, (usize, usize))> {
+    let chunks = group.div_ceil(max);
     (0..kv_heads).flat_map(move |g| {
         (0..chunks).map(move |c| {
             let (lo, hi) = (c * group / chunks, (c + 1) * group / chunks);
@@ -541,7 +567,7 @@ fn head_chunks(kv_heads: usize, group: usize) -> impl Iterator<Item = (usize, (u
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn score_slots<E: KvElem, const H: usize, const C: usize, const S: usize>(
-    (q, hd, k, bs, scale, out): (*const f32, usize, *const E, usize, f32, &mut [[f32; 16]; MAX_HEADS]),
+    (q, hd, k, bs, scale, out): (*const f32, usize, *const E, usize, f32, &mut [[f32; 16]; MAX_HEADS_ZMM]),
 ) {
     unsafe {
         use std::arch::x86_64::*;
@@ -622,7 +648,7 @@ unsafe fn weighted_sum<E: KvElem, const H: usize, const D: usize>(
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn score_slots16<E: KvElem, const H: usize, const C: usize>(
-    (q, hd, k, bs, scale, out): (*const f32, usize, *const E, usize, f32, &mut [[f32; 16]; MAX_HEADS]),
+    (q, hd, k, bs, scale, out): (*const f32, usize, *const E, usize, f32, &mut [[f32; 16]; MAX_HEADS_ZMM]),
 ) {
     unsafe {
         use std::arch::x86_64::*;
@@ -762,10 +788,11 @@ mod tests {
         // The portable path: a head dim or block size not a multiple of 8.
         check_against_naive(6, 8, 3);
         check_against_naive(16, 4, 3);
-        // The AVX2 path's head chunks (1; 3; 2 + 2; 2 + 2 + 3), its passes over V's
-        // vectors (2; 5 as 5, 4 + 1 or 3 + 2; 9 as 8 + 1, 4 + 4 + 1 or 3 + 3 + 3) and its
-        // slots scored eight (a block of 8) or sixteen and then eight (a block of 24).
-        for group in [1, 3, 4, 7] {
+        // The AVX2 path's head chunks (1; 3; 2 + 2; 2 + 3; 2 + 2 + 3; 2 + 3 + 3) and the
+        // 512-bit steps' (4; 3 + 4; 4 + 4 at head dims of 16), their passes over V's
+        // vectors (2; 5 as 5, 4 + 1 or 3 + 2; 9 as 8 + 1, 4 + 4 + 1 or 3 + 3 + 3) and
+        // their slots scored eight (a block of 8) or sixteen and then eight (a block of 24).
+        for group in [1, 3, 4, 5, 7, 8] {
             for hd in [16, 40, 72] {
                 for bs in [8, 24] {
                     check_against_naive(hd, bs, group);
@@ -879,7 +906,7 @@ mod tests {
     /// result bit for bit, so a sequence's tokens do not depend on `--block-size`.
     #[test]
     fn every_block_size_gives_the_same_bits() {
-        for (hd, group) in [(8, 1), (16, 3), (64, 4), (64, 7)] {
+        for (hd, group) in [(8, 1), (16, 3), (64, 4), (64, 7), (32, 8)] {
             let (kvh, len) = (2, 48);
             let k = random_vec(len * kvh * hd, 7);
             let v = random_vec(len * kvh * hd, 8);
