@@ -381,11 +381,10 @@ unsafe fn attend_simd<E: KvElem, const ZMM: bool>(
         (0..ahead).for_each(|i| kv_heads.clone().for_each(|kvh| fetch(i, kvh)));
         let mut p0 = 0;
         for (i, &(base, slot, len)) in runs.iter().enumerate() {
-            let mut fetched = usize::MAX;
             for (g, (h0, heads)) in head_chunks(kv.view_heads, group, max_heads) {
-                if fetched != g {
+                // A kv head's first chunk asks for its slab.
+                if h0 == g * group {
                     fetch(i + ahead, kv.first_head + g);
-                    fetched = g;
                 }
                 let kb = kp.as_ptr().add(base + (kv.first_head + g) * head_stride);
                 // Sixteen slots at a time (eight at a block's end) from the eight holding the
@@ -413,9 +412,9 @@ unsafe fn attend_simd<E: KvElem, const ZMM: bool>(
                         (1, false) => score_slots::<E, 1, 4, 1>(args),
                         (2, true) => score_slots::<E, 2, 2, 2>(args),
                         (2, false) => score_slots::<E, 2, 2, 1>(args),
-                        (3, true) => score_slots::<E, 3, 2, 2>(args),
+                        (_, true) => score_slots::<E, 3, 2, 2>(args),
                         (3, false) => score_slots::<E, 3, 2, 1>(args),
-                        (_, true) => score_slots::<E, 4, 2, 2>(args),
+                        // Four heads only with 512-bit steps, at a block's last eight slots.
                         (_, false) => score_slots::<E, 4, 2, 1>(args),
                     }
                     let s1 = s0 + if wide { 16 } else { 8 };
@@ -433,11 +432,9 @@ unsafe fn attend_simd<E: KvElem, const ZMM: bool>(
         scoring.softmax(scores, n);
         let mut p0 = 0;
         for (i, &(base, slot, len)) in runs.iter().enumerate() {
-            let mut fetched = usize::MAX;
             for (g, (h0, heads)) in head_chunks(kv.view_heads, group, max_heads) {
-                if fetched != g {
+                if h0 == g * group {
                     fetch(runs.len() + i + ahead, kv.first_head + g);
-                    fetched = g;
                 }
                 let vb = vp.as_ptr().add(base + (kv.first_head + g) * head_stride + slot * hd);
                 let (w, o) = (scores.as_ptr().add(h0 * n + p0), out.as_mut_ptr().add(h0 * hd));
