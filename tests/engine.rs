@@ -1,6 +1,6 @@
 //! The continuous-batching engine on a real model (stories260k from `../shared/models`):
 //! batching changes nothing, seeded sampling is reproducible, a storm of requests with
-//! cancels and forced preemption frees every block, stop strings, n > 1.
+//! cancels and forced preemption frees every block, stop strings, n > 1, an FP8 cache.
 
 mod common;
 
@@ -137,6 +137,49 @@ fn storm(speculative: Option<weft::engine::speculative::SpeculativeConfig>) {
     let st = e.stats();
     assert!(st.preemptions > 0, "the pool was small enough to force preemption");
     assert_eq!(st.spec_drafts > 0, speculating, "drafts were verified exactly when speculating");
+}
+
+/// An FP8 cache: each reference prompt's greedy ids are the same alone and, twice over
+/// (the second time from cached blocks), among random requests in a pool small enough to
+/// preempt, prompts prefilled in chunks; every block is free afterwards.
+#[test]
+fn an_fp8_cache_keeps_batch_invariance_through_preemption_and_prefix_hits() {
+    if shared_models().is_none() {
+        return;
+    }
+    let fp8 = weft::kv::KvCacheDtype::Fp8;
+    let c = common::model(STORIES).model.config.clone();
+    let per_block = weft::kv::KvCache::bytes_per_block(weft::kv::KvDtype::Fp8, &c.kv_shapes(), 4);
+    let alone = engine(STORIES, EngineConfig { max_num_seqs: 1, kv_cache_dtype: fp8, ..EngineConfig::default() });
+    let busy = engine(
+        STORIES,
+        EngineConfig {
+            block_size: 4,
+            kv_cache_memory: per_block * 96,
+            max_num_batched_tokens: 16,
+            kv_cache_dtype: fp8,
+            ..EngineConfig::default()
+        },
+    );
+    let mut rng = Lcg(11);
+    for case in &reference(STORIES) {
+        let want = collect(alone.submit(greedy(&case.prompt_ids, 40)).unwrap());
+        for round in 0..2 {
+            let others: Vec<_> = (0..12)
+                .map(|_| {
+                    let mut r = random_request(&mut rng);
+                    r.stop.max_tokens = r.stop.max_tokens.min(40);
+                    busy.submit(r).unwrap()
+                })
+                .collect();
+            let got = collect(busy.submit(greedy(&case.prompt_ids, 40)).unwrap());
+            assert_eq!(got[0].tokens, want[0].tokens, "{} in a busy batch, round {round}", case.id);
+            others.into_iter().for_each(|o| drop(collect(o)));
+        }
+    }
+    assert_all_blocks_free(&busy);
+    let st = busy.stats();
+    assert!(st.preemptions > 0 && st.prefix_cache_hits > 0, "{st:?}");
 }
 
 /// A stop string ends the text before it, also when it spans several tokens.

@@ -8,13 +8,14 @@
 //! slot `p % block_size`. The query heads of a GQA group are processed together, block by
 //! block, so each block of K and V is fetched from memory once for all of them. Scores are
 //! formed per position and summed over positions in order, so a query's result does not
-//! depend on how its prompt was chunked or what else ran in the step. Pools hold f32 or
-//! f16: at many sequences decode is bound by reading the cache, and f16 halves those bytes
-//! (and the memory a sequence takes).
+//! depend on how its prompt was chunked or what else ran in the step. Pools hold f32, f16
+//! or FP8 E4M3: at many sequences decode is bound by reading the cache, and each narrower
+//! element halves those bytes (and the memory a sequence takes).
 
 use super::buffer::Zeroable;
 use super::dot::{axpy_lanes, dot_chains};
 use super::exp::exp;
+use super::fp8::E4M3;
 
 /// An element of the K/V pools, widened to f32 as it is read.
 pub trait KvElem: Zeroable + Send + Sync + 'static {
@@ -90,11 +91,36 @@ impl KvElem for u16 {
     }
 }
 
+/// FP8 E4M3, widened exactly.
+impl KvElem for E4M3 {
+    fn narrow(src: &[f32], dst: &mut [E4M3]) {
+        E4M3::narrow(src, dst)
+    }
+    fn to_f32(self) -> f32 {
+        E4M3::to_f32(self)
+    }
+    /// # Safety
+    /// AVX2 must be available, and `p` hold eight values.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const E4M3) -> std::arch::x86_64::__m256 {
+        unsafe { E4M3::load8(p) }
+    }
+    /// # Safety
+    /// AVX-512F must be available, and `p` hold sixteen values.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const E4M3) -> std::arch::x86_64::__m512 {
+        unsafe { E4M3::load16(p) }
+    }
+}
+
 /// One layer's K and V pools, in their element type.
 #[derive(Clone, Copy)]
 pub enum Pools<'a> {
     F32 { k: &'a [f32], v: &'a [f32] },
     F16 { k: &'a [u16], v: &'a [u16] },
+    Fp8 { k: &'a [E4M3], v: &'a [E4M3] },
 }
 
 /// One layer's K and V pools, viewed for reading.
@@ -209,6 +235,7 @@ pub fn attend(q: &[f32], kv: PagedKv<'_>, span: KvSpan<'_>, scoring: Scoring, sc
     match kv.pools {
         Pools::F32 { k, v } => attend_in(q, k, v, kv, span, scoring, scratch, out),
         Pools::F16 { k, v } => attend_in(q, k, v, kv, span, scoring, scratch, out),
+        Pools::Fp8 { k, v } => attend_in(q, k, v, kv, span, scoring, scratch, out),
     }
 }
 
@@ -868,20 +895,25 @@ mod tests {
         }
     }
 
-    /// f16 pools give what f32 pools holding the same (f16-rounded) values give, on the
+    /// f16 and FP8 pools give what f32 pools holding the same (rounded) values give, on the
     /// AVX2 path and the portable one.
     #[test]
-    fn f16_pools_read_as_their_values() {
+    fn narrow_pools_read_as_their_values() {
+        narrow_reads_as_its_values::<u16>(|k, v| Pools::F16 { k, v });
+        narrow_reads_as_its_values::<E4M3>(|k, v| Pools::Fp8 { k, v });
+    }
+
+    fn narrow_reads_as_its_values<E: KvElem>(pools: for<'a> fn(&'a [E], &'a [E]) -> Pools<'a>) {
         for (hd, bs) in [(6, 4), (16, 8), (64, 16)] {
             let (kvh, blocks, group) = (2, 8, 3);
-            let round = |x: Vec<f32>| -> (Vec<u16>, Vec<f32>) {
-                let mut h = vec![0u16; x.len()];
-                u16::narrow(&x, &mut h);
+            let round = |x: Vec<f32>| -> (Vec<E>, Vec<f32>) {
+                let mut h = vec![E::default(); x.len()];
+                E::narrow(&x, &mut h);
                 let f = h.iter().map(|&b| b.to_f32()).collect();
                 (h, f)
             };
-            let (k16, k32) = round(random_vec(blocks * bs * kvh * hd, 4));
-            let (v16, v32) = round(random_vec(blocks * bs * kvh * hd, 5));
+            let (kn, k32) = round(random_vec(blocks * bs * kvh * hd, 4));
+            let (vn, v32) = round(random_vec(blocks * bs * kvh * hd, 5));
             let q = random_vec(kvh * group * hd, 6);
             let table = [3u32, 6, 1, 4];
             for (first, last) in [(0, 0), (0, 4 * bs - 1), (3, 3 * bs)] {
@@ -892,14 +924,14 @@ mod tests {
                     attend(&q, PagedKv::new(pools, bs, kvh, hd), span, scoring, &mut Scratch::default(), &mut out);
                     out
                 };
-                let (half, full) = (run(Pools::F16 { k: &k16, v: &v16 }), run(Pools::F32 { k: &k32, v: &v32 }));
-                assert_eq!(half, full, "hd {hd} {first}..={last}");
+                let (narrow, full) = (run(pools(&kn, &vn)), run(Pools::F32 { k: &k32, v: &v32 }));
+                assert_eq!(narrow, full, "hd {hd} {first}..={last}");
             }
         }
     }
 
     /// The same positions in blocks of 2, 4, 8 and 24 slots (the portable path, and the
-    /// AVX2 one or its 512-bit steps where the CPU has them), f32 and f16 pools: the same
+    /// AVX2 one or its 512-bit steps where the CPU has them), f32, f16 and FP8 pools: the same
     /// result bit for bit, so a sequence's tokens do not depend on `--block-size`.
     #[test]
     fn every_block_size_gives_the_same_bits() {
@@ -911,11 +943,15 @@ mod tests {
             let mut halves = (vec![0u16; k.len()], vec![0u16; v.len()]);
             u16::narrow(&k, &mut halves.0);
             u16::narrow(&v, &mut halves.1);
+            let mut fp8s = (vec![E4M3::default(); k.len()], vec![E4M3::default(); v.len()]);
+            E4M3::narrow(&k, &mut fp8s.0);
+            E4M3::narrow(&v, &mut fp8s.1);
             // Position p of kv head g at block p / bs (table reversed), in the pool layout.
             let layout = |bs: usize| {
                 let blocks = len / bs;
                 let (mut kl, mut vl) = (vec![0f32; k.len()], vec![0f32; v.len()]);
                 let (mut kh, mut vh) = (vec![0u16; k.len()], vec![0u16; v.len()]);
+                let (mut k8, mut v8) = (vec![E4M3::default(); k.len()], vec![E4M3::default(); v.len()]);
                 for p in 0..len {
                     for g in 0..kvh {
                         let o = (((blocks - 1 - p / bs) * kvh + g) * bs) * hd;
@@ -923,17 +959,19 @@ mod tests {
                             let src = (p * kvh + g) * hd + d;
                             (kl[o + d * bs + p % bs], kh[o + d * bs + p % bs]) = (k[src], halves.0[src]);
                             (vl[o + (p % bs) * hd + d], vh[o + (p % bs) * hd + d]) = (v[src], halves.1[src]);
+                            (k8[o + d * bs + p % bs], v8[o + (p % bs) * hd + d]) = (fp8s.0[src], fp8s.1[src]);
                         }
                     }
                 }
                 let table: Vec<u32> = (0..blocks as u32).rev().collect();
-                (kl, vl, kh, vh, table)
+                (kl, vl, kh, vh, k8, v8, table)
             };
             let mut want: Option<Vec<Vec<f32>>> = None;
             for bs in [2, 4, 8, 24] {
-                let (kl, vl, kh, vh, table) = layout(bs);
+                let (kl, vl, kh, vh, k8, v8, table) = layout(bs);
                 let mut got = Vec::new();
-                for pools in [Pools::F32 { k: &kl, v: &vl }, Pools::F16 { k: &kh, v: &vh }] {
+                let all = [Pools::F32 { k: &kl, v: &vl }, Pools::F16 { k: &kh, v: &vh }, Pools::Fp8 { k: &k8, v: &v8 }];
+                for pools in all {
                     for (first, last) in [(0, 0), (0, len - 1), (5, 30), (17, 17)] {
                         let span = KvSpan { block_table: &table, first_pos: first, last_pos: last };
                         let mut out = vec![0f32; q.len()];

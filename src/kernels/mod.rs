@@ -6,6 +6,7 @@ pub mod buffer;
 pub mod delta;
 mod dot;
 pub(crate) mod exp;
+pub mod fp8;
 pub mod matmul;
 pub mod norm;
 pub mod qmatmul;

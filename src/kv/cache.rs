@@ -3,12 +3,13 @@
 //! global layers differ from its sliding ones), V's position-major and K's dim-major (see
 //! [`crate::kernels::attention`]). Head-major blocks keep one head's positions together,
 //! the order attention reads them in. Elements are f32 (the cached path computes exactly
-//! what the reference does) or f16 (half the memory, and half the bytes a decode step reads
-//! from the cache).
+//! what the reference does), f16 (half the memory, and half the bytes a decode step reads
+//! from the cache) or FP8 E4M3 (half again, as vLLM's `fp8` cache).
 
 use super::StateCache;
 use crate::kernels::attention::{KvElem, PagedKv, Pools};
 use crate::kernels::buffer::Buf;
+use crate::kernels::fp8::E4M3;
 
 /// The element type of the pools, as asked for: `auto` is f16 for a model whose matrices
 /// are in a block format (already approximate, as llama.cpp's default cache) and f32 for
@@ -19,6 +20,9 @@ pub enum KvCacheDtype {
     Auto,
     F32,
     F16,
+    /// FP8 E4M3 (vLLM's `fp8` and `fp8_e4m3`), unscaled: values round to 3 mantissa bits
+    /// and saturate at ±448.
+    Fp8,
 }
 
 impl std::str::FromStr for KvCacheDtype {
@@ -28,7 +32,8 @@ impl std::str::FromStr for KvCacheDtype {
             "auto" => Ok(KvCacheDtype::Auto),
             "f32" => Ok(KvCacheDtype::F32),
             "f16" => Ok(KvCacheDtype::F16),
-            other => Err(format!("unknown KV cache dtype {other:?} (auto, f32 or f16)")),
+            "fp8" | "fp8_e4m3" => Ok(KvCacheDtype::Fp8),
+            other => Err(format!("unknown KV cache dtype {other:?} (auto, f32, f16, fp8 or fp8_e4m3)")),
         }
     }
 }
@@ -40,6 +45,7 @@ impl KvCacheDtype {
         match self {
             KvCacheDtype::F32 => KvDtype::F32,
             KvCacheDtype::F16 => KvDtype::F16,
+            KvCacheDtype::Fp8 => KvDtype::Fp8,
             KvCacheDtype::Auto if quantized => KvDtype::F16,
             KvCacheDtype::Auto => KvDtype::F32,
         }
@@ -51,6 +57,7 @@ impl KvCacheDtype {
 pub enum KvDtype {
     F32,
     F16,
+    Fp8,
 }
 
 impl KvDtype {
@@ -58,6 +65,7 @@ impl KvDtype {
         match self {
             KvDtype::F32 => 4,
             KvDtype::F16 => 2,
+            KvDtype::Fp8 => 1,
         }
     }
 }
@@ -67,6 +75,7 @@ impl std::fmt::Display for KvDtype {
         f.write_str(match self {
             KvDtype::F32 => "f32",
             KvDtype::F16 => "f16",
+            KvDtype::Fp8 => "fp8_e4m3",
         })
     }
 }
@@ -75,6 +84,7 @@ impl std::fmt::Display for KvDtype {
 enum Layers {
     F32(Vec<(Buf<f32>, Buf<f32>)>),
     F16(Vec<(Buf<u16>, Buf<u16>)>),
+    Fp8(Vec<(Buf<E4M3>, Buf<E4M3>)>),
 }
 
 /// One layer's K/V geometry: kv heads and their size.
@@ -113,6 +123,7 @@ impl KvCache {
         let layers = match dtype {
             KvDtype::F32 => Layers::F32(pools(&lens)),
             KvDtype::F16 => Layers::F16(pools(&lens)),
+            KvDtype::Fp8 => Layers::Fp8(pools(&lens)),
         };
         KvCache { layers, num_blocks, block_size, shapes: shapes.to_vec(), states: StateCache::new(0) }
     }
@@ -133,6 +144,7 @@ impl KvCache {
         match self.layers {
             Layers::F32(_) => KvDtype::F32,
             Layers::F16(_) => KvDtype::F16,
+            Layers::Fp8(_) => KvDtype::Fp8,
         }
     }
 
@@ -148,6 +160,7 @@ impl KvCache {
         let pools = match &self.layers {
             Layers::F32(l) => Pools::F32 { k: &l[layer].0, v: &l[layer].1 },
             Layers::F16(l) => Pools::F16 { k: &l[layer].0, v: &l[layer].1 },
+            Layers::Fp8(l) => Pools::Fp8 { k: &l[layer].0, v: &l[layer].1 },
         };
         let s = self.shapes[layer];
         PagedKv::new(pools, self.block_size, s.kv_heads, s.head_dim)
@@ -166,6 +179,7 @@ impl KvCache {
         match &mut self.layers {
             Layers::F32(l) => copy(l, &ns, src as usize, dst as usize),
             Layers::F16(l) => copy(l, &ns, src as usize, dst as usize),
+            Layers::Fp8(l) => copy(l, &ns, src as usize, dst as usize),
         }
     }
 
@@ -194,6 +208,7 @@ impl KvCache {
         match &mut self.layers {
             Layers::F32(l) => store(&mut l[layer], at, k, v),
             Layers::F16(l) => store(&mut l[layer], at, k, v),
+            Layers::Fp8(l) => store(&mut l[layer], at, k, v),
         }
     }
 }
@@ -204,11 +219,11 @@ mod tests {
 
     #[test]
     fn write_lands_in_the_mapped_block_and_slot() {
-        for dtype in [KvDtype::F32, KvDtype::F16] {
+        for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Fp8] {
             // 2 layers, 3 blocks of 2 slots, 3 kv heads of dim 2.
             let mut c = KvCache::new(dtype, &[KvShape { kv_heads: 3, head_dim: 2 }; 2], 3, 2);
             let k: Vec<f32> = (0..6).map(|x| x as f32).collect();
-            let v: Vec<f32> = (10..16).map(|x| x as f32 + 0.5).collect();
+            let v: Vec<f32> = (10..16).map(|x| x as f32 / 2.0 + 0.5).collect();
             c.write(1, &[2, 0], 1, &k, &v);
             // (K, V) of a slot in a slab of 2 slots of dim 2: K dim-major, V position-major.
             let read = |pools: Pools<'_>, slab: usize, slot: usize| -> (Vec<f32>, Vec<f32>) {
@@ -216,13 +231,14 @@ mod tests {
                 match pools {
                     Pools::F32 { k, v } => (ko.map(|i| k[i]).to_vec(), vo.map(|i| v[i]).to_vec()),
                     Pools::F16 { k, v } => (ko.map(|i| k[i].to_f32()).to_vec(), vo.map(|i| v[i].to_f32()).to_vec()),
+                    Pools::Fp8 { k, v } => (ko.map(|i| k[i].to_f32()).to_vec(), vo.map(|i| v[i].to_f32()).to_vec()),
                 }
             };
             let view = c.layer(1);
             for h in 0..3 {
                 let (slab, slot) = view.slab(&[2, 0], 1, h);
                 assert_eq!((slab, slot), ((2 * 3 + h) * 2 * 2, 1));
-                // Small integers and halves are exact in f16 too.
+                // Small integers, and halves below 8, are exact in f16 and E4M3 too.
                 assert_eq!(read(view.pools, slab, slot), (k[2 * h..2 * h + 2].to_vec(), v[2 * h..2 * h + 2].to_vec()));
             }
             let slabs = 3 * 3;
