@@ -1,6 +1,6 @@
 //! The continuous-batching engine on a real model (stories260k from `../shared/models`):
 //! batching changes nothing, seeded sampling is reproducible, a storm of requests with
-//! cancels and forced preemption frees every block, stop strings, n > 1, an FP8 cache.
+//! cancels and forced preemption frees every block, stop strings, n > 1, 8-bit caches.
 
 mod common;
 
@@ -139,25 +139,32 @@ fn storm(speculative: Option<weft::engine::speculative::SpeculativeConfig>) {
     assert_eq!(st.spec_drafts > 0, speculating, "drafts were verified exactly when speculating");
 }
 
-/// An FP8 cache: each reference prompt's greedy ids are the same alone and, twice over
-/// (the second time from cached blocks), among random requests in a pool small enough to
+/// 8-bit caches (FP8, and int8 with row scales, whose copies for forks carry the scales):
+/// each reference prompt's greedy ids are the same alone and, twice over (the second time
+/// from cached blocks, as two samples), among random requests in a pool small enough to
 /// preempt, prompts prefilled in chunks; every block is free afterwards.
 #[test]
-fn an_fp8_cache_keeps_batch_invariance_through_preemption_and_prefix_hits() {
+fn eight_bit_caches_keep_batch_invariance_through_preemption_and_prefix_hits() {
     if shared_models().is_none() {
         return;
     }
-    let fp8 = weft::kv::KvCacheDtype::Fp8;
+    use weft::kv::{KvCacheDtype, KvDtype};
+    for (choice, dtype) in [(KvCacheDtype::Fp8, KvDtype::Fp8), (KvCacheDtype::Int8, KvDtype::Int8)] {
+        eight_bit_cache(choice, dtype);
+    }
+}
+
+fn eight_bit_cache(choice: weft::kv::KvCacheDtype, dtype: weft::kv::KvDtype) {
     let c = common::model(STORIES).model.config.clone();
-    let per_block = weft::kv::KvCache::bytes_per_block(weft::kv::KvDtype::Fp8, &c.kv_shapes(), 4);
-    let alone = engine(STORIES, EngineConfig { max_num_seqs: 1, kv_cache_dtype: fp8, ..EngineConfig::default() });
+    let per_block = weft::kv::KvCache::bytes_per_block(dtype, &c.kv_shapes(), 4);
+    let alone = engine(STORIES, EngineConfig { max_num_seqs: 1, kv_cache_dtype: choice, ..EngineConfig::default() });
     let busy = engine(
         STORIES,
         EngineConfig {
             block_size: 4,
             kv_cache_memory: per_block * 96,
             max_num_batched_tokens: 16,
-            kv_cache_dtype: fp8,
+            kv_cache_dtype: choice,
             ..EngineConfig::default()
         },
     );
@@ -172,14 +179,20 @@ fn an_fp8_cache_keeps_batch_invariance_through_preemption_and_prefix_hits() {
                     busy.submit(r).unwrap()
                 })
                 .collect();
-            let got = collect(busy.submit(greedy(&case.prompt_ids, 40)).unwrap());
-            assert_eq!(got[0].tokens, want[0].tokens, "{} in a busy batch, round {round}", case.id);
+            // The second time as two samples, forked from the cached prompt.
+            let mut mine = greedy(&case.prompt_ids, 40);
+            mine.n = 1 + round;
+            let got = collect(busy.submit(mine).unwrap());
+            assert_eq!(got.len(), 1 + round);
+            for o in got {
+                assert_eq!(o.tokens, want[0].tokens, "{dtype}: {} in a busy batch, round {round}", case.id);
+            }
             others.into_iter().for_each(|o| drop(collect(o)));
         }
     }
     assert_all_blocks_free(&busy);
     let st = busy.stats();
-    assert!(st.preemptions > 0 && st.prefix_cache_hits > 0, "{st:?}");
+    assert!(st.preemptions > 0 && st.prefix_cache_hits > 0, "{dtype}: {st:?}");
 }
 
 /// A stop string ends the text before it, also when it spans several tokens.

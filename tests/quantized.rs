@@ -92,7 +92,7 @@ fn products_by_format_cover_every_matrix_once() {
 }
 
 /// `weft perplexity`'s evaluation: a model against itself is a perfect match; the quantized
-/// path against f32 is close, with a finite perplexity, and so are f16 and FP8 KV caches.
+/// path against f32 is close, with a finite perplexity, and so are f16 and 8-bit KV caches.
 #[test]
 fn perplexity_and_kl_against_a_base_model() {
     if shared_models().is_none() {
@@ -124,4 +124,8 @@ fn perplexity_and_kl_against_a_base_model() {
     let r8 = evaluate(&exact, Some(&exact), &tokens, 32, KvCacheDtype::Fp8).unwrap();
     assert!(r8.mean_kld.unwrap() < 0.1 && r8.top1_agreement.unwrap() > 0.8, "{r8:?}");
     assert!(r8.mean_kld.unwrap() > r.mean_kld.unwrap(), "the cache was fp8: {r8:?}");
+    // int8 rows with their own scales: between the two.
+    let ri = evaluate(&exact, Some(&exact), &tokens, 32, KvCacheDtype::Int8).unwrap();
+    eprintln!("f16 {r:?}\nfp8 {r8:?}\nint8 {ri:?}");
+    assert!(ri.mean_kld.unwrap() < r8.mean_kld.unwrap() && ri.mean_kld.unwrap() > r.mean_kld.unwrap(), "{ri:?}");
 }

@@ -100,8 +100,10 @@ pub struct EngineArgs {
     pub kv_cache_memory: usize,
     /// Element type of the KV cache (`auto`: f16 for block-format weights, halving the
     /// cache's memory and the bytes decode reads from it; f32 for float weights, which then
-    /// compute exactly, and for BitNet, whose int8 activations amplify f16 rounding; `fp8`
-    /// or `fp8_e4m3`: a quarter of f32's memory, rounded to 3 mantissa bits, as vLLM's).
+    /// compute exactly, and for BitNet, whose int8 activations amplify f16 rounding; `int8`:
+    /// each row of a head with its own scale, about a quarter of f32's memory and close to
+    /// f16's accuracy; `fp8` or `fp8_e4m3`: as small, unscaled with 3 mantissa bits, as
+    /// vLLM's).
     #[arg(long, default_value = "auto")]
     pub kv_cache_dtype: crate::kv::KvCacheDtype,
     /// Tokens per KV cache block.

@@ -19,8 +19,16 @@ use super::fp8::E4M3;
 
 /// An element of the K/V pools, widened to f32 as it is read.
 pub trait KvElem: Zeroable + Send + Sync + 'static {
-    /// `src` narrowed into `dst` (of the same length), rounding to nearest.
-    fn narrow(src: &[f32], dst: &mut [Self]);
+    /// Whether each row (one position's values of one kv head) is stored divided by a
+    /// scale of its own, kept beside the pools ([`RowScales`]).
+    const SCALED: bool = false;
+    /// The scale a row is stored with (1 where elements are not scaled).
+    fn row_scale(_row: &[f32]) -> f32 {
+        1.0
+    }
+    /// `src`, part of a row of scale `scale`, narrowed into `dst` (of the same length),
+    /// rounding to nearest.
+    fn narrow(src: &[f32], dst: &mut [Self], scale: f32);
     fn to_f32(self) -> f32;
     /// Eight consecutive elements as f32 (inlined into AVX2+F16C code only).
     ///
@@ -37,7 +45,7 @@ pub trait KvElem: Zeroable + Send + Sync + 'static {
 }
 
 impl KvElem for f32 {
-    fn narrow(src: &[f32], dst: &mut [f32]) {
+    fn narrow(src: &[f32], dst: &mut [f32], _scale: f32) {
         dst.copy_from_slice(src);
     }
     fn to_f32(self) -> f32 {
@@ -62,7 +70,7 @@ impl KvElem for f32 {
 /// f16, as its bits.
 impl KvElem for u16 {
     /// In vectors (F16C where the CPU has it): one by one it is a call per value.
-    fn narrow(src: &[f32], dst: &mut [u16]) {
+    fn narrow(src: &[f32], dst: &mut [u16], _scale: f32) {
         use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
         dst.reinterpret_cast_mut::<half::f16>().convert_from_f32_slice(src);
     }
@@ -93,7 +101,7 @@ impl KvElem for u16 {
 
 /// FP8 E4M3, widened exactly.
 impl KvElem for E4M3 {
-    fn narrow(src: &[f32], dst: &mut [E4M3]) {
+    fn narrow(src: &[f32], dst: &mut [E4M3], _scale: f32) {
         E4M3::narrow(src, dst)
     }
     fn to_f32(self) -> f32 {
@@ -115,12 +123,68 @@ impl KvElem for E4M3 {
     }
 }
 
+/// int8, each row times its absmax / 127 (the row's scale): rounding errors of at most
+/// half a step of its largest value, a fifth of FP8's on values spread as K and V are.
+impl KvElem for i8 {
+    const SCALED: bool = true;
+    fn row_scale(row: &[f32]) -> f32 {
+        row.iter().fold(0f32, |m, x| m.max(x.abs())) / 127.0
+    }
+    /// (`as` saturates, and takes NaN to 0.)
+    fn narrow(src: &[f32], dst: &mut [i8], scale: f32) {
+        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+        dst.iter_mut().zip(src).for_each(|(d, &x)| *d = (x * inv).round_ties_even() as i8);
+    }
+    fn to_f32(self) -> f32 {
+        self as f32
+    }
+    /// # Safety
+    /// AVX2 must be available, and `p` hold eight values.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const i8) -> std::arch::x86_64::__m256 {
+        unsafe {
+            use std::arch::x86_64::*;
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p.cast())))
+        }
+    }
+    /// # Safety
+    /// AVX-512F must be available, and `p` hold sixteen values.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const i8) -> std::arch::x86_64::__m512 {
+        unsafe {
+            use std::arch::x86_64::*;
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p.cast())))
+        }
+    }
+}
+
 /// One layer's K and V pools, in their element type.
 #[derive(Clone, Copy)]
 pub enum Pools<'a> {
     F32 { k: &'a [f32], v: &'a [f32] },
     F16 { k: &'a [u16], v: &'a [u16] },
     Fp8 { k: &'a [E4M3], v: &'a [E4M3] },
+    Int8 { k: &'a [i8], v: &'a [i8], scales: RowScales<'a> },
+}
+
+impl<'a> Pools<'a> {
+    /// The rows' scales of scaled pools.
+    pub fn scales(&self) -> Option<RowScales<'a>> {
+        match *self {
+            Pools::Int8 { scales, .. } => Some(scales),
+            _ => None,
+        }
+    }
+}
+
+/// The scales of scaled pools' rows: one per (block, kv head, slot), in that order, so a
+/// slab at element `o` has its slots' scales from `o / head_dim`.
+#[derive(Clone, Copy)]
+pub struct RowScales<'a> {
+    pub k: &'a [f32],
+    pub v: &'a [f32],
 }
 
 /// One layer's K and V pools, viewed for reading.
@@ -236,6 +300,7 @@ pub fn attend(q: &[f32], kv: PagedKv<'_>, span: KvSpan<'_>, scoring: Scoring, sc
         Pools::F32 { k, v } => attend_in(q, k, v, kv, span, scoring, scratch, out),
         Pools::F16 { k, v } => attend_in(q, k, v, kv, span, scoring, scratch, out),
         Pools::Fp8 { k, v } => attend_in(q, k, v, kv, span, scoring, scratch, out),
+        Pools::Int8 { k, v, .. } => attend_in(q, k, v, kv, span, scoring, scratch, out),
     }
 }
 
@@ -322,10 +387,12 @@ fn attend_portable<E: KvElem>(
     let group_width = q.len() / kv.view_heads;
     let (bs, head_stride) = (kv.block_size, kv.block_size * hd);
     let group = group_width / hd;
+    let scales = kv.pools.scales();
     let mut p0 = 0;
     for (base, slot, len) in kv.runs(span.block_table, start, end) {
         for g in 0..kv.view_heads {
-            let kb = base + (kv.first_head + g) * head_stride + slot;
+            let slab = base + (kv.first_head + g) * head_stride;
+            let (kb, ks) = (slab + slot, scales.map(|s| &s.k[slab / hd + slot..][..len]));
             for j in 0..len {
                 row.iter_mut().enumerate().for_each(|(d, r)| *r = kp[kb + d * bs + j].to_f32());
                 // Each query head's score in the chains of its head chunk on the AVX2 path,
@@ -333,7 +400,8 @@ fn attend_portable<E: KvElem>(
                 for (_, (first, heads)) in head_chunks(1, group, MAX_HEADS) {
                     let chains = score_chains(heads);
                     for h in g * group + first..g * group + first + heads {
-                        scores[h * n + p0 + j] = dot_chains(&q[h * hd..(h + 1) * hd], row, chains) * scale;
+                        let dot = dot_chains(&q[h * hd..(h + 1) * hd], row, chains);
+                        scores[h * n + p0 + j] = ks.map_or(dot, |ks| dot * ks[j]) * scale;
                     }
                 }
             }
@@ -342,6 +410,9 @@ fn attend_portable<E: KvElem>(
     }
     scoring.cap(scores);
     scoring.softmax(scores, n);
+    if let Some(s) = scales {
+        weigh_by_row_scales(scores, n, kv, span, s.v, group);
+    }
     out.fill(0.0);
     let mut p0 = 0;
     for (base, slot, len) in kv.runs(span.block_table, start, end) {
@@ -397,12 +468,17 @@ unsafe fn attend_simd<E: KvElem, const ZMM: bool>(
         // kv head's slab of a run (K's whole and dim-major, then V's rows) asks for the same
         // kv head's slab `ahead` runs on as it is read, so the asks spread over the work.
         let ahead = (AHEAD / kv.view_heads).max(1);
+        let scales = kv.pools.scales();
         let fetch = |i: usize, kvh: usize| {
             let (pool, i, whole) = if i < runs.len() { (kp, i, true) } else { (vp, i - runs.len(), false) };
             if let Some(&(base, slot, len)) = runs.get(i) {
                 let slab = &pool[base + kvh * head_stride..][..head_stride];
                 let run = if whole { slab } else { &slab[slot * hd..(slot + len) * hd] };
                 crate::kernels::prefetch_lines(run.as_ptr().cast(), std::mem::size_of_val(run));
+                if let Some(s) = scales {
+                    let row = &(if whole { s.k } else { s.v })[(base + kvh * head_stride) / hd..][..bs];
+                    crate::kernels::prefetch_lines(row.as_ptr().cast(), std::mem::size_of_val(row));
+                }
             }
         };
         (0..ahead).for_each(|i| kv_heads.clone().for_each(|kvh| fetch(i, kvh)));
@@ -413,14 +489,16 @@ unsafe fn attend_simd<E: KvElem, const ZMM: bool>(
                 if h0 == g * group {
                     fetch(i + ahead, kv.first_head + g);
                 }
-                let kb = kp.as_ptr().add(base + (kv.first_head + g) * head_stride);
+                let slab = base + (kv.first_head + g) * head_stride;
+                let kb = kp.as_ptr().add(slab);
                 // Sixteen slots at a time (eight at a block's end) from the eight holding the
                 // run's first, every slot's score formed alike; those outside the run are not
                 // kept.
                 let mut s0 = slot / 8 * 8;
                 while s0 < slot + len {
                     let mut got = [[0f32; 16]; MAX_HEADS_ZMM];
-                    let args = (q.as_ptr().add(h0 * hd), hd, kb.add(s0), bs, scoring.scale, &mut got);
+                    let ks = scales.map(|s| s.k[slab / hd + s0..].as_ptr());
+                    let args = (q.as_ptr().add(h0 * hd), hd, kb.add(s0), bs, ks, scoring.scale, &mut got);
                     let wide = s0 + 16 <= bs;
                     const {
                         assert!(
@@ -457,6 +535,9 @@ unsafe fn attend_simd<E: KvElem, const ZMM: bool>(
         }
         scoring.cap(scores);
         scoring.softmax(scores, n);
+        if let Some(s) = scales {
+            weigh_by_row_scales(scores, n, kv, span, s.v, group);
+        }
         let mut p0 = 0;
         for (i, &(base, slot, len)) in runs.iter().enumerate() {
             for (g, (h0, heads)) in head_chunks(kv.view_heads, group, max_heads) {
@@ -578,11 +659,42 @@ fn head_chunks(kv_heads: usize, group: usize, max: usize) -> impl Iterator<Item 
     })
 }
 
-/// `out[h][i] = scale · (q_h · K[slot i])` for `H` heads (`q` `[H, hd]`) and the `8·S`
-/// slots from `k` of a dim-major slab (`bs` apart per dim): `S` vectors of eight slots per
-/// dim, each loaded once for the `H` heads. Dims are taken in `C` interleaved chains (dim
-/// `d` into chain `d mod C`), added in order at the end, so the multiply-adds are not one
-/// dependent chain; a slot's score does not depend on `S` or on the other slots.
+/// A scoring call's operands: `H` heads' queries, the head dim, the first slot's K in its
+/// slab, the block size, the slots' row scales (scaled pools), the score scale and room
+/// for the scores.
+#[cfg(target_arch = "x86_64")]
+type ScoreArgs<'o, E> =
+    (*const f32, usize, *const E, usize, Option<*const f32>, f32, &'o mut [[f32; 16]; MAX_HEADS_ZMM]);
+
+/// Scaled pools: each query head's weights times its kv head's V row scales, so that V's
+/// rows are summed as stored. The same multiplies on every path.
+fn weigh_by_row_scales(
+    scores: &mut [f32],
+    n: usize,
+    kv: PagedKv<'_>,
+    span: KvSpan<'_>,
+    v_scales: &[f32],
+    group: usize,
+) {
+    let head_stride = kv.block_size * kv.head_dim;
+    let mut p0 = 0;
+    for (base, slot, len) in kv.runs(span.block_table, span.first_pos, span.last_pos + 1) {
+        for g in 0..kv.view_heads {
+            let vs = &v_scales[(base + (kv.first_head + g) * head_stride) / kv.head_dim + slot..][..len];
+            for h in g * group..(g + 1) * group {
+                scores[h * n + p0..][..len].iter_mut().zip(vs).for_each(|(w, s)| *w *= s);
+            }
+        }
+        p0 += len;
+    }
+}
+
+/// `out[h][i] = scale · (q_h · K[slot i])` (the dot product times the slot's row scale,
+/// if any) for `H` heads (`q` `[H, hd]`) and the `8·S` slots from `k` of a dim-major slab
+/// (`bs` apart per dim): `S` vectors of eight slots per dim, each loaded once for the `H`
+/// heads. Dims are taken in `C` interleaved chains (dim `d` into chain `d mod C`), added in
+/// order at the end, so the multiply-adds are not one dependent chain; a slot's score does
+/// not depend on `S` or on the other slots.
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be available; `kp` holds the K blocks that `kv` and `span`
@@ -591,7 +703,7 @@ fn head_chunks(kv_heads: usize, group: usize, max: usize) -> impl Iterator<Item 
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn score_slots<E: KvElem, const H: usize, const C: usize, const S: usize>(
-    (q, hd, k, bs, scale, out): (*const f32, usize, *const E, usize, f32, &mut [[f32; 16]; MAX_HEADS_ZMM]),
+    (q, hd, k, bs, ks, scale, out): ScoreArgs<E>,
 ) {
     unsafe {
         use std::arch::x86_64::*;
@@ -615,6 +727,9 @@ unsafe fn score_slots<E: KvElem, const H: usize, const C: usize, const S: usize>
                 let mut sum = acc[0][h][v];
                 for chain in &acc[1..] {
                     sum = _mm256_add_ps(sum, chain[h][v]);
+                }
+                if let Some(ks) = ks {
+                    sum = _mm256_mul_ps(sum, _mm256_loadu_ps(ks.add(8 * v)));
                 }
                 _mm256_storeu_ps(out.as_mut_ptr().add(8 * v), _mm256_mul_ps(sum, _mm256_set1_ps(scale)));
             }
@@ -671,9 +786,7 @@ unsafe fn weighted_sum<E: KvElem, const H: usize, const D: usize>(
 /// `attend_avx512` only).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn score_slots16<E: KvElem, const H: usize, const C: usize>(
-    (q, hd, k, bs, scale, out): (*const f32, usize, *const E, usize, f32, &mut [[f32; 16]; MAX_HEADS_ZMM]),
-) {
+unsafe fn score_slots16<E: KvElem, const H: usize, const C: usize>((q, hd, k, bs, ks, scale, out): ScoreArgs<E>) {
     unsafe {
         use std::arch::x86_64::*;
         let mut acc = [[_mm512_setzero_ps(); H]; C];
@@ -691,6 +804,9 @@ unsafe fn score_slots16<E: KvElem, const H: usize, const C: usize>(
             let mut sum = acc[0][h];
             for chain in &acc[1..] {
                 sum = _mm512_add_ps(sum, chain[h]);
+            }
+            if let Some(ks) = ks {
+                sum = _mm512_mul_ps(sum, _mm512_loadu_ps(ks));
             }
             _mm512_storeu_ps(out.as_mut_ptr(), _mm512_mul_ps(sum, _mm512_set1_ps(scale)));
         }
@@ -825,12 +941,48 @@ mod tests {
         }
     }
 
-    /// Block size `bs`, four blocks of a table, spans that start and end inside blocks.
+    /// Pools of `len` values of K and V as int8 rows (a slot's values of one kv head) with
+    /// their scales, and the values they stand for: `(k, v, k_scales, v_scales, k_values,
+    /// v_values)`.
+    #[allow(clippy::type_complexity)]
+    fn int8_pools(
+        k: &[f32],
+        v: &[f32],
+        bs: usize,
+        hd: usize,
+    ) -> (Vec<i8>, Vec<i8>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
+        let (mut k8, mut v8, mut kd, mut vd) = (vec![0i8; k.len()], vec![0i8; v.len()], k.to_vec(), v.to_vec());
+        let (mut ks, mut vs) = (vec![0f32; k.len() / hd], vec![0f32; v.len() / hd]);
+        let (mut row, mut q) = (vec![0f32; hd], vec![0i8; hd]);
+        for (slab, slot) in (0..k.len()).step_by(bs * hd).flat_map(|o| (0..bs).map(move |s| (o, s))) {
+            let at = |d: usize| slab + d * bs + slot;
+            row.iter_mut().enumerate().for_each(|(d, r)| *r = k[at(d)]);
+            ks[slab / hd + slot] = i8::row_scale(&row);
+            i8::narrow(&row, &mut q, ks[slab / hd + slot]);
+            (0..hd).for_each(|d| (k8[at(d)], kd[at(d)]) = (q[d], q[d] as f32 * ks[slab / hd + slot]));
+            let r = slab + slot * hd..slab + (slot + 1) * hd;
+            vs[slab / hd + slot] = i8::row_scale(&v[r.clone()]);
+            i8::narrow(&v[r.clone()], &mut v8[r.clone()], vs[slab / hd + slot]);
+            (0..hd).for_each(|d| vd[r.start + d] = v8[r.start + d] as f32 * vs[slab / hd + slot]);
+        }
+        (k8, v8, ks, vs, kd, vd)
+    }
+
+    /// Block size `bs`, four blocks of a table, spans that start and end inside blocks; f32
+    /// pools and int8 ones against the values they stand for.
     fn check_against_naive(hd: usize, bs: usize, group: usize) {
         let (kvh, blocks) = (2, 8);
         let k = random_vec(blocks * bs * kvh * hd, 1);
         let v = random_vec(blocks * bs * kvh * hd, 2);
-        let kv = PagedKv::new(Pools::F32 { k: &k, v: &v }, bs, kvh, hd);
+        check_pools_against_naive(PagedKv::new(Pools::F32 { k: &k, v: &v }, bs, kvh, hd), &k, &v, group);
+        let (k8, v8, ks, vs, kd, vd) = int8_pools(&k, &v, bs, hd);
+        let scales = RowScales { k: &ks, v: &vs };
+        check_pools_against_naive(PagedKv::new(Pools::Int8 { k: &k8, v: &v8, scales }, bs, kvh, hd), &kd, &vd, group);
+    }
+
+    /// `kv`'s attention against the naive one over the values `k` and `v` it holds.
+    fn check_pools_against_naive(kv: PagedKv<'_>, k: &[f32], v: &[f32], group: usize) {
+        let (kvh, bs, hd) = (kv.kv_heads, kv.block_size, kv.head_dim);
         let table = [5u32, 0, 7, 2];
         let heads = kvh * group;
         let q = random_vec(heads * hd, 3);
@@ -908,7 +1060,7 @@ mod tests {
             let (kvh, blocks, group) = (2, 8, 3);
             let round = |x: Vec<f32>| -> (Vec<E>, Vec<f32>) {
                 let mut h = vec![E::default(); x.len()];
-                E::narrow(&x, &mut h);
+                E::narrow(&x, &mut h, 1.0);
                 let f = h.iter().map(|&b| b.to_f32()).collect();
                 (h, f)
             };
@@ -931,7 +1083,7 @@ mod tests {
     }
 
     /// The same positions in blocks of 2, 4, 8 and 24 slots (the portable path, and the
-    /// AVX2 one or its 512-bit steps where the CPU has them), f32, f16 and FP8 pools: the same
+    /// AVX2 one or its 512-bit steps where the CPU has them), f32, f16, FP8 and int8 pools: the same
     /// result bit for bit, so a sequence's tokens do not depend on `--block-size`.
     #[test]
     fn every_block_size_gives_the_same_bits() {
@@ -940,37 +1092,53 @@ mod tests {
             let k = random_vec(len * kvh * hd, 7);
             let v = random_vec(len * kvh * hd, 8);
             let q = random_vec(kvh * group * hd, 9);
-            let mut halves = (vec![0u16; k.len()], vec![0u16; v.len()]);
-            u16::narrow(&k, &mut halves.0);
-            u16::narrow(&v, &mut halves.1);
-            let mut fp8s = (vec![E4M3::default(); k.len()], vec![E4M3::default(); v.len()]);
-            E4M3::narrow(&k, &mut fp8s.0);
-            E4M3::narrow(&v, &mut fp8s.1);
+            // Each narrow element's rows of (position, kv head) with their scales.
+            fn rows<E: KvElem>(x: &[f32], hd: usize) -> (Vec<E>, Vec<f32>) {
+                let scales: Vec<f32> = x.chunks(hd).map(E::row_scale).collect();
+                let mut n = vec![E::default(); x.len()];
+                n.chunks_mut(hd).zip(x.chunks(hd)).zip(&scales).for_each(|((n, x), &s)| E::narrow(x, n, s));
+                (n, scales)
+            }
             // Position p of kv head g at block p / bs (table reversed), in the pool layout.
-            let layout = |bs: usize| {
+            fn layout<E: KvElem>(k: &[f32], v: &[f32], hd: usize, kvh: usize, bs: usize) -> [Vec<E>; 2] {
+                let len = k.len() / hd / kvh;
                 let blocks = len / bs;
-                let (mut kl, mut vl) = (vec![0f32; k.len()], vec![0f32; v.len()]);
-                let (mut kh, mut vh) = (vec![0u16; k.len()], vec![0u16; v.len()]);
-                let (mut k8, mut v8) = (vec![E4M3::default(); k.len()], vec![E4M3::default(); v.len()]);
+                let ((kn, _), (vn, _)) = (rows::<E>(k, hd), rows::<E>(v, hd));
+                let (mut kl, mut vl) = (vec![E::default(); k.len()], vec![E::default(); v.len()]);
                 for p in 0..len {
                     for g in 0..kvh {
                         let o = (((blocks - 1 - p / bs) * kvh + g) * bs) * hd;
                         for d in 0..hd {
                             let src = (p * kvh + g) * hd + d;
-                            (kl[o + d * bs + p % bs], kh[o + d * bs + p % bs]) = (k[src], halves.0[src]);
-                            (vl[o + (p % bs) * hd + d], vh[o + (p % bs) * hd + d]) = (v[src], halves.1[src]);
-                            (k8[o + d * bs + p % bs], v8[o + (p % bs) * hd + d]) = (fp8s.0[src], fp8s.1[src]);
+                            (kl[o + d * bs + p % bs], vl[o + (p % bs) * hd + d]) = (kn[src], vn[src]);
                         }
                     }
                 }
-                let table: Vec<u32> = (0..blocks as u32).rev().collect();
-                (kl, vl, kh, vh, k8, v8, table)
+                [kl, vl]
+            }
+            let scales_in_layout = |x: &[f32], bs: usize| -> Vec<f32> {
+                let (_, s) = rows::<i8>(x, hd);
+                let mut out = vec![0f32; s.len()];
+                for p in 0..len {
+                    for g in 0..kvh {
+                        out[((len / bs - 1 - p / bs) * kvh + g) * bs + p % bs] = s[p * kvh + g];
+                    }
+                }
+                out
             };
             let mut want: Option<Vec<Vec<f32>>> = None;
             for bs in [2, 4, 8, 24] {
-                let (kl, vl, kh, vh, k8, v8, table) = layout(bs);
+                let ([kl, vl], [kh, vh]) = (layout::<f32>(&k, &v, hd, kvh, bs), layout::<u16>(&k, &v, hd, kvh, bs));
+                let ([k8, v8], [ki, vi]) = (layout::<E4M3>(&k, &v, hd, kvh, bs), layout::<i8>(&k, &v, hd, kvh, bs));
+                let (ks, vs) = (scales_in_layout(&k, bs), scales_in_layout(&v, bs));
+                let table: Vec<u32> = (0..(len / bs) as u32).rev().collect();
                 let mut got = Vec::new();
-                let all = [Pools::F32 { k: &kl, v: &vl }, Pools::F16 { k: &kh, v: &vh }, Pools::Fp8 { k: &k8, v: &v8 }];
+                let all = [
+                    Pools::F32 { k: &kl, v: &vl },
+                    Pools::F16 { k: &kh, v: &vh },
+                    Pools::Fp8 { k: &k8, v: &v8 },
+                    Pools::Int8 { k: &ki, v: &vi, scales: RowScales { k: &ks, v: &vs } },
+                ];
                 for pools in all {
                     for (first, last) in [(0, 0), (0, len - 1), (5, 30), (17, 17)] {
                         let span = KvSpan { block_table: &table, first_pos: first, last_pos: last };

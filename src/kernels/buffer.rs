@@ -17,11 +17,12 @@ use std::sync::{Arc, Mutex, Weak};
 /// # Safety
 /// Implementors must be plain data with no padding, valid for every bit pattern.
 pub unsafe trait Zeroable: Copy + Default {}
-// SAFETY: f32, u16 (f16 bits) and u8 (GGML blocks) are plain data, valid for every bit
-// pattern.
+// SAFETY: f32, u16 (f16 bits), u8 (GGML blocks) and i8 (a KV cache's) are plain data,
+// valid for every bit pattern.
 unsafe impl Zeroable for f32 {}
 unsafe impl Zeroable for u16 {}
 unsafe impl Zeroable for u8 {}
+unsafe impl Zeroable for i8 {}
 
 /// A transparent huge page on x86-64 Linux.
 const HUGE: usize = 2 << 20;
