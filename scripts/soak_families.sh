@@ -4,7 +4,8 @@
 # Gemma 3/4 (sliding windows), Mistral's sliding window, BitNet's ternary weights and
 # Phi-3's 512-token context. Each gets a KV cache small enough that sequences are preempted
 # (the soak fails if none is) and n-gram drafts on, so preemption, prefix hits, n > 1 and
-# speculation meet each family's own state. Seconds per model.
+# speculation meet each family's own state; two runs keep their cache in 8 bits (int8 for
+# Gemma 4, whose global layers have their own head size; FP8 for Mistral). Seconds per model.
 #
 #     bash scripts/soak_families.sh [target/release/weft]
 set -euo pipefail
@@ -12,10 +13,11 @@ cd "$(dirname "$0")/.."
 weft=${1:-target/release/weft}
 models=${WEFT_SHARED_MODELS:-../shared/models}
 drafts='{"method":"ngram","num_speculative_tokens":4}'
-# model, relative to the shared models; KV cache size
-while read -r model kv; do
+# model, relative to the shared models; KV cache size; KV cache dtype (default: auto)
+while read -r model kv dtype; do
     python3 scripts/soak.py --weft "$weft" --model "$models/$model" --kv-cache-memory "$kv" \
-        --serve-arg=--speculative-config --serve-arg="$drafts"
+        --serve-arg=--speculative-config --serve-arg="$drafts" \
+        --serve-arg=--kv-cache-dtype --serve-arg="${dtype:-auto}"
 done <<'LIST'
 tiny-qwen35/tiny-qwen35.gguf 8M
 tiny-qwen35 8M
@@ -24,8 +26,10 @@ tiny-mixtral/tiny-mixtral.gguf 5M
 tiny-gpt-oss/tiny-gpt-oss.gguf 2M
 tiny-gpt-oss 4M
 tiny-gemma4/tiny-gemma4.gguf 14M
+tiny-gemma4/tiny-gemma4.gguf 7M int8
 tiny-gemma3/tiny-gemma3.gguf 4M
 tiny-mistral-swa 1M
+tiny-mistral-swa 512K fp8
 tiny-bitnet/tiny-bitnet.TQ2_0.gguf 4M
 tiny-bitnet/tiny-bitnet.TQ1_0.gguf 4M
 tiny-phi3 512K
