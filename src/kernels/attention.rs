@@ -133,7 +133,7 @@ impl KvElem for i8 {
     /// (`as` saturates, and takes NaN to 0.)
     fn narrow(src: &[f32], dst: &mut [i8], scale: f32) {
         let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-        dst.iter_mut().zip(src).for_each(|(d, &x)| *d = (x * inv).round_ties_even() as i8);
+        dst.iter_mut().zip(src).for_each(|(d, &x)| *d = super::round_small(x * inv) as i8);
     }
     fn to_f32(self) -> f32 {
         self as f32

@@ -37,7 +37,7 @@ impl E4M3 {
         } else if a < MIN_NORMAL {
             // Subnormal steps of 2⁻⁹: exact scaling, then the integer nearest (at most 8,
             // which is 2⁻⁶'s code).
-            (a * 512.0).round_ties_even() as u8
+            super::round_small(a * 512.0) as u8
         } else {
             // Rebias the exponent, then round the mantissa's 20 dropped bits to nearest
             // even; a carry steps the exponent, and nothing below 448 rounds past 0x7E.

@@ -47,6 +47,15 @@ pub(crate) fn prefetch_lines_l2(p: *const u8, bytes: usize) {
     prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(p, bytes)
 }
 
+/// `x` rounded to the nearest integer, ties to even, for |x| < 2²²: two adds (the integer
+/// part lands in an f32 whose step is 1), which vectorize, where `round_ties_even` is a
+/// call to libm's `rintf` in a build for the baseline x86-64 (no SSE4.1 `roundss`).
+#[inline(always)]
+pub(crate) fn round_small(x: f32) -> f32 {
+    const SHIFT: f32 = 12_582_912.0; // 1.5 · 2²³
+    (x + SHIFT) - SHIFT
+}
+
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn prefetch<const HINT: i32>(p: *const u8, bytes: usize) {
@@ -75,6 +84,26 @@ pub(crate) mod testing {
         assert_eq!(got.len(), want.len(), "{what}: length");
         for (i, (g, w)) in got.iter().zip(want).enumerate() {
             assert!((g - w).abs() <= tol * (1.0 + w.abs()), "{what}: [{i}] got {g}, want {w}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod rounding_tests {
+    /// Ties, their neighbours and random values up to 2²¹ in size, either sign, as
+    /// `round_ties_even` rounds them.
+    #[test]
+    fn round_small_rounds_to_nearest_even() {
+        let mut xs: Vec<f32> = (-300..300)
+            .flat_map(|i| {
+                let t = i as f32 + 0.5;
+                [t, f32::from_bits(t.to_bits() + 1), f32::from_bits(t.to_bits() - 1), i as f32]
+            })
+            .collect();
+        xs.extend(super::testing::random_vec(10_000, 5).iter().map(|x| x * 2_097_152.0));
+        xs.extend([0.0, -0.0, 1e-30, -1e-30, 4_194_303.5, -4_194_303.5]);
+        for x in xs {
+            assert_eq!(super::round_small(x), x.round_ties_even(), "{x}");
         }
     }
 }
