@@ -188,6 +188,14 @@ pub struct RowScales<'a> {
     pub v: &'a [f32],
 }
 
+impl RowScales<'_> {
+    /// The index of the scale of `slot` in the slab that starts at pool element `slab`.
+    #[inline(always)]
+    pub fn index(slab: usize, head_dim: usize, slot: usize) -> usize {
+        slab / head_dim + slot
+    }
+}
+
 /// One layer's K and V pools, viewed for reading.
 #[derive(Clone, Copy)]
 pub struct PagedKv<'a> {
@@ -393,7 +401,7 @@ fn attend_portable<E: KvElem>(
     for (base, slot, len) in kv.runs(span.block_table, start, end) {
         for g in 0..kv.view_heads {
             let slab = base + (kv.first_head + g) * head_stride;
-            let (kb, ks) = (slab + slot, scales.map(|s| &s.k[slab / hd + slot..][..len]));
+            let (kb, ks) = (slab + slot, scales.map(|s| &s.k[RowScales::index(slab, hd, slot)..][..len]));
             for j in 0..len {
                 row.iter_mut().enumerate().for_each(|(d, r)| *r = kp[kb + d * bs + j].to_f32());
                 // Each query head's score in the chains of its head chunk on the AVX2 path,
@@ -477,7 +485,8 @@ unsafe fn attend_simd<E: KvElem, const ZMM: bool>(
                 let run = if whole { slab } else { &slab[slot * hd..(slot + len) * hd] };
                 crate::kernels::prefetch_lines(run.as_ptr().cast(), std::mem::size_of_val(run));
                 if let Some(s) = scales {
-                    let row = &(if whole { s.k } else { s.v })[(base + kvh * head_stride) / hd..][..bs];
+                    let row =
+                        &(if whole { s.k } else { s.v })[RowScales::index(base + kvh * head_stride, hd, 0)..][..bs];
                     crate::kernels::prefetch_lines(row.as_ptr().cast(), std::mem::size_of_val(row));
                 }
             }
@@ -498,7 +507,7 @@ unsafe fn attend_simd<E: KvElem, const ZMM: bool>(
                 let mut s0 = slot / 8 * 8;
                 while s0 < slot + len {
                     let mut got = [[0f32; 16]; MAX_HEADS_ZMM];
-                    let ks = scales.map(|s| s.k[slab / hd + s0..].as_ptr());
+                    let ks = scales.map(|s| s.k[RowScales::index(slab, hd, s0)..].as_ptr());
                     let args = (q.as_ptr().add(h0 * hd), hd, kb.add(s0), bs, ks, scoring.scale, &mut got);
                     let wide = s0 + 16 <= bs;
                     const {
@@ -681,7 +690,7 @@ fn weigh_by_row_scales(
     let mut p0 = 0;
     for (base, slot, len) in kv.runs(span.block_table, span.first_pos, span.last_pos + 1) {
         for g in 0..kv.view_heads {
-            let vs = &v_scales[(base + (kv.first_head + g) * head_stride) / kv.head_dim + slot..][..len];
+            let vs = &v_scales[RowScales::index(base + (kv.first_head + g) * head_stride, kv.head_dim, slot)..][..len];
             for h in g * group..(g + 1) * group {
                 scores[h * n + p0..][..len].iter_mut().zip(vs).for_each(|(w, s)| *w *= s);
             }
@@ -957,14 +966,16 @@ mod tests {
         let (mut row, mut q) = (vec![0f32; hd], vec![0i8; hd]);
         for (slab, slot) in (0..k.len()).step_by(bs * hd).flat_map(|o| (0..bs).map(move |s| (o, s))) {
             let at = |d: usize| slab + d * bs + slot;
+            // The layout as RowScales documents it, written out independently of its helper.
+            let i = slab / hd + slot;
             row.iter_mut().enumerate().for_each(|(d, r)| *r = k[at(d)]);
-            ks[slab / hd + slot] = i8::row_scale(&row);
-            i8::narrow(&row, &mut q, ks[slab / hd + slot]);
-            (0..hd).for_each(|d| (k8[at(d)], kd[at(d)]) = (q[d], q[d] as f32 * ks[slab / hd + slot]));
+            ks[i] = i8::row_scale(&row);
+            i8::narrow(&row, &mut q, ks[i]);
+            (0..hd).for_each(|d| (k8[at(d)], kd[at(d)]) = (q[d], q[d] as f32 * ks[i]));
             let r = slab + slot * hd..slab + (slot + 1) * hd;
-            vs[slab / hd + slot] = i8::row_scale(&v[r.clone()]);
-            i8::narrow(&v[r.clone()], &mut v8[r.clone()], vs[slab / hd + slot]);
-            (0..hd).for_each(|d| vd[r.start + d] = v8[r.start + d] as f32 * vs[slab / hd + slot]);
+            vs[i] = i8::row_scale(&v[r.clone()]);
+            i8::narrow(&v[r.clone()], &mut v8[r.clone()], vs[i]);
+            (0..hd).for_each(|d| vd[r.start + d] = v8[r.start + d] as f32 * vs[i]);
         }
         (k8, v8, ks, vs, kd, vd)
     }

@@ -17,7 +17,7 @@ const P: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
     let x = x.clamp(MIN, MAX);
-    let n = (x * LOG2E).round_ties_even();
+    let n = crate::kernels::round_small(x * LOG2E);
     let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, x));
     let mut p = P[0];
     for c in &P[1..] {

@@ -239,7 +239,8 @@ impl KvCache {
                 let slab = first + h * bs * hd;
                 let (ks, vs) = (E::row_scale(k), E::row_scale(v));
                 if E::SCALED {
-                    (pools.scales.0[slab / hd + slot], pools.scales.1[slab / hd + slot]) = (ks, vs);
+                    let at = RowScales::index(slab, hd, slot);
+                    (pools.scales.0[at], pools.scales.1[at]) = (ks, vs);
                 }
                 for (c, k) in k.chunks(CHUNK).enumerate() {
                     E::narrow(k, &mut narrow[..k.len()], ks);
