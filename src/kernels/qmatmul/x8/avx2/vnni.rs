@@ -165,11 +165,12 @@ pub(super) unsafe fn two_groups_8(a: *const u8, b: *const u8) -> __m128i {
 /// block at sub-block index `at(t)` of `x`): [`k_block_vnni`]'s sums, a chunk's nibbles
 /// masked in place once for all the rows. Two neighbouring chunks share each 512-bit
 /// register, so that the group's records stay one stream (two groups side by side read
-/// as two, and slower from memory) while each load and `vpdpbusd` does twice the work;
-/// each row's eight activation bytes for them are placed by one permute. One row (a
-/// decode's product of a matrix and a vector) splits each half's chain of `vpdpbusd`s in
-/// two, so that four run side by side; more rows have chains enough. The same integers
-/// as [`k_sub`]'s.
+/// as two, and slower from memory) while each load and `vpdpbusd` does twice the work.
+/// One permute per load puts each row's lanes of the two chunks side by side, so that
+/// a row's eight activation bytes for them are a 64-bit broadcast (a load), not a
+/// permute per row. One row (a decode's product of a matrix and a vector) splits each
+/// half's chain of `vpdpbusd`s in two, so that four run side by side; more rows have
+/// chains enough. The same integers as [`k_sub`]'s.
 ///
 /// # Safety
 /// What [`vnni`] checks must be available; `rec` holds a block and `x` the sub-blocks
@@ -183,9 +184,9 @@ pub(super) unsafe fn k_rows_vnni<const R: usize>(
     unsafe {
         let head = record(GgmlType::Q4K).1;
         let (low, high) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0xF0u8 as i8));
-        // The first four activation bytes to the low half (the even chunk's rows), the
-        // next four to the high half.
-        let halves = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+        // Row `r`'s lanes of the even chunk and of the odd one side by side (`2r`, `2r + 1`),
+        // so that each row's eight activation bytes for them are one 64-bit broadcast.
+        let spread = _mm512_set_epi32(15, 7, 14, 6, 13, 5, 12, 4, 11, 3, 10, 2, 9, 1, 8, 0);
         // Chains per half of a row: `[row][chain][half]`.
         let split = if R == 1 { 2 } else { 1 };
         let mut sums = [_mm256_setzero_si256(); R];
@@ -193,13 +194,13 @@ pub(super) unsafe fn k_rows_vnni<const R: usize>(
             let w = rec.add(head + 256 * pair);
             let mut s = [[[_mm512_setzero_si512(); 2]; 2]; R];
             for c in 0..4 {
-                let v = _mm512_loadu_si512(w.add(64 * c).cast());
+                let v = _mm512_permutexvar_epi32(spread, _mm512_loadu_si512(w.add(64 * c).cast()));
                 let (lo, hi) = (_mm512_and_si512(v, low), _mm512_and_si512(v, high));
                 let i = c % split;
                 for (t, s) in s.iter_mut().enumerate() {
                     let x = x.add((at(t) + 2 * pair) * QB + 8 * c);
-                    s[i][0] = _mm512_dpbusd_epi32(s[i][0], lo, place(halves, x));
-                    s[i][1] = _mm512_dpbusd_epi32(s[i][1], hi, place(halves, x.add(QB)));
+                    s[i][0] = _mm512_dpbusd_epi32(s[i][0], lo, bcast8(x));
+                    s[i][1] = _mm512_dpbusd_epi32(s[i][1], hi, bcast8(x.add(QB)));
                 }
             }
             let sc = rec.add(32 + 16 * pair);
@@ -207,7 +208,7 @@ pub(super) unsafe fn k_rows_vnni<const R: usize>(
             let hi = _mm256_cvtepu8_epi32(_mm_loadl_epi64(sc.add(8).cast()));
             // A row's chains, and both halves of each, add into its eight rows' sums.
             for (sums, s) in sums.iter_mut().zip(&s) {
-                let (s_lo, s_hi) = (fold(s[0][0], s[1][0]), fold(s[0][1], s[1][1]));
+                let (s_lo, s_hi) = (fold_pairs(s[0][0], s[1][0]), fold_pairs(s[0][1], s[1][1]));
                 let scaled = _mm256_add_epi32(_mm256_mullo_epi32(s_lo, lo), _mm256_mullo_epi32(s_hi, hi));
                 *sums = _mm256_add_epi32(*sums, scaled);
             }
@@ -219,24 +220,25 @@ pub(super) unsafe fn k_rows_vnni<const R: usize>(
     }
 }
 
-/// Eight activation bytes at `x` as `halves` places them (four for each half).
+/// Eight activation bytes at `x` in every 64-bit lane: a broadcast from memory, which
+/// takes no shuffle.
 ///
 /// # Safety
 /// What [`vnni`] checks must be available and `x` hold eight bytes.
 #[inline(always)]
-unsafe fn place(halves: __m512i, x: *const i8) -> __m512i {
-    unsafe { _mm512_permutexvar_epi32(halves, _mm512_castsi128_si512(_mm_loadl_epi64(x.cast()))) }
+unsafe fn bcast8(x: *const i8) -> __m512i {
+    unsafe { _mm512_set1_epi64(x.cast::<i64>().read_unaligned()) }
 }
 
-/// `a + b`, its two halves added: eight i32 sums.
+/// `a + b`, each pair of neighbouring lanes added: eight i32 sums.
 ///
 /// # Safety
 /// What [`vnni`] checks must be available.
 #[inline(always)]
-unsafe fn fold(a: __m512i, b: __m512i) -> __m256i {
+unsafe fn fold_pairs(a: __m512i, b: __m512i) -> __m256i {
     unsafe {
         let z = _mm512_add_epi32(a, b);
-        _mm256_add_epi32(_mm512_castsi512_si256(z), _mm512_extracti64x4_epi64::<1>(z))
+        _mm512_cvtepi64_epi32(_mm512_add_epi32(z, _mm512_srli_epi64::<32>(z)))
     }
 }
 
