@@ -106,6 +106,12 @@ mod rounding_tests {
             assert_eq!(super::round_small(x), x.round_ties_even(), "{x}");
         }
     }
+
+    #[test]
+    fn rounds_to_nearest_even() {
+        let got: Vec<f32> = [0.4, 0.5, 1.5, 2.5, -0.5, -1.6, 126.7, -127.0].map(super::round_small).to_vec();
+        assert_eq!(got, [0.0, 0.0, 2.0, 2.0, -0.0, -2.0, 127.0, -127.0]);
+    }
 }
 
 #[cfg(all(test, target_arch = "x86_64"))]

@@ -16,6 +16,7 @@
 
 use super::buffer::Buf;
 use super::quant::{dequantize, GgmlType};
+use super::round_small;
 use rayon::prelude::*;
 use std::borrow::Cow;
 
@@ -499,14 +500,6 @@ mod avx2 {
     }
 }
 
-/// `v` rounded to the nearest integer (ties to even) for |v| < 2^22, by adding and taking
-/// away 1.5 · 2^23: plain f32 arithmetic that vectorizes, where `round` is a libm call.
-#[inline]
-fn round_small(v: f32) -> f32 {
-    const SHIFT: f32 = 12_582_912.0;
-    (v + SHIFT) - SHIFT
-}
-
 /// `y[i, j] = Σ_k x[i, k] · w[j, k]` for `i < m`; `y` is `[m, n]` row-major; `xq` holds
 /// `X` quantized by [`quantize_rows`] with `w`'s [`QMatrix::act_scales`].
 pub fn qmatmul(xq: &QActs, w: &QMatrix, y: &mut [f32], m: usize) {
@@ -904,12 +897,6 @@ mod tests {
         let sums = xq.block_sums();
         assert_eq!(sums.len(), 3 * k / 256);
         assert_eq!(sums[0], xq.q[..256].iter().map(|&q| q as i32).sum::<i32>());
-    }
-
-    #[test]
-    fn rounds_to_nearest_even() {
-        let got: Vec<f32> = [0.4, 0.5, 1.5, 2.5, -0.5, -1.6, 126.7, -127.0].map(round_small).to_vec();
-        assert_eq!(got, [0.0, 0.0, 2.0, 2.0, -0.0, -2.0, 127.0, -127.0]);
     }
 
     /// A row's result is bit-identical alone or inside any batch.
