@@ -402,3 +402,35 @@ fn longrope_rows_keep_their_factors_through_preemption_and_the_cache() {
     assert_eq!(out.tokens, collect(alone.submit(greedy(&long, 4)).unwrap()).remove(0).tokens);
     assert_all_blocks_free(&busy);
 }
+
+/// The step mix accounts for every step: its kinds' forward times add up to the whole, and
+/// every row computed is a prompt row or a decode (a prompt's last row left alone counts
+/// as a decode, as the scheduler counts it).
+#[test]
+fn step_mix_accounts_for_every_step_and_row() {
+    if shared_models().is_none() {
+        return;
+    }
+    let e = engine(STORIES, EngineConfig { max_num_batched_tokens: 48, ..EngineConfig::default() });
+    let (requests, prompt, max_tokens) = (12u64, 20u64, 30u64);
+    let streams: Vec<_> = (0..requests)
+        .map(|i| {
+            let ids: Vec<u32> =
+                std::iter::once(1).chain((1..prompt).map(|j| (3 + (i * 31 + j * 7) % 400) as u32)).collect();
+            e.submit(greedy(&ids, max_tokens as usize)).unwrap()
+        })
+        .collect();
+    for s in streams {
+        assert_eq!(collect(s)[0].tokens.len() as u64, max_tokens);
+    }
+    let st = e.stats();
+    let mix = st.step_mix;
+    assert_eq!(mix.prompt_steps + mix.decode_steps, st.steps);
+    assert_eq!(mix.prompt_time + mix.decode_time, st.forward_time);
+    let rows = requests * prompt + requests * (max_tokens - 1);
+    assert_eq!(mix.prompt_rows + mix.prompt_step_decodes + mix.decode_seqs, rows);
+    assert!((requests * (prompt - 1)..=requests * prompt).contains(&mix.prompt_rows), "{mix:?}");
+    assert!(mix.prompt_steps >= 5, "240 prompt rows take five steps of 48: {mix:?}");
+    assert!(mix.decode_steps >= max_tokens - 1 && mix.few_steps <= mix.decode_steps, "{mix:?}");
+    assert!(mix.few_time <= mix.decode_time);
+}

@@ -516,6 +516,7 @@ impl EngineLoop {
         st.last_step_seqs = plan.len();
         st.forward_time += t2 - t1;
         st.overhead_time += (t1 - t0) + (t3 - t2);
+        st.step_mix.add(plan.iter().map(|s| (s.num_tokens, s.draft)), t2 - t1);
         let moe = self.ws.take_moe_stats();
         st.moe.add(&moe);
         if tokens == plan.len() {

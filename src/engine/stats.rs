@@ -49,8 +49,79 @@ pub struct EngineStats {
     /// every step and in steps of one decode row per sequence only.
     pub moe: crate::model::moe::Stats,
     pub moe_decode: crate::model::moe::Stats,
+    /// Forward time by the kind of step: where a batch's wall time went.
+    pub step_mix: StepMix,
     /// Forward time of the most recent steps, in milliseconds (at most [`RECENT_STEPS`]).
     pub recent_step_ms: std::collections::VecDeque<f32>,
+}
+
+/// Forward time split by what the steps carried: steps with prompt rows (prefill, alone or
+/// beside decodes) against steps of decodes only, and of those the ones with few
+/// sequences (a batch's stragglers, each step reading every weight for a handful of
+/// tokens). A decode is a sequence with one token left to compute, as the scheduler
+/// counts it, plus its draft rows.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepMix {
+    pub prompt_steps: u64,
+    pub prompt_time: Duration,
+    /// Prompt rows those steps computed, and the decodes that rode in them.
+    pub prompt_rows: u64,
+    pub prompt_step_decodes: u64,
+    pub decode_steps: u64,
+    pub decode_time: Duration,
+    /// Sequences the decode-only steps carried, summed over them.
+    pub decode_seqs: u64,
+    /// Decode-only steps of at most [`FEW_DECODES`] sequences.
+    pub few_steps: u64,
+    pub few_time: Duration,
+}
+
+/// The most sequences a decode-only step carries to count as a straggler's ([`StepMix`]).
+pub const FEW_DECODES: usize = 8;
+
+impl StepMix {
+    /// Counts one step: `rows` (rows, drafts) per sequence, which took `time`.
+    pub fn add(&mut self, rows: impl Iterator<Item = (usize, usize)>, time: Duration) {
+        let (mut decodes, mut prompt_rows) = (0u64, 0u64);
+        for (n, draft) in rows {
+            if n == 1 + draft {
+                decodes += 1;
+            } else {
+                prompt_rows += n as u64;
+            }
+        }
+        if prompt_rows > 0 {
+            self.prompt_steps += 1;
+            self.prompt_time += time;
+            self.prompt_rows += prompt_rows;
+            self.prompt_step_decodes += decodes;
+        } else {
+            self.decode_steps += 1;
+            self.decode_time += time;
+            self.decode_seqs += decodes;
+            if decodes as usize <= FEW_DECODES {
+                self.few_steps += 1;
+                self.few_time += time;
+            }
+        }
+    }
+
+    /// One line: each kind's forward time, steps and rows.
+    pub fn summary(&self) -> String {
+        let mean = self.decode_seqs as f64 / self.decode_steps.max(1) as f64;
+        format!(
+            "steps with prompt rows {:.1} s ({} steps, {} prompt rows, {} decodes beside them); decode-only steps {:.1} s ({} steps, {:.1} sequences each), {:.1} s of them in {} steps of at most {FEW_DECODES} sequences",
+            self.prompt_time.as_secs_f64(),
+            self.prompt_steps,
+            self.prompt_rows,
+            self.prompt_step_decodes,
+            self.decode_time.as_secs_f64(),
+            self.decode_steps,
+            mean,
+            self.few_time.as_secs_f64(),
+            self.few_steps,
+        )
+    }
 }
 
 /// Steps whose times [`EngineStats::recent_step_ms`] keeps.
