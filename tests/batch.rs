@@ -46,7 +46,10 @@ fn batch_job_writes_one_record_per_line_in_order() {
     }
     lines.push(String::new());
     let (out, records) = run_batch(&models, "ok", &lines, &["--max-waiting-requests", "8"], &[]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    // Where the job's time went: steps with prompt rows, and decode-only steps.
+    assert!(stderr.contains("steps with prompt rows") && stderr.contains("decode-only steps"), "{stderr}");
     assert_eq!(records.len(), lines.len());
     for (i, r) in records.iter().enumerate() {
         assert_eq!(r["id"], format!("batch_req_{i}"));

@@ -86,6 +86,7 @@ pub fn run(args: BatchArgs) -> Result<()> {
         st.generation_tokens_total as f64 / start.elapsed().as_secs_f64(),
         args.output.display()
     );
+    eprintln!("weft: forward {:.1} s; {}", st.forward_time.as_secs_f64(), st.step_mix.summary());
     anyhow::ensure!(server_errors == 0, "{server_errors} lines failed inside the engine (see their records)");
     Ok(())
 }

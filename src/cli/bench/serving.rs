@@ -80,7 +80,10 @@ pub(super) fn run(args: &BenchArgs, model: &Arc<crate::loaded::LoadedModel>, bas
             "ttft_p50_s": percentile(&mut ttft, 0.5), "ttft_p99_s": percentile(&mut ttft, 0.99),
             "itl_p50_s": percentile(&mut itl, 0.5), "itl_p99_s": percentile(&mut itl, 0.99), "preemptions": preemptions,
             "step_p50_s": percentile(&mut steps, 0.5), "step_p99_s": percentile(&mut steps, 0.99),
-            "step_max_s": percentile(&mut steps, 1.0)});
+            "step_max_s": percentile(&mut steps, 1.0),
+            "forward_s": st.forward_time.as_secs_f64(), "prompt_step_s": st.step_mix.prompt_time.as_secs_f64(),
+            "decode_step_s": st.step_mix.decode_time.as_secs_f64(), "few_decode_step_s": st.step_mix.few_time.as_secs_f64(),
+            "decode_seqs_per_step": st.step_mix.decode_seqs as f64 / st.step_mix.decode_steps.max(1) as f64});
         println!(
             "{:>12} {:>9.2} {:>10.1} {:>8.2} {:>9.0}ms {:>9.0}ms {:>7.1}ms {:>7.1}ms {:>8} {:>8.1}ms {:>8.1}ms",
             name,
@@ -95,6 +98,8 @@ pub(super) fn run(args: &BenchArgs, model: &Arc<crate::loaded::LoadedModel>, bas
             m["step_p50_s"].as_f64().unwrap() * 1e3,
             m["step_p99_s"].as_f64().unwrap() * 1e3
         );
+        // Where the wall time went, for the speedup below.
+        println!("{:>12}  forward {:.1} s: {}", "", st.forward_time.as_secs_f64(), st.step_mix.summary());
         modes.push(m);
     }
     let speedup = modes[0]["output_tok_s"].as_f64().unwrap_or(0.0) / modes[1]["output_tok_s"].as_f64().unwrap_or(1.0);
