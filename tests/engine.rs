@@ -423,12 +423,13 @@ fn step_mix_accounts_for_every_step_and_row() {
     for s in streams {
         assert_eq!(collect(s)[0].tokens.len() as u64, max_tokens);
     }
+    // Each step is counted before its events go out, so the last one is in.
     let st = e.stats();
     let mix = st.step_mix;
     assert_eq!(mix.prompt_steps + mix.decode_steps, st.steps);
     assert_eq!(mix.prompt_time + mix.decode_time, st.forward_time);
     let rows = requests * prompt + requests * (max_tokens - 1);
-    assert_eq!(mix.prompt_rows + mix.prompt_step_decodes + mix.decode_seqs, rows);
+    assert_eq!(mix.prompt_rows + mix.prompt_step_decodes + mix.decode_seqs, rows, "{st:?}");
     assert!((requests * (prompt - 1)..=requests * prompt).contains(&mix.prompt_rows), "{mix:?}");
     assert!(mix.prompt_steps >= 5, "240 prompt rows take five steps of 48: {mix:?}");
     assert!(mix.decode_steps >= max_tokens - 1 && mix.few_steps <= mix.decode_steps, "{mix:?}");

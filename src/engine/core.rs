@@ -416,13 +416,21 @@ impl EngineLoop {
             rayon::join(|| model.model.forward(&input, kv, wsr), || compute_masks(masking))
         };
         let t2 = Instant::now();
+        // Counted before any request's last events go out, so that whoever reads the
+        // stats after a stream ends sees the step that ended it.
+        self.record_step(&plan, tokens.len(), [t0, t1, t2]);
         self.store_masks(masked);
         self.sched.step_done(&plan);
         self.dispatch_logits(&plan, logits, model.model.config.vocab_size);
         self.pool_hidden(&kept, &plan, ws.hidden(), model.model.config.hidden_size);
+        let moe = ws.take_moe_stats();
         self.ws = ws;
-        let t3 = Instant::now();
-        self.record_step(&plan, tokens.len(), [t0, t1, t2, t3]);
+        let mut st = self.shared.stats.lock().unwrap_or_else(|p| p.into_inner());
+        st.overhead_time += t2.elapsed();
+        st.moe.add(&moe);
+        if tokens.len() == plan.len() {
+            st.moe_decode.add(&moe);
+        }
     }
 
     /// Hands embedding sequences their rows of the step's kept hidden states, and answers
@@ -507,21 +515,17 @@ impl EngineLoop {
     }
 
     /// Counts a step of `tokens` rows in the statistics, the step-time model and the
-    /// observer; `t`: its start, the forward's start and end, and its end.
-    fn record_step(&mut self, plan: &[Scheduled], tokens: usize, t: [Instant; 4]) {
-        let [t0, t1, t2, t3] = t;
+    /// observer; `t`: its start, and the forward's start and end (the time after it, and
+    /// the mixture's routing, are added once the step's results are out).
+    fn record_step(&mut self, plan: &[Scheduled], tokens: usize, t: [Instant; 3]) {
+        let [t0, t1, t2] = t;
         let mut st = self.shared.stats.lock().unwrap_or_else(|p| p.into_inner());
         st.steps += 1;
         st.last_step_tokens = tokens;
         st.last_step_seqs = plan.len();
         st.forward_time += t2 - t1;
-        st.overhead_time += (t1 - t0) + (t3 - t2);
+        st.overhead_time += t1 - t0;
         st.step_mix.add(plan.iter().map(|s| (s.num_tokens, s.draft)), t2 - t1);
-        let moe = self.ws.take_moe_stats();
-        st.moe.add(&moe);
-        if tokens == plan.len() {
-            st.moe_decode.add(&moe);
-        }
         let ms = (t2 - t1).as_secs_f64() * 1e3;
         if st.recent_step_ms.len() == RECENT_STEPS {
             st.recent_step_ms.pop_front();
