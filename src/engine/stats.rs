@@ -106,9 +106,13 @@ impl StepMix {
         }
     }
 
+    /// Sequences a decode-only step carried, on average (0 without any).
+    pub fn decode_batch(&self) -> f64 {
+        self.decode_seqs as f64 / self.decode_steps.max(1) as f64
+    }
+
     /// One line: each kind's forward time, steps and rows.
     pub fn summary(&self) -> String {
-        let mean = self.decode_seqs as f64 / self.decode_steps.max(1) as f64;
         format!(
             "steps with prompt rows {:.1} s ({} steps, {} prompt rows, {} decodes beside them); decode-only steps {:.1} s ({} steps, {:.1} sequences each), {:.1} s of them in {} steps of at most {FEW_DECODES} sequences",
             self.prompt_time.as_secs_f64(),
@@ -117,7 +121,7 @@ impl StepMix {
             self.prompt_step_decodes,
             self.decode_time.as_secs_f64(),
             self.decode_steps,
-            mean,
+            self.decode_batch(),
             self.few_time.as_secs_f64(),
             self.few_steps,
         )

@@ -83,7 +83,7 @@ pub(super) fn run(args: &BenchArgs, model: &Arc<crate::loaded::LoadedModel>, bas
             "step_max_s": percentile(&mut steps, 1.0),
             "forward_s": st.forward_time.as_secs_f64(), "prompt_step_s": st.step_mix.prompt_time.as_secs_f64(),
             "decode_step_s": st.step_mix.decode_time.as_secs_f64(), "few_decode_step_s": st.step_mix.few_time.as_secs_f64(),
-            "decode_seqs_per_step": st.step_mix.decode_seqs as f64 / st.step_mix.decode_steps.max(1) as f64});
+            "decode_seqs_per_step": st.step_mix.decode_batch()});
         println!(
             "{:>12} {:>9.2} {:>10.1} {:>8.2} {:>9.0}ms {:>9.0}ms {:>7.1}ms {:>7.1}ms {:>8} {:>8.1}ms {:>8.1}ms",
             name,
