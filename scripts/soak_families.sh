@@ -20,8 +20,8 @@ while read -r model kv dtype; do
         --serve-arg=--speculative-config --serve-arg="$drafts" \
         --serve-arg=--kv-cache-dtype --serve-arg="${dtype:-auto}"
 done <<'LIST'
-tiny-qwen35/tiny-qwen35.gguf 8M
-tiny-qwen35 8M
+tiny-qwen35/tiny-qwen35.gguf 4M
+tiny-qwen35 4M
 tiny-qwen3moe/tiny-qwen3moe.gguf 2M
 tiny-mixtral/tiny-mixtral.gguf 5M
 tiny-gpt-oss/tiny-gpt-oss.gguf 2M

@@ -83,7 +83,8 @@ fn a_shared_prompt_keeps_its_snapshot_in_a_small_store() {
     assert_all_blocks_free(&on);
 }
 
-/// Many requests through a pool too small for all of them (preempted and recomputed from
+/// Many requests through a pool too small for all of them (fewer state slots than
+/// requests, so some wait; too few KV blocks, so some are preempted and recomputed from
 /// zero state) beside sampled traffic: each greedy request gives its ids alone.
 #[test]
 fn preemption_and_a_busy_batch_change_nothing() {
@@ -99,11 +100,15 @@ fn preemption_and_a_busy_batch_change_nothing() {
     let per_block = weft::kv::KvCache::bytes_per_block(model.model.kv_dtype(Default::default()), &c.kv_shapes(), 16);
     let cfg = EngineConfig {
         max_num_batched_tokens: 48,
-        kv_cache_memory: per_block * 14 + (64 + 4) * 4 * c.state_floats(),
+        // Half of what the snapshots leave goes to running sequences' states: about 14
+        // blocks' worth of slots, and about 14 blocks.
+        kv_cache_memory: 2 * per_block * 14 + 4 * 4 * c.state_floats(),
         state_snapshots: Some(4),
         ..EngineConfig::default()
     };
     let busy = EngineHandle::start(model.clone(), cfg).unwrap();
+    let slots = busy.config().max_num_seqs;
+    assert!((1..prompts.len()).contains(&slots), "the state cache was meant to hold fewer sequences: {slots}");
     let noise: Vec<_> = (0..4)
         .map(|i| {
             let mut r = Request::new(vec![7, 8, 9, 10 + i], 20);
@@ -118,6 +123,20 @@ fn preemption_and_a_busy_batch_change_nothing() {
     noise.into_iter().for_each(|n| drop(collect(n)));
     assert!(busy.stats().preemptions > 0, "the pool was meant to force preemption");
     assert_all_blocks_free(&busy);
+}
+
+/// A cache that cannot hold one sequence's state beside the snapshots is a start-up
+/// error naming the flag, not a panic in a step.
+#[test]
+fn a_cache_without_room_for_one_state_is_refused() {
+    if shared_models().is_none() {
+        return;
+    }
+    let model = common::model(GGUF);
+    let per_state = 4 * model.model.config.state_floats();
+    let cfg = EngineConfig { kv_cache_memory: per_state * 5, state_snapshots: Some(4), ..EngineConfig::default() };
+    let err = EngineHandle::start(model, cfg).err().expect("no room for a running sequence's state");
+    assert!(err.to_string().contains("--kv-cache-memory"), "{err}");
 }
 
 /// One forward step of `tokens` at `at` for the sequence in state slot 0, with the captures

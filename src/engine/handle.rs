@@ -29,6 +29,28 @@ fn invalid(param: &'static str, message: String) -> SubmitError {
     SubmitError::Invalid { message, param: Some(param) }
 }
 
+/// Running sequences a hybrid model's state cache allows: `--max-num-seqs`, lowered (as
+/// vLLM's cache bounds its concurrency) until their states (`per_seq` bytes each) take at
+/// most half of what the snapshots (`snapshot_bytes`) leave, so the attention layers keep
+/// the rest for KV blocks. The real Qwen3.5-35B-A3B holds 66 MB a sequence: 64 would not
+/// fit in the default 1 GiB.
+fn state_slots(config: &EngineConfig, per_seq: usize, snapshot_bytes: usize) -> anyhow::Result<usize> {
+    let room = config.kv_cache_memory.saturating_sub(snapshot_bytes) / 2;
+    let fits = room / per_seq.max(1);
+    anyhow::ensure!(
+        fits > 0,
+        "--kv-cache-memory {} bytes does not hold one sequence's recurrent state ({per_seq} bytes) beside {snapshot_bytes} bytes of snapshots and the KV blocks; raise it or lower --state-snapshots",
+        config.kv_cache_memory
+    );
+    if fits < config.max_num_seqs {
+        eprintln!(
+            "weft: --kv-cache-memory holds the recurrent state of {fits} running sequences, not --max-num-seqs {}; the rest wait",
+            config.max_num_seqs
+        );
+    }
+    Ok(config.max_num_seqs.min(fits))
+}
+
 #[derive(Clone)]
 pub struct EngineHandle {
     tx: mpsc::Sender<Command>,
@@ -62,7 +84,7 @@ impl EngineHandle {
     /// Starts the engine loop, reporting timings to `observer`.
     pub fn start_observed(
         model: Arc<LoadedModel>,
-        config: EngineConfig,
+        mut config: EngineConfig,
         observer: Arc<dyn Observer>,
     ) -> anyhow::Result<Self> {
         anyhow::ensure!(config.max_num_seqs > 0, "--max-num-seqs must be at least 1");
@@ -81,14 +103,12 @@ impl EngineHandle {
         };
         // With drafts, the state after each draft row of every sequence too.
         let drafts = config.speculative.as_ref().map_or(0, |s| s.num_speculative_tokens);
+        if per_state > 0 {
+            config.max_num_seqs =
+                state_slots(&config, per_state.saturating_mul(1 + drafts), snapshots.saturating_mul(per_state))?;
+        }
         let states = config.max_num_seqs.saturating_mul(1 + drafts).saturating_add(snapshots);
         let state_bytes = states.saturating_mul(per_state);
-        anyhow::ensure!(
-            state_bytes < config.kv_cache_memory,
-            "--kv-cache-memory {} bytes does not hold the recurrent state of {} sequences and {snapshots} snapshots ({state_bytes} bytes); lower --max-num-seqs or --state-snapshots",
-            config.kv_cache_memory,
-            config.max_num_seqs
-        );
         if per_state > 0 {
             eprintln!(
                 "weft: recurrent state {:.2} MB per sequence: {} slots and {snapshots} prefix snapshots, {} MB",

@@ -50,6 +50,11 @@ fn batched_row(
         ..base.clone()
     };
     let engine = EngineHandle::start(model.clone(), cfg)?;
+    ensure!(
+        engine.config().max_num_seqs == b,
+        "--kv-cache-memory holds the recurrent state of {} sequences, not B={b}: raise it",
+        engine.config().max_num_seqs
+    );
     let reqs = (0..b)
         .map(|_| {
             let mut r = Request::new(random_prompt(rng, args.prompt_tokens, vocab), args.gen_tokens);
