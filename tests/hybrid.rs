@@ -139,6 +139,24 @@ fn a_cache_without_room_for_one_state_is_refused() {
     assert!(err.to_string().contains("--kv-cache-memory"), "{err}");
 }
 
+/// `weft bench` does not measure a smaller batch than it names: a batch size whose states
+/// the cache cannot hold is an error that says so.
+#[test]
+fn bench_refuses_a_batch_the_state_cache_cannot_hold() {
+    let Some(models) = shared_models() else {
+        return;
+    };
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(["bench", "--model"])
+        .arg(models.join(GGUF))
+        .args(["--batch-sizes", "64", "--prompt-tokens", "4", "--gen-tokens", "2"])
+        .args(["--requests", "0", "--shared-requests", "0", "--kv-cache-memory", "1M"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("recurrent state of") && err.contains("B=64"), "{err}");
+}
+
 /// One forward step of `tokens` at `at` for the sequence in state slot 0, with the captures
 /// asked for: the logits of its last row.
 fn forward_step(
