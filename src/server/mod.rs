@@ -131,7 +131,16 @@ pub fn run(args: ServerConfig, start: EngineStarter) -> Result<()> {
                 dtype: engine.model().model.kv_dtype(config.kv_cache_dtype),
                 prefix_caching: config.prefix_caching,
             };
+            // What the cache holds, as vLLM says at start: a big model's 1 GiB default is a few
+            // thousand tokens.
+            let per_token = crate::kv::KvCache::bytes_per_block(cache.dtype, &engine.model().model.config.kv_shapes(), 1);
             loader.metrics.start(&engine.stats(), cache);
+            eprintln!(
+                "weft: the KV cache holds {} tokens ({:.1} KB a token; --kv-cache-memory), {} sequences at once at most",
+                engine.capacity_tokens(),
+                per_token as f64 / 1e3,
+                config.max_num_seqs
+            );
             let _ = loader.engine.set(engine);
             eprintln!("weft: ready");
             Ok(())
