@@ -42,12 +42,6 @@ fn state_slots(config: &EngineConfig, per_seq: usize, snapshot_bytes: usize) -> 
         "--kv-cache-memory {} bytes does not hold one sequence's recurrent state ({per_seq} bytes) beside {snapshot_bytes} bytes of snapshots and the KV blocks; raise it or lower --state-snapshots",
         config.kv_cache_memory
     );
-    if fits < config.max_num_seqs {
-        eprintln!(
-            "weft: --kv-cache-memory holds the recurrent state of {fits} running sequences, not --max-num-seqs {}; the rest wait",
-            config.max_num_seqs
-        );
-    }
     Ok(config.max_num_seqs.min(fits))
 }
 
@@ -103,20 +97,27 @@ impl EngineHandle {
         };
         // With drafts, the state after each draft row of every sequence too.
         let drafts = config.speculative.as_ref().map_or(0, |s| s.num_speculative_tokens);
-        if per_state > 0 {
+        let state_bytes = if per_state == 0 {
+            0
+        } else {
+            let asked = config.max_num_seqs;
             config.max_num_seqs =
                 state_slots(&config, per_state.saturating_mul(1 + drafts), snapshots.saturating_mul(per_state))?;
-        }
-        let states = config.max_num_seqs.saturating_mul(1 + drafts).saturating_add(snapshots);
-        let state_bytes = states.saturating_mul(per_state);
-        if per_state > 0 {
+            let states = config.max_num_seqs.saturating_mul(1 + drafts).saturating_add(snapshots);
+            let state_bytes = states.saturating_mul(per_state);
+            let lowered = if config.max_num_seqs < asked {
+                format!(" (not --max-num-seqs {asked}: --kv-cache-memory holds no more; the rest wait)")
+            } else {
+                String::new()
+            };
             eprintln!(
-                "weft: recurrent state {:.2} MB per sequence: {} slots and {snapshots} prefix snapshots, {} MB",
+                "weft: recurrent state {:.2} MB per sequence: {} slots{lowered} and {snapshots} prefix snapshots, {} MB",
                 per_state as f64 / 1e6,
                 config.max_num_seqs,
                 state_bytes / 1_000_000
             );
-        }
+            state_bytes
+        };
         let num_blocks = (config.kv_cache_memory - state_bytes) / per_block;
         anyhow::ensure!(
             num_blocks > 0,
