@@ -475,7 +475,8 @@ unsafe fn attend_simd<E: KvElem, const ZMM: bool>(
         runs.extend(kv.runs(span.block_table, start, end));
         // Blocks are scattered in the pool, where the hardware prefetcher cannot follow: each
         // kv head's slab of a run (K's whole and dim-major, then V's rows) asks for the same
-        // kv head's slab `ahead` runs on as it is read, so the asks spread over the work.
+        // kv head's slab `ahead` runs on into L2 as it is read, so the asks spread over the
+        // work.
         let ahead = (AHEAD / kv.view_heads).max(1);
         let scales = kv.pools.scales();
         let fetch = |i: usize, kvh: usize| {
@@ -483,11 +484,11 @@ unsafe fn attend_simd<E: KvElem, const ZMM: bool>(
             if let Some(&(base, slot, len)) = runs.get(i) {
                 let slab = &pool[base + kvh * head_stride..][..head_stride];
                 let run = if whole { slab } else { &slab[slot * hd..(slot + len) * hd] };
-                crate::kernels::prefetch_lines(run.as_ptr().cast(), std::mem::size_of_val(run));
+                crate::kernels::prefetch_lines_l2(run.as_ptr().cast(), std::mem::size_of_val(run));
                 if let Some(s) = scales {
                     let row =
                         &(if whole { s.k } else { s.v })[RowScales::index(base + kvh * head_stride, hd, 0)..][..bs];
-                    crate::kernels::prefetch_lines(row.as_ptr().cast(), std::mem::size_of_val(row));
+                    crate::kernels::prefetch_lines_l2(row.as_ptr().cast(), std::mem::size_of_val(row));
                 }
             }
         };
