@@ -88,7 +88,13 @@ fn batched_row(
         row["total_tok_s"].as_f64().unwrap(),
         overhead * 100.0
     );
-    if overlapped > 0 {
+    if overlapped > decoded {
+        // The sequences that started first finish first, so TG timed fewer than B streams.
+        println!(
+            "  B={b}: {overlapped} tokens decoded while prompts were still prefilling, left out of TG, and \
+             {decoded} after, as the batch drained: more --gen-tokens time B streams"
+        );
+    } else if overlapped > 0 {
         println!("  B={b}: {overlapped} tokens decoded while prompts were still prefilling, left out of TG");
     }
     let mut row = row;
