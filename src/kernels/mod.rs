@@ -31,9 +31,8 @@ pub(crate) fn amd_family() -> Option<u32> {
 }
 
 /// Asks for the cache lines of the `bytes` bytes at `p` ahead of their use, into L2 only:
-/// in L1 they would evict the lines in use, and on Zen 4 asks into L1 held up the loads
-/// they were meant to serve (decode attention over scattered blocks ran 1.5× slower than
-/// with asks into L2). A prefetch is a hint that reads nothing and never faults, so `p`
+/// in L1 they would evict the lines in use, and on Zen 4 asks into L1 held up the very
+/// loads they were for. A prefetch is a hint that reads nothing and never faults, so `p`
 /// may point anywhere, past a buffer's end included.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
