@@ -63,10 +63,23 @@ pub(super) unsafe fn k_tiled<const V: bool, const FIVE: bool, const PRE: bool, c
                 }
             }
         }
-        for (src, out) in src.iter().zip(out) {
-            let mut acc = load_sums::<R>(out);
-            k_mins::<R>(src.rec, rec_bytes, xq, first, blocks, &mut acc);
-            store(&acc, out);
+        if V && G.is_multiple_of(2) {
+            for (src, out) in src.chunks_exact(2).zip(out.chunks_exact_mut(2)) {
+                let [a, b] = out else { unreachable!() };
+                let (lo, hi) = (load_sums::<R>(a), load_sums::<R>(b));
+                let mut acc = [_mm512_setzero_ps(); R];
+                for (t, acc) in acc.iter_mut().enumerate() {
+                    *acc = two_groups_ps(lo[t], hi[t]);
+                }
+                k_mins_two::<R>([src[0].rec, src[1].rec], rec_bytes, xq, first, blocks, &mut acc);
+                store_two(&acc, [a, b]);
+            }
+        } else {
+            for (src, out) in src.iter().zip(out) {
+                let mut acc = load_sums::<R>(out);
+                k_mins::<R>(src.rec, rec_bytes, xq, first, blocks, &mut acc);
+                store(&acc, out);
+            }
         }
     }
 }

@@ -479,3 +479,57 @@ unsafe fn q6_scales_2<const F: u8>(a: *const u8, b: *const u8) -> __m512i {
         }
     }
 }
+
+/// [`k_mins`] of two groups at once (records at `a`, `b`), their running sums `acc` in
+/// the halves of each register ([`two_groups_ps`]): one `vpdpwssd` per two sub-blocks'
+/// mins where [`k_mins`] takes a `madd` and an add per group. The same integers and the
+/// same float operations per lane.
+///
+/// # Safety
+/// What [`vnni`] checks must be available; `a` and `b` hold `blocks` records of
+/// `rec_bytes` and `xq` the activation rows `first..first + R`.
+#[inline(always)]
+pub(super) unsafe fn k_mins_two<const R: usize>(
+    [a, b]: [*const u8; 2],
+    rec_bytes: usize,
+    xq: &QActs,
+    first: usize,
+    blocks: usize,
+    acc: &mut [__m512; R],
+) {
+    unsafe {
+        let pairs = xq.pair_sums().as_ptr();
+        for blk in 0..blocks {
+            let (a, b) = (a.add(blk * rec_bytes), b.add(blk * rec_bytes));
+            let dmin =
+                _mm512_cvtph_ps(two_halves(_mm_loadu_si128(a.add(16).cast()), _mm_loadu_si128(b.add(16).cast())));
+            // Lane r (of each half): the i16 pair of row r's mins of sub-blocks 2j and 2j + 1.
+            let mut m = [_mm512_setzero_si512(); 4];
+            for (j, m) in m.iter_mut().enumerate() {
+                let (even, odd) = (96 + 16 * j, 104 + 16 * j);
+                let lo = _mm_unpacklo_epi8(_mm_loadl_epi64(a.add(even).cast()), _mm_loadl_epi64(a.add(odd).cast()));
+                let hi = _mm_unpacklo_epi8(_mm_loadl_epi64(b.add(even).cast()), _mm_loadl_epi64(b.add(odd).cast()));
+                *m = _mm512_cvtepu8_epi16(two_halves(lo, hi));
+            }
+            for (t, acc) in acc.iter_mut().enumerate() {
+                let xb = (first + t) * blocks + blk;
+                let x = pairs.add(4 * xb);
+                let mut s = _mm512_setzero_si512();
+                for (j, m) in m.iter().enumerate() {
+                    s = _mm512_dpwssd_epi32(s, *m, _mm512_set1_epi32(*x.add(j)));
+                }
+                let dx = _mm512_set1_ps(*xq.d.get_unchecked(16 * xb));
+                *acc = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dx), _mm512_cvtepi32_ps(s), *acc);
+            }
+        }
+    }
+}
+
+/// `a` and `b` as the halves of one register, `a` low.
+///
+/// # Safety
+/// AVX2 must be available.
+#[inline(always)]
+pub(super) unsafe fn two_halves(a: __m128i, b: __m128i) -> __m256i {
+    unsafe { _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(a), b) }
+}
