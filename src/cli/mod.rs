@@ -4,7 +4,7 @@ pub mod batch;
 pub mod bench;
 mod export_tokenizer;
 pub mod generate;
-mod machine;
+pub mod machine;
 pub mod model_cache;
 mod peer;
 pub mod perplexity;

@@ -1,0 +1,69 @@
+//! A mixture layer's expert products alone, as a 32-stream decode step runs them: `E`
+//! experts of `[N, K]` in FORMAT, each its own allocation, `ROWS` rows routed to each,
+//! all in one `qmatmul_each` (one pass over the pool). Beside it, one matrix of the same
+//! bytes (`[E·N, K]`) at the same rows, and a plain read of the weights: how close the
+//! experts' scattered reads come to streaming. Prints medians of the rounds in GB/s of
+//! weights read.
+//!
+//! `cargo run --release --example experts -- FORMAT E N K ROWS [ROUNDS]`, for example
+//! `q4_k 112 1536 2048 2` (Qwen3-30B-A3B's gate and up at 32 streams).
+
+use std::borrow::Cow;
+use std::time::Instant;
+use weft::kernels::qmatmul::{qmatmul, qmatmul_each, Product, QActs, QMatrix};
+use weft::kernels::quantize::{parse_target, quantize};
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let dtype = parse_target(args.first().map_or("q4_k", String::as_str)).expect("a block format");
+    let number = |i: usize, default: usize| args.get(i).map_or(default, |a| a.parse().expect("a number"));
+    let (experts, n, k, rows, rounds) = (number(1, 112), number(2, 1536), number(3, 2048), number(4, 2), number(5, 9));
+
+    let mut s = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+    };
+    // One expert's bytes, copied into each: the same arithmetic, separate memory.
+    let w: Vec<f32> = (0..n * k).map(|_| next() * 0.1).collect();
+    let bytes = quantize(dtype, &w);
+    let mats: Vec<QMatrix> = (0..experts)
+        .map(|_| QMatrix::new(k, vec![(dtype, n, Cow::Borrowed(&bytes[..]))]).expect("a whole matrix"))
+        .collect();
+    let stacked = QMatrix::new(k, vec![(dtype, n * experts, Cow::Owned(bytes.repeat(experts)))]).expect("whole");
+    let x: Vec<f32> = (0..rows * k).map(|_| next()).collect();
+    let mut xq = QActs::default();
+    mats[0].quantize(&x, rows, &mut xq);
+    let mut ys = vec![vec![0f32; rows * n]; experts];
+    let mut y = vec![0f32; rows * n * experts];
+    let weight_bytes = (mats[0].bytes() * experts) as f64;
+
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (mut each, mut one, mut read) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let started = Instant::now();
+        let mut products: Vec<Product<'_>> =
+            mats.iter().zip(ys.iter_mut()).map(|(w, y)| Product { xq: &xq, w, y, m: rows }).collect();
+        qmatmul_each(&mut products);
+        each.push(weight_bytes / started.elapsed().as_secs_f64() / 1e9);
+
+        let started = Instant::now();
+        qmatmul(&xq, &stacked, &mut y, rows);
+        one.push(weight_bytes / started.elapsed().as_secs_f64() / 1e9);
+
+        read.push(weft::cli::machine::read_bandwidth());
+    }
+    println!(
+        "{dtype:?} {experts} x [{n}, {k}], {rows} rows each, {:.0} MB: experts at once {:.1} GB/s, \
+         one stacked matrix {:.1} GB/s, a plain read {:.1} GB/s",
+        weight_bytes / 1e6,
+        median(each),
+        median(one),
+        median(read)
+    );
+}

@@ -1,0 +1,61 @@
+//! One quantized matrix product alone, as the engine runs it on the worker threads: a
+//! random `[N, K]` weight quantized to FORMAT and repacked, `M` activation rows. Prints the
+//! median of the rounds in G products a second and as a share of the machine's int8 peak
+//! (`weft bench`'s ceiling), the weights read a second against a streaming read (for
+//! matrices larger than the caches), and a checksum of the result, so that two builds
+//! can be compared for speed and for bits.
+//!
+//! `cargo run --release --example qmatmul -- FORMAT N K M [ROUNDS]`, for example
+//! `q4_k 2048 2048 32` (in cache) or `q4_k 65536 2048 1` (one row, from memory).
+
+use std::borrow::Cow;
+use std::time::Instant;
+use weft::kernels::qmatmul::{qmatmul, QActs, QMatrix};
+use weft::kernels::quantize::{parse_target, quantize};
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let dtype = parse_target(args.first().map_or("q4_k", String::as_str)).expect("a block format");
+    let number = |i: usize, default: usize| args.get(i).map_or(default, |a| a.parse().expect("a number"));
+    let (n, k, m, rounds) = (number(1, 2048), number(2, 2048), number(3, 32), number(4, 15));
+
+    // Weights and activations of roughly a trained model's spread, from a fixed sequence.
+    let mut s = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+    };
+    let w: Vec<f32> = (0..n * k).map(|_| next() * 0.1).collect();
+    let x: Vec<f32> = (0..m * k).map(|_| next()).collect();
+    let w = QMatrix::new(k, vec![(dtype, n, Cow::Owned(quantize(dtype, &w)))]).expect("a whole matrix");
+    let mut xq = QActs::default();
+    w.quantize(&x, m, &mut xq);
+    let mut y = vec![0f32; m * n];
+
+    // Enough calls a round for about 50 G products, so a round takes some tens of ms.
+    let calls = (50e9 / (n * k * m.max(1)) as f64).clamp(1.0, 10_000.0) as usize;
+    let mut rates: Vec<f64> = (0..rounds)
+        .map(|_| {
+            let started = Instant::now();
+            for _ in 0..calls {
+                qmatmul(&xq, &w, &mut y, m);
+            }
+            (calls * n * k * m) as f64 / started.elapsed().as_secs_f64() / 1e9
+        })
+        .collect();
+    rates.sort_by(f64::total_cmp);
+    let median = rates[rates.len() / 2];
+    let checksum = y.iter().fold(0u64, |h, v| h.rotate_left(5) ^ u64::from(v.to_bits()));
+    let peak = weft::cli::machine::int8_peak();
+    let share = peak.map_or(String::new(), |(gops, step)| format!(", {:.2} of the {step} peak", 2.0 * median / gops));
+    let read = median / (n * k) as f64 * w.bytes() as f64;
+    let stream = weft::cli::machine::read_bandwidth();
+    println!(
+        "{dtype:?} [{n}, {k}] x {m} rows: {median:.1} G products/s (range {:.1}–{:.1}){share}; \
+         weights {read:.1} GB/s, a streaming read {stream:.1}; checksum {checksum:016x}",
+        rates[0],
+        rates[rates.len() - 1]
+    );
+}
