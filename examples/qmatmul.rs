@@ -14,6 +14,12 @@ use weft::kernels::qmatmul::{qmatmul, QActs, QMatrix};
 use weft::kernels::quantize::{parse_target, quantize};
 
 fn main() {
+    // On a worker of the pool, as the engine's loop runs: a caller from outside would wait
+    // for each product's end on a latch and be woken, a cost the engine does not pay.
+    rayon::ThreadPoolBuilder::new().build().expect("a thread pool").install(measure);
+}
+
+fn measure() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let dtype = parse_target(args.first().map_or("q4_k", String::as_str)).expect("a block format");
     let number = |i: usize, default: usize| args.get(i).map_or(default, |a| a.parse().expect("a number"));
