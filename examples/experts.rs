@@ -12,35 +12,30 @@
 use std::borrow::Cow;
 use std::time::Instant;
 use weft::kernels::qmatmul::{qmatmul, qmatmul_each, Product, QActs, QMatrix};
-use weft::kernels::quantize::{parse_target, quantize};
+use weft::kernels::quantize::quantize;
+
+mod common;
 
 fn main() {
-    // On a worker of the pool, as the engine's loop runs: a caller from outside would wait
-    // for each product's end on a latch and be woken, a cost the engine does not pay.
-    rayon::ThreadPoolBuilder::new().build().expect("a thread pool").install(measure);
+    common::on_pool(measure);
 }
 
 fn measure() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let dtype = parse_target(args.first().map_or("q4_k", String::as_str)).expect("a block format");
-    let number = |i: usize, default: usize| args.get(i).map_or(default, |a| a.parse().expect("a number"));
-    let (experts, n, k, rows, rounds) = (number(1, 112), number(2, 1536), number(3, 2048), number(4, 2), number(5, 9));
+    let args = common::args();
+    let dtype = args.dtype();
+    let (experts, n, k, rows, rounds) =
+        (args.number(1, 112), args.number(2, 1536), args.number(3, 2048), args.number(4, 2), args.number(5, 9));
 
-    let mut s = 0x9E37_79B9_7F4A_7C15u64;
-    let mut next = move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-    };
+    // Weights and activations of roughly a trained model's spread.
+    let mut values = common::values();
     // One expert's bytes, copied into each: the same arithmetic, separate memory.
-    let w: Vec<f32> = (0..n * k).map(|_| next() * 0.1).collect();
+    let w: Vec<f32> = (0..n * k).map(|_| values.next() * 0.1).collect();
     let bytes = quantize(dtype, &w);
     let mats: Vec<QMatrix> = (0..experts)
         .map(|_| QMatrix::new(k, vec![(dtype, n, Cow::Borrowed(&bytes[..]))]).expect("a whole matrix"))
         .collect();
     let stacked = QMatrix::new(k, vec![(dtype, n * experts, Cow::Owned(bytes.repeat(experts)))]).expect("whole");
-    let x: Vec<f32> = (0..rows * k).map(|_| next()).collect();
+    let x: Vec<f32> = (0..rows * k).map(|_| values.next()).collect();
     let mut xq = QActs::default();
     mats[0].quantize(&x, rows, &mut xq);
     let mut ys = vec![vec![0f32; rows * n]; experts];

@@ -11,30 +11,23 @@
 use std::borrow::Cow;
 use std::time::Instant;
 use weft::kernels::qmatmul::{qmatmul, QActs, QMatrix};
-use weft::kernels::quantize::{parse_target, quantize};
+use weft::kernels::quantize::quantize;
+
+mod common;
 
 fn main() {
-    // On a worker of the pool, as the engine's loop runs: a caller from outside would wait
-    // for each product's end on a latch and be woken, a cost the engine does not pay.
-    rayon::ThreadPoolBuilder::new().build().expect("a thread pool").install(measure);
+    common::on_pool(measure);
 }
 
 fn measure() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let dtype = parse_target(args.first().map_or("q4_k", String::as_str)).expect("a block format");
-    let number = |i: usize, default: usize| args.get(i).map_or(default, |a| a.parse().expect("a number"));
-    let (n, k, m, rounds) = (number(1, 2048), number(2, 2048), number(3, 32), number(4, 15));
+    let args = common::args();
+    let dtype = args.dtype();
+    let (n, k, m, rounds) = (args.number(1, 2048), args.number(2, 2048), args.number(3, 32), args.number(4, 15));
 
-    // Weights and activations of roughly a trained model's spread, from a fixed sequence.
-    let mut s = 0x9E37_79B9_7F4A_7C15u64;
-    let mut next = move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-    };
-    let w: Vec<f32> = (0..n * k).map(|_| next() * 0.1).collect();
-    let x: Vec<f32> = (0..m * k).map(|_| next()).collect();
+    // Weights and activations of roughly a trained model's spread.
+    let mut values = common::values();
+    let w: Vec<f32> = (0..n * k).map(|_| values.next() * 0.1).collect();
+    let x: Vec<f32> = (0..m * k).map(|_| values.next()).collect();
     let w = QMatrix::new(k, vec![(dtype, n, Cow::Owned(quantize(dtype, &w)))]).expect("a whole matrix");
     let mut xq = QActs::default();
     w.quantize(&x, m, &mut xq);
