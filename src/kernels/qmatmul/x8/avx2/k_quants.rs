@@ -201,9 +201,7 @@ pub(super) unsafe fn k_mins<const R: usize>(
             // Lane r: the i16 pair of row r's mins of sub-blocks 2j and 2j + 1.
             let mut m = [_mm256_setzero_si256(); 4];
             for (j, m) in m.iter_mut().enumerate() {
-                let even = _mm_loadl_epi64(rec.add(96 + 16 * j).cast());
-                let odd = _mm_loadl_epi64(rec.add(104 + 16 * j).cast());
-                *m = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(even, odd));
+                *m = _mm256_cvtepu8_epi16(min_pairs(rec, j));
             }
             for (t, acc) in acc.iter_mut().enumerate() {
                 let xb = (first + t) * blocks + b;
@@ -216,5 +214,17 @@ pub(super) unsafe fn k_mins<const R: usize>(
                 *acc = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(s), *acc);
             }
         }
+    }
+}
+
+/// The eight rows' mins of sub-blocks `2j` and `2j + 1` of the Q4_K/Q5_K record at
+/// `rec`, interleaved: row `r`'s two at bytes `2r` and `2r + 1`.
+///
+/// # Safety
+/// SSE2 must be available and `rec` be a whole Q4_K or Q5_K record.
+#[inline(always)]
+pub(super) unsafe fn min_pairs(rec: *const u8, j: usize) -> __m128i {
+    unsafe {
+        _mm_unpacklo_epi8(_mm_loadl_epi64(rec.add(96 + 16 * j).cast()), _mm_loadl_epi64(rec.add(104 + 16 * j).cast()))
     }
 }

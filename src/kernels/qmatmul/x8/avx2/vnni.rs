@@ -502,14 +502,11 @@ pub(super) unsafe fn k_mins_two<const R: usize>(
         for blk in 0..blocks {
             let (a, b) = (a.add(blk * rec_bytes), b.add(blk * rec_bytes));
             let dmin =
-                _mm512_cvtph_ps(two_halves(_mm_loadu_si128(a.add(16).cast()), _mm_loadu_si128(b.add(16).cast())));
+                _mm512_cvtph_ps(_mm256_set_m128i(_mm_loadu_si128(b.add(16).cast()), _mm_loadu_si128(a.add(16).cast())));
             // Lane r (of each half): the i16 pair of row r's mins of sub-blocks 2j and 2j + 1.
             let mut m = [_mm512_setzero_si512(); 4];
             for (j, m) in m.iter_mut().enumerate() {
-                let (even, odd) = (96 + 16 * j, 104 + 16 * j);
-                let lo = _mm_unpacklo_epi8(_mm_loadl_epi64(a.add(even).cast()), _mm_loadl_epi64(a.add(odd).cast()));
-                let hi = _mm_unpacklo_epi8(_mm_loadl_epi64(b.add(even).cast()), _mm_loadl_epi64(b.add(odd).cast()));
-                *m = _mm512_cvtepu8_epi16(two_halves(lo, hi));
+                *m = _mm512_cvtepu8_epi16(_mm256_set_m128i(min_pairs(b, j), min_pairs(a, j)));
             }
             for (t, acc) in acc.iter_mut().enumerate() {
                 let xb = (first + t) * blocks + blk;
@@ -523,13 +520,4 @@ pub(super) unsafe fn k_mins_two<const R: usize>(
             }
         }
     }
-}
-
-/// `a` and `b` as the halves of one register, `a` low.
-///
-/// # Safety
-/// AVX2 must be available.
-#[inline(always)]
-pub(super) unsafe fn two_halves(a: __m128i, b: __m128i) -> __m256i {
-    unsafe { _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(a), b) }
 }
