@@ -55,14 +55,29 @@ impl Unpacked {
     }
 }
 
-/// Q6_K's values (file offsets of runs of 4-byte chunks) in the order that the kernel
-/// reading records first touches them ([`q6_k`]): per 128-value half, outputs 0 and 2's
-/// low-nibble chunks 0..4, the high bits of chunks 0..4, the same for chunks 4..8, then
-/// outputs 1 and 3's low-nibble chunks. A row's weights then stream from memory in one
-/// ascending run; in the file's order (low nibbles, then high bits) its loads jumped
-/// back and forth in the record and read at half the rate.
-const Q6_VALUES: &[(usize, usize)] =
-    &[(0, 16), (128, 16), (16, 16), (144, 16), (32, 32), (64, 16), (160, 16), (80, 16), (176, 16), (96, 32)];
+/// Q6_K's values (file offsets of 4-byte chunks) in the order that the kernels reading
+/// records first touch them ([`q6_k`], [`q6_rows_vnni`]): per 128-value half and chunk
+/// `c`, outputs 0 and 2's low nibbles, outputs 1 and 3's, then the four outputs' high bits.
+/// A row's weights then stream from memory in one ascending run; loads that jump about
+/// in a record read from memory at up to half the rate.
+const Q6_VALUES: &[(usize, usize)] = &q6_values();
+
+/// [`Q6_VALUES`], spelled out.
+const fn q6_values() -> [(usize, usize); 48] {
+    let mut v = [(0, 0); 48];
+    let mut j = 0;
+    while j < 48 {
+        let (n, c) = (j / 24, j % 24 / 3);
+        let at = match j % 3 {
+            0 => 64 * n + 4 * c,
+            1 => 64 * n + 32 + 4 * c,
+            _ => 128 + 32 * n + 4 * c,
+        };
+        v[j] = (at, 4);
+        j += 1;
+    }
+    v
+}
 
 /// Where `dtype`'s block keeps its fields. Inlined, so that a kernel's constant format
 /// folds away (called per block and per tile, it held 2 % of a 32-stream step).

@@ -68,6 +68,13 @@ fn q6_k_extremes_stay_in_range() {
         let mut a = [[0f32; GROUP]; TILE];
         portable_group(GgmlType::Q6K, &data, &xq, 0, TILE, k, &mut a);
         assert_eq!(a, b, "values {q:#x}, activations {x}, scales {sc}");
+        // Each row alone (the one-row kernels), on both instruction sets.
+        for (vnni, t) in [false, avx2::vnni()].into_iter().flat_map(|v| (0..TILE).map(move |t| (v, t))) {
+            let mut one = [[0f32; GROUP]; TILE];
+            // SAFETY: AVX2 is present (and VNNI where asked for); `data` is one group's records.
+            unsafe { avx2::group(vnni, GgmlType::Q6K, records(&data), &xq, t, 1, 1, &mut one) };
+            assert_eq!(one[0], a[t], "row {t} alone, VNNI {vnni}: values {q:#x}, activations {x}, scales {sc}");
+        }
         // The paired kernel, over decoded values (its 16 sums with VNNI, from the pair's
         // values side by side).
         let mut vals = vec![0u8; 2 * DECODED];

@@ -9,7 +9,9 @@ use super::*;
 /// one `madd`. One output chunk (a quarter of the 128 values that two low-nibble
 /// chunks and a 2-bit chunk hold) is decoded at a time and shared by the tile's rows
 /// ([`q6_out`]), so that the tile's sums and the decoded values stay in registers
-/// (decoding all four outputs at once spilled them). `G` groups run side by side, as
+/// (decoding all four outputs at once spilled them), except in one group's tiles read
+/// from the records, which have the registers to decode all four at once
+/// ([`q6_rows_vnni`]; one row with AVX2: [`q6_row_avx2`]). `G` groups run side by side, as
 /// in [`k_tiled`]. Each row's 32-value sums gather under their activation scales
 /// ([`ActScales::PerBlock`], or per 256 beside Q4_K) and take the eight rows' weight
 /// scales once per block; a row's operations are the same whatever its tile.
@@ -46,6 +48,14 @@ pub(super) unsafe fn q6_k<const V: bool, const F: u8, const PRE: bool, const G: 
                 // Each pair's values, side by side ([`decode_pair`]).
                 let pairs = std::array::from_fn(|g| src[g].vals.add(2 * b * DECODED));
                 q6_block_vnni::<F, G, R>(rec, pairs, sc_at, xq, offs, at, hb, &mut blk);
+            } else if V && !PRE && G == 1 && F == F_Q6K {
+                let mut one = [_mm256_setzero_ps(); R];
+                q6_rows_vnni::<R>(rec[0], sc_at, xq, offs, at, hb, &mut one);
+                for (blk, one) in blk.iter_mut().zip(one) {
+                    blk[0] = one;
+                }
+            } else if !V && !PRE && G == 1 && R == 1 && F == F_Q6K {
+                blk[0][0] = q6_row_avx2((rec[0], sc_at, offs), xq, at(0), hb(0));
             } else {
                 // The four outputs of each half are unrolled, so that their shifts are
                 // constants and the chunks they share load once.
@@ -70,6 +80,84 @@ pub(super) unsafe fn q6_k<const V: bool, const F: u8, const PRE: bool, const G: 
                 q2_mins::<R>(src.rec, xq, first, blocks, &mut acc);
                 store(&acc, out);
             }
+        }
+    }
+}
+
+/// One block of one group's Q6_K record (`src`: the record, where its scales start, the
+/// −32 offsets) against one activation row (its values from index `at`, its scales from
+/// `hb`) with AVX2: each chunk's three loads decoded into all four outputs of a half at
+/// once, as [`q6_rows_vnni`] does, into [`q6_out`]'s 16-bit sums; the same integers and
+/// float steps. The block's activation-scaled sums.
+///
+/// # Safety
+/// AVX2 and FMA must be available; `src` holds a Q6_K block of the group and `xq` the
+/// row that `at` and `hb` index.
+#[inline(always)]
+unsafe fn q6_row_avx2(src: (*const u8, usize, *const i32), xq: &QActs, at: usize, hb: usize) -> __m256 {
+    unsafe {
+        let mut blk = _mm256_setzero_ps();
+        for n in [0, 1] {
+            let mut dots = [_mm256_setzero_si256(); 4];
+            if n == 0 {
+                q6_row_run_avx2(src, xq, at, 0, 0, &mut dots);
+                q6_row_run_avx2(src, xq, at, 0, 1, &mut dots);
+            } else {
+                q6_row_run_avx2(src, xq, at, 1, 0, &mut dots);
+                q6_row_run_avx2(src, xq, at, 1, 1, &mut dots);
+            }
+            for (i, &dot) in dots.iter().enumerate() {
+                let dx = _mm256_set1_ps(*xq.d.get_unchecked(hb + 2 * (4 * n + i)));
+                blk = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), dx, blk);
+            }
+        }
+        blk
+    }
+}
+
+/// Run `h` of half `n` of [`q6_row_avx2`]'s block: each output's scaled sums of the run,
+/// added to `dots`. Called with constants, so that every load's offset is one.
+///
+/// # Safety
+/// As [`q6_row_avx2`]'s.
+#[inline(always)]
+unsafe fn q6_row_run_avx2(
+    (rec, sc_at, offs): (*const u8, usize, *const i32),
+    xq: &QActs,
+    at: usize,
+    n: usize,
+    h: usize,
+    dots: &mut [__m256i; 4],
+) {
+    unsafe {
+        let vals = rec.add(record(GgmlType::Q6K).1);
+        let (low, high) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+        let join = |lo: __m256i, hi: __m256i| _mm256_or_si256(_mm256_and_si256(lo, low), _mm256_and_si256(hi, high));
+        let load = |j: usize| _mm256_loadu_si256(vals.add(32 * j).cast());
+        let x = xq.q.as_ptr().add(at + n * 128);
+        // The −32 offsets start the sums (i16 pairs), as in [`q6_out`].
+        let mut s = [_mm256_setzero_si256(); 4];
+        for (i, s) in s.iter_mut().enumerate() {
+            *s = _mm256_set1_epi32(*offs.add((at + n * 128 + 32 * i + 16 * h) / QH));
+        }
+        for c in 4 * h..4 * h + 4 {
+            let ((even, qh_at), (odd, _)) = (q6_chunks_at(n, 0, c), q6_chunks_at(n, 1, c));
+            let (even, odd, qh) = (load(even), load(odd), load(qh_at));
+            let w = [
+                join(even, _mm256_slli_epi16(qh, 4)),
+                join(odd, _mm256_slli_epi16(qh, 2)),
+                join(_mm256_srli_epi16(even, 4), qh),
+                join(_mm256_srli_epi16(odd, 4), _mm256_srli_epi16(qh, 2)),
+            ];
+            // Two products of at most 63·127 per lane: no `maddubs` saturates, and the
+            // 16-bit adds wrap to the run's sum, which fits ([`q6_out`]).
+            for (i, (s, &w)) in s.iter_mut().zip(&w).enumerate() {
+                *s = _mm256_add_epi16(*s, _mm256_maddubs_epi16(w, bcast(x.add(32 * i + 4 * c))));
+            }
+        }
+        for (i, (dot, &s)) in dots.iter_mut().zip(&s).enumerate() {
+            let sc = q6_scales::<false, F_Q6K>(rec.add(sc_at + 8 * (8 * n + 2 * i + h)));
+            *dot = _mm256_add_epi32(*dot, _mm256_madd_epi16(s, sc));
         }
     }
 }
@@ -154,8 +242,7 @@ pub(super) unsafe fn q6_scales<const V: bool, const F: u8>(at: *const u8) -> __m
 /// indices of their 32-byte chunks in a record's values ([`Q6_VALUES`]).
 #[inline(always)]
 pub(super) const fn q6_chunks_at(n: usize, i: usize, c: usize) -> (usize, usize) {
-    let ql_at = 24 * n + if i & 1 == 0 { c + 4 * (c / 4) } else { 16 + c };
-    (ql_at, 24 * n + 4 + c + 4 * (c / 4))
+    (24 * n + 3 * c + (i & 1), 24 * n + 3 * c + 2)
 }
 
 /// Chunk `c` of output `i` of half `n` of the Q6_K values at `vals`: four 6-bit values
