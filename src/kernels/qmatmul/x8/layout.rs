@@ -56,7 +56,7 @@ impl Unpacked {
 }
 
 /// Q6_K's values (file offsets of 4-byte chunks) in the order that the kernels reading
-/// records first touch them ([`q6_k`], [`q6_rows_vnni`]): per 128-value half and chunk
+/// records first touch them ([`q6_k`], [`q6_rows`]): per 128-value half and chunk
 /// `c`, outputs 0 and 2's low nibbles, outputs 1 and 3's, then the four outputs' high bits.
 /// A row's weights then stream from memory in one ascending run; loads that jump about
 /// in a record read from memory at up to half the rate.

@@ -11,7 +11,7 @@ use super::*;
 /// ([`q6_out`]), so that the tile's sums and the decoded values stay in registers
 /// (decoding all four outputs at once spilled them), except in one group's tiles read
 /// from the records, which have the registers to decode all four at once
-/// ([`q6_rows_vnni`]; one row with AVX2: [`q6_row_avx2`]). `G` groups run side by side, as
+/// ([`q6_rows`]). `G` groups run side by side, as
 /// in [`k_tiled`]. Each row's 32-value sums gather under their activation scales
 /// ([`ActScales::PerBlock`], or per 256 beside Q4_K) and take the eight rows' weight
 /// scales once per block; a row's operations are the same whatever its tile.
@@ -48,14 +48,12 @@ pub(super) unsafe fn q6_k<const V: bool, const F: u8, const PRE: bool, const G: 
                 // Each pair's values, side by side ([`decode_pair`]).
                 let pairs = std::array::from_fn(|g| src[g].vals.add(2 * b * DECODED));
                 q6_block_vnni::<F, G, R>(rec, pairs, sc_at, xq, offs, at, hb, &mut blk);
-            } else if V && !PRE && G == 1 && F == F_Q6K {
+            } else if !PRE && G == 1 && (V || R == 1) && F == F_Q6K {
                 let mut one = [_mm256_setzero_ps(); R];
-                q6_rows_vnni::<R>(rec[0], sc_at, xq, offs, at, hb, &mut one);
+                q6_rows::<V, R>(rec[0], sc_at, xq, offs, at, hb, &mut one);
                 for (blk, one) in blk.iter_mut().zip(one) {
                     blk[0] = one;
                 }
-            } else if !V && !PRE && G == 1 && R == 1 && F == F_Q6K {
-                blk[0][0] = q6_row_avx2((rec[0], sc_at, offs), xq, at(0), hb(0));
             } else {
                 // The four outputs of each half are unrolled, so that their shifts are
                 // constants and the chunks they share load once.
@@ -84,80 +82,111 @@ pub(super) unsafe fn q6_k<const V: bool, const F: u8, const PRE: bool, const G: 
     }
 }
 
-/// One block of one group's Q6_K record (`src`: the record, where its scales start, the
-/// −32 offsets) against one activation row (its values from index `at`, its scales from
-/// `hb`) with AVX2: each chunk's three loads decoded into all four outputs of a half at
-/// once, as [`q6_rows_vnni`] does, into [`q6_out`]'s 16-bit sums; the same integers and
-/// float steps. The block's activation-scaled sums.
+/// One block of one group's Q6_K record (`rec`, scales from `sc_at`) against `R`
+/// activation rows, straight from the record: each chunk's three loads (outputs 0 and 2's
+/// low nibbles, 1 and 3's, and the four outputs' high bits) decoded into all four outputs
+/// at once, where [`q6_out`] loads and decodes them for each output: a quarter fewer
+/// vector instructions a chunk. The four outputs' sums take 4·`R` registers: with VNNI
+/// (`V`) one to four rows, in AVX-512VL's 32 (one row splits each chain in two, so that
+/// eight run side by side); with AVX2 one row, in its 16. [`q6_out`]'s integers and float
+/// steps per row and output. The halves and runs are spelled out ([`q6_rows_run`]), so
+/// that every load's offset is a constant. `blk` gets the block's activation-scaled sums.
 ///
 /// # Safety
-/// AVX2 and FMA must be available; `src` holds a Q6_K block of the group and `xq` the
-/// row that `at` and `hb` index.
+/// AVX2, FMA and F16C must be available (with `V`, what [`vnni`] checks too); `rec` holds
+/// a Q6_K block of the group and `xq` the rows that `at` and `hb` index, with their −32
+/// offsets at `offs` (as [`q6_k`] takes them).
 #[inline(always)]
-unsafe fn q6_row_avx2(src: (*const u8, usize, *const i32), xq: &QActs, at: usize, hb: usize) -> __m256 {
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn q6_rows<const V: bool, const R: usize>(
+    rec: *const u8,
+    sc_at: usize,
+    xq: &QActs,
+    offs: *const i32,
+    at: impl Fn(usize) -> usize,
+    hb: impl Fn(usize) -> usize,
+    blk: &mut [__m256; R],
+) {
     unsafe {
-        let mut blk = _mm256_setzero_ps();
+        debug_assert!(V || R == 1, "AVX2's registers hold one row's sums");
+        let src = (rec, sc_at, offs);
         for n in [0, 1] {
-            let mut dots = [_mm256_setzero_si256(); 4];
+            // The block's integer sums of each output `i` of half `n`: `[row][i]`.
+            let mut dots = [[_mm256_setzero_si256(); 4]; R];
             if n == 0 {
-                q6_row_run_avx2(src, xq, at, 0, 0, &mut dots);
-                q6_row_run_avx2(src, xq, at, 0, 1, &mut dots);
+                q6_rows_run::<V, R>(src, xq, &at, 0, 0, &mut dots);
+                q6_rows_run::<V, R>(src, xq, &at, 0, 1, &mut dots);
             } else {
-                q6_row_run_avx2(src, xq, at, 1, 0, &mut dots);
-                q6_row_run_avx2(src, xq, at, 1, 1, &mut dots);
+                q6_rows_run::<V, R>(src, xq, &at, 1, 0, &mut dots);
+                q6_rows_run::<V, R>(src, xq, &at, 1, 1, &mut dots);
             }
-            for (i, &dot) in dots.iter().enumerate() {
-                let dx = _mm256_set1_ps(*xq.d.get_unchecked(hb + 2 * (4 * n + i)));
-                blk = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), dx, blk);
+            for (t, (blk, dots)) in blk.iter_mut().zip(&dots).enumerate() {
+                for (i, &dot) in dots.iter().enumerate() {
+                    let dx = _mm256_set1_ps(*xq.d.get_unchecked(hb(t) + 2 * (4 * n + i)));
+                    *blk = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), dx, *blk);
+                }
             }
         }
-        blk
     }
 }
 
-/// Run `h` of half `n` of [`q6_row_avx2`]'s block: each output's scaled sums of the run,
-/// added to `dots`. Called with constants, so that every load's offset is one.
+/// Run `h` (values `16·h..16·h + 16` of each output) of half `n` of [`q6_rows`]'s block
+/// (`src`: the record, where its scales start, the −32 offsets): each output's scaled
+/// sums of the run, added to `dots` (`[row][output]`).
 ///
 /// # Safety
-/// As [`q6_row_avx2`]'s.
+/// As [`q6_rows`]'s.
 #[inline(always)]
-unsafe fn q6_row_run_avx2(
+unsafe fn q6_rows_run<const V: bool, const R: usize>(
     (rec, sc_at, offs): (*const u8, usize, *const i32),
     xq: &QActs,
-    at: usize,
+    at: &impl Fn(usize) -> usize,
     n: usize,
     h: usize,
-    dots: &mut [__m256i; 4],
+    dots: &mut [[__m256i; 4]; R],
 ) {
     unsafe {
         let vals = rec.add(record(GgmlType::Q6K).1);
         let (low, high) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
         let join = |lo: __m256i, hi: __m256i| _mm256_or_si256(_mm256_and_si256(lo, low), _mm256_and_si256(hi, high));
         let load = |j: usize| _mm256_loadu_si256(vals.add(32 * j).cast());
-        let x = xq.q.as_ptr().add(at + n * 128);
-        // The −32 offsets start the sums (i16 pairs), as in [`q6_out`].
-        let mut s = [_mm256_setzero_si256(); 4];
-        for (i, s) in s.iter_mut().enumerate() {
-            *s = _mm256_set1_epi32(*offs.add((at + n * 128 + 32 * i + 16 * h) / QH));
+        let x = xq.q.as_ptr();
+        let split = if V && R == 1 { 2 } else { 1 };
+        // `[row][output][chain]`, the −32 offsets starting the first chain (i16 pairs
+        // for AVX2's 16-bit sums).
+        let mut s = [[[_mm256_setzero_si256(); 2]; 4]; R];
+        for (t, s) in s.iter_mut().enumerate() {
+            for (i, s) in s.iter_mut().enumerate() {
+                s[0] = _mm256_set1_epi32(*offs.add((at(t) + n * 128 + 32 * i + 16 * h) / QH));
+            }
         }
         for c in 4 * h..4 * h + 4 {
             let ((even, qh_at), (odd, _)) = (q6_chunks_at(n, 0, c), q6_chunks_at(n, 1, c));
             let (even, odd, qh) = (load(even), load(odd), load(qh_at));
+            // Output `i`'s high bits moved to bits 4 and 5 of each byte.
             let w = [
                 join(even, _mm256_slli_epi16(qh, 4)),
                 join(odd, _mm256_slli_epi16(qh, 2)),
                 join(_mm256_srli_epi16(even, 4), qh),
                 join(_mm256_srli_epi16(odd, 4), _mm256_srli_epi16(qh, 2)),
             ];
-            // Two products of at most 63·127 per lane: no `maddubs` saturates, and the
-            // 16-bit adds wrap to the run's sum, which fits ([`q6_out`]).
-            for (i, (s, &w)) in s.iter_mut().zip(&w).enumerate() {
-                *s = _mm256_add_epi16(*s, _mm256_maddubs_epi16(w, bcast(x.add(32 * i + 4 * c))));
+            for (t, s) in s.iter_mut().enumerate() {
+                for (i, (s, &w)) in s.iter_mut().zip(&w).enumerate() {
+                    let (xb, s) = (bcast(x.add(at(t) + n * 128 + 32 * i + 4 * c)), &mut s[c % split]);
+                    // AVX2: two products of at most 63·127 per lane, so no `maddubs`
+                    // saturates, and the 16-bit adds wrap to the run's sum, which fits
+                    // ([`q6_out`]).
+                    *s = if V { dot4(*s, w, xb) } else { _mm256_add_epi16(*s, _mm256_maddubs_epi16(w, xb)) };
+                }
             }
         }
-        for (i, (dot, &s)) in dots.iter_mut().zip(&s).enumerate() {
-            let sc = q6_scales::<false, F_Q6K>(rec.add(sc_at + 8 * (8 * n + 2 * i + h)));
-            *dot = _mm256_add_epi32(*dot, _mm256_madd_epi16(s, sc));
+        for (dots, s) in dots.iter_mut().zip(&s) {
+            for (i, (dot, s)) in dots.iter_mut().zip(s).enumerate() {
+                let sc = q6_scales::<V, F_Q6K>(rec.add(sc_at + 8 * (8 * n + 2 * i + h)));
+                let scaled =
+                    if V { _mm256_mullo_epi32(_mm256_add_epi32(s[0], s[1]), sc) } else { _mm256_madd_epi16(s[0], sc) };
+                *dot = _mm256_add_epi32(*dot, scaled);
+            }
         }
     }
 }
