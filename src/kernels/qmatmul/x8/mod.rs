@@ -50,6 +50,15 @@ const DECODED_TQ1: usize = 64 * GROUP;
 /// left them short of the streaming rate.
 const AHEAD: usize = 12 << 10;
 
+/// Whether Q4_K's one-group tiles run in 256-bit registers ([`k_rows_256`]) rather than
+/// 512-bit ones ([`k_rows_vnni`]): on AMD's Zen 4 (family 19h), which runs a 512-bit
+/// operation on its two 256-bit halves, the 512-bit form's permutes and lane folds cost
+/// more than its fewer instructions save. Both give the same bits.
+fn half_width_512() -> bool {
+    static HALF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HALF.get_or_init(|| crate::kernels::amd_family() == Some(0x19))
+}
+
 /// Whether a one-group kernel's tile of one row asks [`AHEAD`] too. Not on AMD's Zen 5
 /// (family 1Ah): its prefetchers alone fed one row's Q4_K at the full streaming rate
 /// against 0.85 with the asks (distances of 6 KB or more slowed it, 3 KB or less changed

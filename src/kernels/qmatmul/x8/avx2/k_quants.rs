@@ -10,7 +10,7 @@ use super::*;
 /// as much as a `maddubs`). One sub-block at a time (the low nibbles of a pair, then
 /// the high ones: [`k_sub`]; Q4_K's two or four groups with VNNI, both sub-blocks at once
 /// from the records, and Q5_K's from its decoded values: [`k_block_vnni`]; Q4_K's
-/// one group with VNNI: [`k_rows_vnni`]); the
+/// one group with VNNI: [`k_rows_vnni`], or [`k_rows_256`] where [`half_width_512`]); the
 /// scaled sums add in i32 over the block and take the product of the row's activation
 /// scale ([`ActScales::PerSuper`]) and the eight rows' weight scales once. The mins
 /// follow in [`k_mins`].
@@ -42,7 +42,11 @@ pub(super) unsafe fn k_tiled<const V: bool, const FIVE: bool, const PRE: bool, c
             if V && G.is_multiple_of(2) && FIVE == PRE {
                 k_block_vnni::<FIVE, G, R>(rec, vals, xq, at, &mut dots);
             } else if V && G == 1 && !FIVE && !PRE {
-                let rows = k_rows_vnni::<R>(rec[0], xq.q.as_ptr(), at);
+                let rows = if half_width_512() {
+                    k_rows_256::<R>(rec[0], xq.q.as_ptr(), at)
+                } else {
+                    k_rows_vnni::<R>(rec[0], xq.q.as_ptr(), at)
+                };
                 for (dots, r) in dots.iter_mut().zip(rows) {
                     dots[0] = r;
                 }

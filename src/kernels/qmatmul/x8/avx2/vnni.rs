@@ -220,6 +220,52 @@ pub(super) unsafe fn k_rows_vnni<const R: usize>(
     }
 }
 
+/// [`k_rows_vnni`] in 256-bit registers, for CPUs that split 512-bit operations in two
+/// ([`half_width_512`]): one chunk a register, each row's activation bytes a 32-bit
+/// broadcast, so there is no permute and no fold of neighbouring lanes. The same integers.
+///
+/// # Safety
+/// As [`k_rows_vnni`]'s.
+#[inline(always)]
+pub(super) unsafe fn k_rows_256<const R: usize>(
+    rec: *const u8,
+    x: *const i8,
+    at: impl Fn(usize) -> usize,
+) -> [__m256i; R] {
+    unsafe {
+        let head = record(GgmlType::Q4K).1;
+        let (low, high) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0xF0u8 as i8));
+        let split = if R == 1 { 2 } else { 1 };
+        let mut sums = [_mm256_setzero_si256(); R];
+        for pair in 0..4 {
+            let w = rec.add(head + 256 * pair);
+            let mut s = [[[_mm256_setzero_si256(); 2]; 2]; R];
+            for c in 0..8 {
+                let v = _mm256_loadu_si256(w.add(32 * c).cast());
+                let (lo, hi) = (_mm256_and_si256(v, low), _mm256_and_si256(v, high));
+                let i = c % split;
+                for (t, s) in s.iter_mut().enumerate() {
+                    let x = x.add((at(t) + 2 * pair) * QB + 4 * c);
+                    s[i][0] = dot4(s[i][0], lo, bcast(x));
+                    s[i][1] = dot4(s[i][1], hi, bcast(x.add(QB)));
+                }
+            }
+            let sc = rec.add(32 + 16 * pair);
+            let lo = _mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64(sc.cast())), 4);
+            let hi = _mm256_cvtepu8_epi32(_mm_loadl_epi64(sc.add(8).cast()));
+            for (sums, s) in sums.iter_mut().zip(&s) {
+                let (s_lo, s_hi) = (_mm256_add_epi32(s[0][0], s[1][0]), _mm256_add_epi32(s[0][1], s[1][1]));
+                let scaled = _mm256_add_epi32(_mm256_mullo_epi32(s_lo, lo), _mm256_mullo_epi32(s_hi, hi));
+                *sums = _mm256_add_epi32(*sums, scaled);
+            }
+        }
+        for s in sums.iter_mut() {
+            *s = _mm256_srai_epi32(*s, 4);
+        }
+        sums
+    }
+}
+
 /// Eight activation bytes at `x` in every 64-bit lane: a broadcast from memory, which
 /// takes no shuffle.
 ///
