@@ -203,14 +203,10 @@ pub(super) unsafe fn k_rows_vnni<const R: usize>(
                     s[i][1] = _mm512_dpbusd_epi32(s[i][1], hi, bcast8(x.add(QB)));
                 }
             }
-            let sc = rec.add(32 + 16 * pair);
-            let lo = _mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64(sc.cast())), 4);
-            let hi = _mm256_cvtepu8_epi32(_mm_loadl_epi64(sc.add(8).cast()));
+            let sc = pair_scales(rec, pair);
             // A row's chains, and both halves of each, add into its eight rows' sums.
             for (sums, s) in sums.iter_mut().zip(&s) {
-                let (s_lo, s_hi) = (fold_pairs(s[0][0], s[1][0]), fold_pairs(s[0][1], s[1][1]));
-                let scaled = _mm256_add_epi32(_mm256_mullo_epi32(s_lo, lo), _mm256_mullo_epi32(s_hi, hi));
-                *sums = _mm256_add_epi32(*sums, scaled);
+                add_scaled(sums, [fold_pairs(s[0][0], s[1][0]), fold_pairs(s[0][1], s[1][1])], sc);
             }
         }
         for s in sums.iter_mut() {
@@ -250,19 +246,41 @@ pub(super) unsafe fn k_rows_256<const R: usize>(
                     s[i][1] = dot4(s[i][1], hi, bcast(x.add(QB)));
                 }
             }
-            let sc = rec.add(32 + 16 * pair);
-            let lo = _mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64(sc.cast())), 4);
-            let hi = _mm256_cvtepu8_epi32(_mm_loadl_epi64(sc.add(8).cast()));
+            let sc = pair_scales(rec, pair);
             for (sums, s) in sums.iter_mut().zip(&s) {
-                let (s_lo, s_hi) = (_mm256_add_epi32(s[0][0], s[1][0]), _mm256_add_epi32(s[0][1], s[1][1]));
-                let scaled = _mm256_add_epi32(_mm256_mullo_epi32(s_lo, lo), _mm256_mullo_epi32(s_hi, hi));
-                *sums = _mm256_add_epi32(*sums, scaled);
+                add_scaled(sums, [_mm256_add_epi32(s[0][0], s[1][0]), _mm256_add_epi32(s[0][1], s[1][1])], sc);
             }
         }
         for s in sums.iter_mut() {
             *s = _mm256_srai_epi32(*s, 4);
         }
         sums
+    }
+}
+
+/// The eight rows' 6-bit scales of sub-blocks `2·pair` and `2·pair + 1` of the Q4_K
+/// record at `rec`, the first times 16 (its nibbles are masked in place, [`k_block_vnni`]).
+///
+/// # Safety
+/// AVX2 must be available and `rec` be a whole Q4_K record.
+#[inline(always)]
+unsafe fn pair_scales(rec: *const u8, pair: usize) -> [__m256i; 2] {
+    unsafe {
+        let sc = rec.add(32 + 16 * pair);
+        let lo = _mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64(sc.cast())), 4);
+        [lo, _mm256_cvtepu8_epi32(_mm_loadl_epi64(sc.add(8).cast()))]
+    }
+}
+
+/// Adds a sub-block pair's sums `s`, times their scales `sc` ([`pair_scales`]), to `sums`.
+///
+/// # Safety
+/// AVX2 must be available.
+#[inline(always)]
+unsafe fn add_scaled(sums: &mut __m256i, s: [__m256i; 2], sc: [__m256i; 2]) {
+    unsafe {
+        let scaled = _mm256_add_epi32(_mm256_mullo_epi32(s[0], sc[0]), _mm256_mullo_epi32(s[1], sc[1]));
+        *sums = _mm256_add_epi32(*sums, scaled);
     }
 }
 
