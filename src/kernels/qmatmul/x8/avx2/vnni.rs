@@ -585,3 +585,56 @@ pub(super) unsafe fn k_mins_two<const R: usize>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::qmatmul::{quantize_rows, tests::random_blocks};
+    use crate::kernels::testing::random_vec;
+
+    /// Both register widths of Q4_K's one-group tiles, each block's sums of `R` rows.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn both_widths<const R: usize>(data: &[u8], xq: &QActs, blocks: usize) -> Vec<[[i32; 8]; 2]> {
+        let rec_bytes = record(GgmlType::Q4K).0;
+        (0..blocks)
+            .flat_map(|b| {
+                let rec = data[b * rec_bytes..].as_ptr();
+                let at = |t: usize| (t * blocks + b) * 8;
+                // SAFETY: VNNI is present (the caller checked); `rec` is a whole record and
+                // `xq` holds `R` rows of `blocks` blocks.
+                let (wide, narrow) =
+                    unsafe { (k_rows_vnni::<R>(rec, xq.q.as_ptr(), at), k_rows_256::<R>(rec, xq.q.as_ptr(), at)) };
+                (0..R)
+                    .map(move |t| [wide[t], narrow[t]].map(|v| unsafe { std::mem::transmute::<__m256i, [i32; 8]>(v) }))
+            })
+            .collect()
+    }
+
+    /// `k_rows_256` gives `k_rows_vnni`'s integers at every tile height, whichever of the
+    /// two the day's CPU picks ([`half_width_512`]).
+    #[test]
+    fn q4_k_rows_agree_at_both_widths() {
+        if !vnni() {
+            return;
+        }
+        let (k, blocks) = (3 * 256, 3);
+        let data = interleave(GgmlType::Q4K, &random_blocks(GgmlType::Q4K, GROUP * blocks, 61), k);
+        let mut xq = QActs::default();
+        quantize_rows(&random_vec(TILE * k, 62), TILE, k, act_scales(GgmlType::Q4K), &mut xq);
+        // SAFETY: VNNI is present; `data` is one group's records of `blocks` blocks.
+        let sums = unsafe {
+            [
+                both_widths::<1>(&data, &xq, blocks),
+                both_widths::<2>(&data, &xq, blocks),
+                both_widths::<3>(&data, &xq, blocks),
+                both_widths::<4>(&data, &xq, blocks),
+            ]
+        };
+        assert!(sums.iter().flatten().any(|[wide, _]| wide.iter().any(|&v| v != 0)), "all sums zero");
+        for (r, sums) in sums.iter().enumerate() {
+            for [wide, narrow] in sums {
+                assert_eq!(wide, narrow, "{} rows", r + 1);
+            }
+        }
+    }
+}
