@@ -59,11 +59,16 @@ fn half_width_512() -> bool {
     *HALF.get_or_init(|| crate::kernels::amd_family() == Some(0x19))
 }
 
-/// Whether a one-group kernel's tile of one row asks [`AHEAD`] too. Not on AMD's Zen 5
-/// (family 1Ah): its prefetchers alone fed one row's Q4_K at the full streaming rate
-/// against 0.85 with the asks (distances of 6 KB or more slowed it, 3 KB or less changed
-/// nothing), while tiles of two to four rows still ran 10–20 % faster with them.
+/// Whether a one-group kernel's tile of one row asks [`AHEAD`] too: not on AMD's Zen 4
+/// and Zen 5 (families 19h and 1Ah), whose prefetchers alone feed one row's Q4_K and
+/// Q6_K at the streaming rate, while the asks held them to 0.82–0.94 of it (tiles of two
+/// to four rows still gain from them, up to 45 % at four). Zen 3 (also family 19h, with
+/// no AVX-512) and other vendors keep the asks: not measured with these kernels.
 fn one_row_asks() -> bool {
     static ASKS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ASKS.get_or_init(|| crate::kernels::amd_family().is_none_or(|f| f < 0x1A))
+    *ASKS.get_or_init(|| {
+        let zen4_or_later =
+            crate::kernels::amd_family().is_some_and(|f| f >= 0x19) && is_x86_feature_detected!("avx512f");
+        !zen4_or_later
+    })
 }
