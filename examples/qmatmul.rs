@@ -49,7 +49,8 @@ fn measure() {
     let checksum = y.iter().fold(0u64, |h, v| h.rotate_left(5) ^ u64::from(v.to_bits()));
     let peak = weft::cli::machine::int8_peak();
     let share = peak.map_or(String::new(), |(gops, step)| format!(", {:.2} of the {step} peak", 2.0 * median / gops));
-    let read = median / (n * k) as f64 * w.bytes() as f64;
+    // Each call reads the weights once, whatever the rows.
+    let read = median / (n * k * m.max(1)) as f64 * w.bytes() as f64;
     let stream = weft::cli::machine::read_bandwidth();
     println!(
         "{dtype:?} [{n}, {k}] x {m} rows: {median:.1} G products/s (range {:.1}–{:.1}){share}; \
