@@ -12,7 +12,6 @@
 use std::borrow::Cow;
 use std::time::Instant;
 use weft::kernels::qmatmul::{qmatmul, qmatmul_each, Product, QActs, QMatrix};
-use weft::kernels::quantize::quantize;
 
 mod common;
 
@@ -29,8 +28,7 @@ fn measure() {
     // Weights and activations of roughly a trained model's spread.
     let mut values = common::values();
     // One expert's bytes, copied into each: the same arithmetic, separate memory.
-    let w: Vec<f32> = (0..n * k).map(|_| values.next() * 0.1).collect();
-    let bytes = quantize(dtype, &w);
+    let bytes = values.weights(dtype, n, k);
     let mats: Vec<QMatrix> = (0..experts)
         .map(|_| QMatrix::new(k, vec![(dtype, n, Cow::Borrowed(&bytes[..]))]).expect("a whole matrix"))
         .collect();

@@ -11,7 +11,6 @@
 use std::borrow::Cow;
 use std::time::Instant;
 use weft::kernels::qmatmul::{qmatmul, QActs, QMatrix};
-use weft::kernels::quantize::quantize;
 
 mod common;
 
@@ -26,9 +25,9 @@ fn measure() {
 
     // Weights and activations of roughly a trained model's spread.
     let mut values = common::values();
-    let w: Vec<f32> = (0..n * k).map(|_| values.next() * 0.1).collect();
+    let w = values.weights(dtype, n, k);
     let x: Vec<f32> = (0..m * k).map(|_| values.next()).collect();
-    let w = QMatrix::new(k, vec![(dtype, n, Cow::Owned(quantize(dtype, &w)))]).expect("a whole matrix");
+    let w = QMatrix::new(k, vec![(dtype, n, Cow::Owned(w))]).expect("a whole matrix");
     let mut xq = QActs::default();
     w.quantize(&x, m, &mut xq);
     let mut y = vec![0f32; m * n];

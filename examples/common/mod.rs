@@ -2,7 +2,7 @@
 //! and running on a worker of the pool.
 
 use weft::kernels::quant::GgmlType;
-use weft::kernels::quantize::parse_target;
+use weft::kernels::quantize::{parse_target, quantize};
 
 /// Runs `measure` on a worker of a thread pool, as the engine's loop runs: a caller from
 /// outside would wait for each product's end on a latch and be woken, a cost the engine
@@ -19,9 +19,14 @@ pub fn args() -> Args {
 }
 
 impl Args {
-    /// The first argument's block format (default Q4_K).
+    /// The first argument's block format (default Q4_K): one that weft quantizes to, or
+    /// Q2_K or Q3_K ([`Values::weights`]).
     pub fn dtype(&self) -> GgmlType {
-        parse_target(self.0.first().map_or("q4_k", String::as_str)).expect("a block format")
+        let name = self.0.first().map_or("q4_k", String::as_str);
+        match name.parse::<GgmlType>() {
+            Ok(t @ (GgmlType::Q2K | GgmlType::Q3K)) => t,
+            _ => parse_target(name).expect("a block format"),
+        }
     }
 
     /// Argument `i` as a number, or `default`.
@@ -45,5 +50,24 @@ impl Values {
         *s ^= *s >> 7;
         *s ^= *s << 17;
         (*s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+    }
+
+    /// `n × k` weights of roughly a trained model's spread in `dtype`'s blocks: quantized
+    /// from the sequence's values, or, for Q2_K and Q3_K (which weft reads but does not
+    /// write), records of bytes from the sequence with their f16 scales set to 1/64.
+    pub fn weights(&mut self, dtype: GgmlType, n: usize, k: usize) -> Vec<u8> {
+        // Where each record's f16 scales start (Q2_K: `d`, `dmin`; Q3_K: `d`).
+        let scales_at = match dtype {
+            GgmlType::Q2K => 80,
+            GgmlType::Q3K => 108,
+            _ => return quantize(dtype, &(0..n * k).map(|_| self.next() * 0.1).collect::<Vec<_>>()),
+        };
+        let (per_block, record) = dtype.block();
+        let mut bytes: Vec<u8> = (0..n * k / per_block * record).map(|_| (self.next() * 256.0) as i32 as u8).collect();
+        let scale = half::f16::from_f32(1.0 / 64.0).to_le_bytes();
+        for rec in bytes.chunks_exact_mut(record) {
+            rec[scales_at..].chunks_exact_mut(2).for_each(|s| s.copy_from_slice(&scale));
+        }
+        bytes
     }
 }
