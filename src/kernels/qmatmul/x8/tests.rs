@@ -93,6 +93,56 @@ fn q6_k_extremes_stay_in_range() {
     }
 }
 
+/// Q2_K's and Q3_K's sums at their extremes (every value at its largest or smallest,
+/// every activation ±127, scales and mins at their largest or smallest): each row alone
+/// (the one-row kernels, straight from the records) and the full tile, on both
+/// instruction sets, give the portable kernel's bits and the exact sum.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn q2_k_and_q3_k_extremes_stay_in_range() {
+    if !crate::kernels::matmul::avx2::available() {
+        return;
+    }
+    let (k, d) = (256, half::f16::from_f32(0.5).to_le_bytes());
+    // (format, value bytes, scale bytes, the value of each weight)
+    let cases = [
+        // Q2_K: 2-bit values 3 under scale 15, min 15 (`dmin` 0.5), or 0 under scale and min 0.
+        (GgmlType::Q2K, 0xFF, 0xFF, 0.5 * 15.0 * 3.0 - 0.5 * 15.0),
+        (GgmlType::Q2K, 0x00, 0x00, 0.0),
+        // Q3_K: values 3 (high bits set) under scale 31, or −4 under −32.
+        (GgmlType::Q3K, 0xFF, 0xFF, 0.5 * 31.0 * 3.0),
+        (GgmlType::Q3K, 0x00, 0x00, 0.5 * -32.0 * -4.0),
+    ];
+    for (dtype, q, sc, weight) in cases {
+        let mut block = vec![q; dtype.block().1];
+        match dtype {
+            GgmlType::Q2K => {
+                block[..16].fill(sc);
+                block[80..82].copy_from_slice(&d);
+                block[82..84].copy_from_slice(&d);
+            }
+            _ => {
+                block[96..108].fill(sc);
+                block[108..110].copy_from_slice(&d);
+            }
+        }
+        for x in [1.0f32, -1.0] {
+            let (data, xq, b) = one_block_avx2(dtype, &block, x);
+            let mut a = [[0f32; GROUP]; TILE];
+            portable_group(dtype, &data, &xq, 0, TILE, k, &mut a);
+            assert_eq!(a, b, "{dtype:?}: values {q:#x}, activations {x}, scales {sc:#x}");
+            for (vnni, t) in [false, avx2::vnni()].into_iter().flat_map(|v| (0..TILE).map(move |t| (v, t))) {
+                let mut one = [[0f32; GROUP]; TILE];
+                // SAFETY: AVX2 is present (and VNNI where asked for); `data` is one group's records.
+                unsafe { avx2::group(vnni, dtype, records(&data), &xq, t, 1, 1, &mut one) };
+                assert_eq!(one[0], a[t], "{dtype:?} row {t} alone, VNNI {vnni}: values {q:#x}, activations {x}");
+            }
+            let want = weight * x * k as f32;
+            assert!((a[0][0] - want).abs() <= 1e-3 * want.abs().max(1.0), "{dtype:?}: {} vs {want}", a[0][0]);
+        }
+    }
+}
+
 /// Q4_K's and Q5_K's 16-bit sums at their extremes (every value at its largest, every
 /// activation ±127, scales 63): the AVX2 kernels match the exact sum, nothing wraps.
 #[cfg(target_arch = "x86_64")]

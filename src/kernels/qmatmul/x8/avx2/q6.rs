@@ -48,9 +48,9 @@ pub(super) unsafe fn q6_k<const V: bool, const F: u8, const PRE: bool, const G: 
                 // Each pair's values, side by side ([`decode_pair`]).
                 let pairs = std::array::from_fn(|g| src[g].vals.add(2 * b * DECODED));
                 q6_block_vnni::<F, G, R>(rec, pairs, sc_at, xq, offs, at, hb, &mut blk);
-            } else if !PRE && G == 1 && (V || R == 1) && F == F_Q6K {
+            } else if !PRE && G == 1 && (V || R == 1) {
                 let mut one = [_mm256_setzero_ps(); R];
-                q6_rows::<V, R>(rec[0], sc_at, xq, offs, at, hb, &mut one);
+                q6_rows::<V, F, R>(rec[0], sc_at, xq, offs, at, hb, &mut one);
                 for (blk, one) in blk.iter_mut().zip(one) {
                     blk[0] = one;
                 }
@@ -82,11 +82,14 @@ pub(super) unsafe fn q6_k<const V: bool, const F: u8, const PRE: bool, const G: 
     }
 }
 
-/// One block of one group's Q6_K record (`rec`, scales from `sc_at`) against `R`
-/// activation rows, straight from the record: each chunk's three loads (outputs 0 and 2's
-/// low nibbles, 1 and 3's, and the four outputs' high bits) decoded into all four outputs
-/// at once, where [`q6_out`] loads and decodes them for each output: a quarter fewer
-/// vector instructions a chunk. The four outputs' sums take 4·`R` registers: with VNNI
+/// One block of one group's record of format `F` (`rec`, scales from `sc_at`) against `R`
+/// activation rows, straight from the record: each chunk's loads decoded into all four
+/// outputs at once, where [`q6_out`] loads and decodes them for each output. Q6_K's three
+/// loads (outputs 0 and 2's low nibbles, 1 and 3's, and the four outputs' high bits) take
+/// a quarter fewer vector instructions a chunk; Q2_K's one load holds the four outputs'
+/// 2-bit values, taken as they are (their sums start at zero, not at the −32 offsets:
+/// the same `Σ q·x`); Q3_K's two (the low bits of four outputs, the high bits of all
+/// eight) a third fewer. The four outputs' sums take 4·`R` registers: with VNNI
 /// (`V`) one to four rows, in AVX-512VL's 32 (one row splits each chain in two, so that
 /// eight run side by side); with AVX2 one row, in its 16. [`q6_out`]'s integers and float
 /// steps per row and output. The halves and runs are spelled out ([`q6_rows_run`]), so
@@ -98,7 +101,7 @@ pub(super) unsafe fn q6_k<const V: bool, const F: u8, const PRE: bool, const G: 
 /// offsets at `offs` (as [`q6_k`] takes them).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn q6_rows<const V: bool, const R: usize>(
+pub(super) unsafe fn q6_rows<const V: bool, const F: u8, const R: usize>(
     rec: *const u8,
     sc_at: usize,
     xq: &QActs,
@@ -114,11 +117,11 @@ pub(super) unsafe fn q6_rows<const V: bool, const R: usize>(
             // The block's integer sums of each output `i` of half `n`: `[row][i]`.
             let mut dots = [[_mm256_setzero_si256(); 4]; R];
             if n == 0 {
-                q6_rows_run::<V, R>(src, xq, &at, 0, 0, &mut dots);
-                q6_rows_run::<V, R>(src, xq, &at, 0, 1, &mut dots);
+                q6_rows_run::<V, F, R>(src, xq, &at, 0, 0, &mut dots);
+                q6_rows_run::<V, F, R>(src, xq, &at, 0, 1, &mut dots);
             } else {
-                q6_rows_run::<V, R>(src, xq, &at, 1, 0, &mut dots);
-                q6_rows_run::<V, R>(src, xq, &at, 1, 1, &mut dots);
+                q6_rows_run::<V, F, R>(src, xq, &at, 1, 0, &mut dots);
+                q6_rows_run::<V, F, R>(src, xq, &at, 1, 1, &mut dots);
             }
             for (t, (blk, dots)) in blk.iter_mut().zip(&dots).enumerate() {
                 for (i, &dot) in dots.iter().enumerate() {
@@ -137,7 +140,7 @@ pub(super) unsafe fn q6_rows<const V: bool, const R: usize>(
 /// # Safety
 /// As [`q6_rows`]'s.
 #[inline(always)]
-unsafe fn q6_rows_run<const V: bool, const R: usize>(
+unsafe fn q6_rows_run<const V: bool, const F: u8, const R: usize>(
     (rec, sc_at, offs): (*const u8, usize, *const i32),
     xq: &QActs,
     at: &impl Fn(usize) -> usize,
@@ -146,30 +149,68 @@ unsafe fn q6_rows_run<const V: bool, const R: usize>(
     dots: &mut [[__m256i; 4]; R],
 ) {
     unsafe {
-        let vals = rec.add(record(GgmlType::Q6K).1);
+        let vals = rec.add(record(q6_format(F)).1);
         let (low, high) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
         let join = |lo: __m256i, hi: __m256i| _mm256_or_si256(_mm256_and_si256(lo, low), _mm256_and_si256(hi, high));
         let load = |j: usize| _mm256_loadu_si256(vals.add(32 * j).cast());
         let x = xq.q.as_ptr();
         let split = if V && R == 1 { 2 } else { 1 };
         // `[row][output][chain]`, the −32 offsets starting the first chain (i16 pairs
-        // for AVX2's 16-bit sums).
+        // for AVX2's 16-bit sums; Q2_K's values, taken as they are, start at zero).
         let mut s = [[[_mm256_setzero_si256(); 2]; 4]; R];
-        for (t, s) in s.iter_mut().enumerate() {
-            for (i, s) in s.iter_mut().enumerate() {
-                s[0] = _mm256_set1_epi32(*offs.add((at(t) + n * 128 + 32 * i + 16 * h) / QH));
+        if F != F_Q2K {
+            for (t, s) in s.iter_mut().enumerate() {
+                for (i, s) in s.iter_mut().enumerate() {
+                    s[0] = _mm256_set1_epi32(*offs.add((at(t) + n * 128 + 32 * i + 16 * h) / QH));
+                }
             }
         }
         for c in 4 * h..4 * h + 4 {
-            let ((even, qh_at), (odd, _)) = (q6_chunks_at(n, 0, c), q6_chunks_at(n, 1, c));
-            let (even, odd, qh) = (load(even), load(odd), load(qh_at));
-            // Output `i`'s high bits moved to bits 4 and 5 of each byte.
-            let w = [
-                join(even, _mm256_slli_epi16(qh, 4)),
-                join(odd, _mm256_slli_epi16(qh, 2)),
-                join(_mm256_srli_epi16(even, 4), qh),
-                join(_mm256_srli_epi16(odd, 4), _mm256_srli_epi16(qh, 2)),
-            ];
+            let w = match F {
+                F_Q2K => {
+                    // Output `i`'s values in bits 2i and 2i + 1 ([`q2_chunk`]).
+                    let (q, three) = (load(8 * n + c), _mm256_set1_epi8(3));
+                    [
+                        _mm256_and_si256(q, three),
+                        _mm256_and_si256(_mm256_srli_epi16(q, 2), three),
+                        _mm256_and_si256(_mm256_srli_epi16(q, 4), three),
+                        _mm256_and_si256(_mm256_srli_epi16(q, 6), three),
+                    ]
+                }
+                F_Q3K => {
+                    // Output `i`'s low bits in bits 2i and 2i + 1, its high bit in bit
+                    // 4n + i of the high-bit chunk, as [`q3_chunk`] decodes them.
+                    let (q, hm) = (load(8 + 8 * n + c), load(c));
+                    let (three, four, bias) = (_mm256_set1_epi8(3), _mm256_set1_epi8(4), _mm256_set1_epi8(28));
+                    let value = |low: __m256i, high: __m256i| {
+                        _mm256_add_epi8(
+                            _mm256_or_si256(_mm256_and_si256(low, three), _mm256_and_si256(high, four)),
+                            bias,
+                        )
+                    };
+                    let shift = |v: __m256i, by: i32| _mm256_srl_epi16(v, _mm_cvtsi32_si128(by));
+                    // High bit 4n + i to bit 2: output 0's moves up two, output 1's one.
+                    let hm0 = if n == 0 { _mm256_slli_epi16(hm, 2) } else { shift(hm, 2) };
+                    let hm1 = if n == 0 { _mm256_slli_epi16(hm, 1) } else { shift(hm, 3) };
+                    [
+                        value(q, hm0),
+                        value(_mm256_srli_epi16(q, 2), hm1),
+                        value(_mm256_srli_epi16(q, 4), shift(hm, 4 * n as i32)),
+                        value(_mm256_srli_epi16(q, 6), shift(hm, 4 * n as i32 + 1)),
+                    ]
+                }
+                _ => {
+                    let ((even, qh_at), (odd, _)) = (q6_chunks_at(n, 0, c), q6_chunks_at(n, 1, c));
+                    let (even, odd, qh) = (load(even), load(odd), load(qh_at));
+                    // Output `i`'s high bits moved to bits 4 and 5 of each byte.
+                    [
+                        join(even, _mm256_slli_epi16(qh, 4)),
+                        join(odd, _mm256_slli_epi16(qh, 2)),
+                        join(_mm256_srli_epi16(even, 4), qh),
+                        join(_mm256_srli_epi16(odd, 4), _mm256_srli_epi16(qh, 2)),
+                    ]
+                }
+            };
             for (t, s) in s.iter_mut().enumerate() {
                 for (i, (s, &w)) in s.iter_mut().zip(&w).enumerate() {
                     let (xb, s) = (bcast(x.add(at(t) + n * 128 + 32 * i + 4 * c)), &mut s[c % split]);
@@ -182,7 +223,7 @@ unsafe fn q6_rows_run<const V: bool, const R: usize>(
         }
         for (dots, s) in dots.iter_mut().zip(&s) {
             for (i, (dot, s)) in dots.iter_mut().zip(s).enumerate() {
-                let sc = q6_scales::<V, F_Q6K>(rec.add(sc_at + 8 * (8 * n + 2 * i + h)));
+                let sc = q6_scales::<V, F>(rec.add(sc_at + 8 * (8 * n + 2 * i + h)));
                 let scaled =
                     if V { _mm256_mullo_epi32(_mm256_add_epi32(s[0], s[1]), sc) } else { _mm256_madd_epi16(s[0], sc) };
                 *dot = _mm256_add_epi32(*dot, scaled);
