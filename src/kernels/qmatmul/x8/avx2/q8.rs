@@ -102,11 +102,17 @@ pub(super) unsafe fn q8_pairs<const F: u8, const G: usize, const P: usize, const
         let mut acc = [[_mm512_setzero_ps(); R]; P];
         for b in 0..blocks {
             let sub = b % subs;
-            let rec: [*const u8; G] = std::array::from_fn(|g| src[g].rec.add(b / subs * rec_bytes));
+            // Plain loops, not closures: a closure does not take the features of the
+            // kernel this body inlines into, so its intrinsics became calls.
+            let mut rec = [std::ptr::null(); G];
+            for (rec, src) in rec.iter_mut().zip(&src) {
+                *rec = src.rec.add(b / subs * rec_bytes);
+            }
             let at = sc_at + GROUP * sub;
-            let dw: [__m512; P] = std::array::from_fn(|p| {
-                two_groups_ps(q8_scales::<F>(rec[2 * p], at), q8_scales::<F>(rec[2 * p + 1], at))
-            });
+            let mut dw = [_mm512_setzero_ps(); P];
+            for (p, dw) in dw.iter_mut().enumerate() {
+                *dw = two_groups_ps(q8_scales::<F>(rec[2 * p], at), q8_scales::<F>(rec[2 * p + 1], at));
+            }
             for h in 0..2 {
                 // `w + 128` is unsigned, and `Σ (w + 128)·x` starts from `−128 · Σx`.
                 let mut s = [[_mm512_setzero_si512(); R]; P];
@@ -117,7 +123,8 @@ pub(super) unsafe fn q8_pairs<const F: u8, const G: usize, const P: usize, const
                     }
                 }
                 for c in 0..4 {
-                    let uw: [__m512i; P] = std::array::from_fn(|p| {
+                    let mut uw = [_mm512_setzero_si512(); P];
+                    for (p, uw) in uw.iter_mut().enumerate() {
                         let (a, b) = (rec[2 * p], rec[2 * p + 1]);
                         let w = if F == F_Q8_0 {
                             let at = head + 32 * (4 * h + c);
@@ -128,8 +135,8 @@ pub(super) unsafe fn q8_pairs<const F: u8, const G: usize, const P: usize, const
                             let v = if h == 0 { v } else { _mm512_srli_epi16(v, 4) };
                             _mm512_shuffle_epi8(table, _mm512_and_si512(v, _mm512_set1_epi8(0xF)))
                         };
-                        _mm512_xor_si512(w, _mm512_set1_epi8(-128))
-                    });
+                        *uw = _mm512_xor_si512(w, _mm512_set1_epi8(-128));
+                    }
                     for t in 0..R {
                         let x = xq.q.as_ptr().add(((first + t) * blocks + b) * QB + QH * h + 4 * c);
                         let x = _mm512_set1_epi32(x.cast::<i32>().read_unaligned());
