@@ -20,11 +20,11 @@ pub fn args() -> Args {
 
 impl Args {
     /// The first argument's block format (default Q4_K): one that weft quantizes to, or
-    /// Q2_K or Q3_K ([`Values::weights`]).
+    /// Q2_K, Q3_K or MXFP4 ([`Values::weights`]).
     pub fn dtype(&self) -> GgmlType {
         let name = self.0.first().map_or("q4_k", String::as_str);
         match name.parse::<GgmlType>() {
-            Ok(t @ (GgmlType::Q2K | GgmlType::Q3K)) => t,
+            Ok(t @ (GgmlType::Q2K | GgmlType::Q3K | GgmlType::Mxfp4)) => t,
             _ => parse_target(name).expect("a block format"),
         }
     }
@@ -53,20 +53,24 @@ impl Values {
     }
 
     /// `n × k` weights of roughly a trained model's spread in `dtype`'s blocks: quantized
-    /// from the sequence's values, or, for Q2_K and Q3_K (which weft reads but does not
-    /// write), records of bytes from the sequence with their f16 scales set to 1/64.
+    /// from the sequence's values, or, for Q2_K, Q3_K and MXFP4 (which weft reads but does
+    /// not write), records of bytes from the sequence with their scales set to 1/64.
     pub fn weights(&mut self, dtype: GgmlType, n: usize, k: usize) -> Vec<u8> {
-        // Where each record's f16 scales start (Q2_K: `d`, `dmin`; Q3_K: `d`).
-        let scales_at = match dtype {
-            GgmlType::Q2K => 80,
-            GgmlType::Q3K => 108,
+        // Where each record's scales start and the bytes of 1/64 there (Q2_K: `d` and
+        // `dmin` in f16; Q3_K: `d`; MXFP4: its E8M0 exponent, `2^(e − 128)` as weft halves it).
+        let f16 = half::f16::from_f32(1.0 / 64.0).to_le_bytes();
+        let (scales_at, scale): (usize, &[u8]) = match dtype {
+            GgmlType::Q2K => (80, &f16),
+            GgmlType::Q3K => (108, &f16),
+            GgmlType::Mxfp4 => (0, &[122]),
             _ => return quantize(dtype, &(0..n * k).map(|_| self.next() * 0.1).collect::<Vec<_>>()),
         };
         let (per_block, record) = dtype.block();
         let mut bytes: Vec<u8> = (0..n * k / per_block * record).map(|_| (self.next() * 256.0) as i32 as u8).collect();
-        let scale = half::f16::from_f32(1.0 / 64.0).to_le_bytes();
         for rec in bytes.chunks_exact_mut(record) {
-            rec[scales_at..].chunks_exact_mut(2).for_each(|s| s.copy_from_slice(&scale));
+            let at = &mut rec[scales_at..];
+            let at = if dtype == GgmlType::Mxfp4 { &mut at[..1] } else { at };
+            at.chunks_exact_mut(scale.len()).for_each(|s| s.copy_from_slice(scale));
         }
         bytes
     }
