@@ -102,8 +102,9 @@ pub(super) unsafe fn q8_pairs<const F: u8, const G: usize, const P: usize, const
         let mut acc = [[_mm512_setzero_ps(); R]; P];
         for b in 0..blocks {
             let sub = b % subs;
-            // Plain loops, not closures: a closure does not take the features of the
-            // kernel this body inlines into, so its intrinsics became calls.
+            // Plain loops, not `array::from_fn`: its closure, left out of line, does not
+            // take the kernel's target features, and its intrinsics turn into calls
+            // (`scripts/inlined_intrinsics.py`).
             let mut rec = [std::ptr::null(); G];
             for (rec, src) in rec.iter_mut().zip(&src) {
                 *rec = src.rec.add(b / subs * rec_bytes);
