@@ -165,9 +165,22 @@ pub(super) unsafe fn decode_q2<const W: usize>(vals: *const u8, out: *mut u8) {
 #[inline(always)]
 pub(super) unsafe fn q3_chunk(vals: *const u8, o: usize, c: usize) -> __m256i {
     unsafe {
-        let (low_shift, high_shift) = (_mm_cvtsi32_si128(2 * (o as i32 % 4)), _mm_cvtsi32_si128(o as i32));
         let low = _mm256_loadu_si256(vals.add(32 * (8 + 8 * (o / 4) + c)).cast());
         let high = _mm256_loadu_si256(vals.add(32 * c).cast());
+        q3_values(low, high, o)
+    }
+}
+
+/// Output `o`'s values of [`q3_chunk`] from its chunk of low bits (`low`, which holds its
+/// half's four outputs) and the chunk of high bits (`high`, all eight outputs'), loaded
+/// once for the outputs that share them.
+///
+/// # Safety
+/// AVX2 must be available.
+#[inline(always)]
+pub(super) unsafe fn q3_values(low: __m256i, high: __m256i, o: usize) -> __m256i {
+    unsafe {
+        let (low_shift, high_shift) = (_mm_cvtsi32_si128(2 * (o as i32 % 4)), _mm_cvtsi32_si128(o as i32));
         let low = _mm256_and_si256(_mm256_srl_epi16(low, low_shift), _mm256_set1_epi8(3));
         let high = _mm256_and_si256(_mm256_srl_epi16(high, high_shift), _mm256_set1_epi8(1));
         let q = _mm256_or_si256(low, _mm256_slli_epi16(high, 2));
@@ -186,9 +199,18 @@ pub(super) unsafe fn q3_chunk(vals: *const u8, o: usize, c: usize) -> __m256i {
 pub(super) unsafe fn q2_chunk(vals: *const u8, o: usize, c: usize) -> __m256i {
     unsafe {
         let q = _mm256_loadu_si256(vals.add(32 * (8 * (o / 4) + c)).cast());
-        let q = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * (o as i32 % 4))), _mm256_set1_epi8(3));
-        _mm256_or_si256(q, _mm256_set1_epi8(32))
+        _mm256_or_si256(q2_values(q, o), _mm256_set1_epi8(32))
     }
+}
+
+/// Output `o`'s 2-bit values of a chunk `q` of [`q2_chunk`]'s, as they are (no +32),
+/// loaded once for the four outputs that share it.
+///
+/// # Safety
+/// AVX2 must be available.
+#[inline(always)]
+pub(super) unsafe fn q2_values(q: __m256i, o: usize) -> __m256i {
+    unsafe { _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * (o as i32 % 4))), _mm256_set1_epi8(3)) }
 }
 
 /// One Q6_K record's values (from `vals`), decoded for [`decode`]. The four outputs are

@@ -16,7 +16,7 @@ mod ternary;
 mod vnni;
 
 pub(crate) use decode::{decode, decode_pair};
-use decode::{q2_chunk, q3_chunk};
+use decode::{q2_chunk, q2_values, q3_chunk, q3_values};
 use k_quants::*;
 use legacy::*;
 use q6::*;

@@ -168,35 +168,18 @@ unsafe fn q6_rows_run<const V: bool, const F: u8, const R: usize>(
         for c in 4 * h..4 * h + 4 {
             let w = match F {
                 F_Q2K => {
-                    // Output `i`'s values in bits 2i and 2i + 1 ([`q2_chunk`]).
-                    let (q, three) = (load(8 * n + c), _mm256_set1_epi8(3));
-                    [
-                        _mm256_and_si256(q, three),
-                        _mm256_and_si256(_mm256_srli_epi16(q, 2), three),
-                        _mm256_and_si256(_mm256_srli_epi16(q, 4), three),
-                        _mm256_and_si256(_mm256_srli_epi16(q, 6), three),
-                    ]
+                    let q = load(8 * n + c);
+                    [q2_values(q, 0), q2_values(q, 1), q2_values(q, 2), q2_values(q, 3)]
                 }
                 F_Q3K => {
-                    // Output `i`'s low bits in bits 2i and 2i + 1, its high bit in bit
-                    // 4n + i of the high-bit chunk, as [`q3_chunk`] decodes them.
-                    let (q, hm) = (load(8 + 8 * n + c), load(c));
-                    let (three, four, bias) = (_mm256_set1_epi8(3), _mm256_set1_epi8(4), _mm256_set1_epi8(28));
-                    let value = |low: __m256i, high: __m256i| {
-                        _mm256_add_epi8(
-                            _mm256_or_si256(_mm256_and_si256(low, three), _mm256_and_si256(high, four)),
-                            bias,
-                        )
-                    };
-                    let shift = |v: __m256i, by: i32| _mm256_srl_epi16(v, _mm_cvtsi32_si128(by));
-                    // High bit 4n + i to bit 2: output 0's moves up two, output 1's one.
-                    let hm0 = if n == 0 { _mm256_slli_epi16(hm, 2) } else { shift(hm, 2) };
-                    let hm1 = if n == 0 { _mm256_slli_epi16(hm, 1) } else { shift(hm, 3) };
+                    // The low bits of half `n`'s four outputs, the high bits of all eight.
+                    let (low, high) = (load(8 + 8 * n + c), load(c));
+                    let o = 4 * n;
                     [
-                        value(q, hm0),
-                        value(_mm256_srli_epi16(q, 2), hm1),
-                        value(_mm256_srli_epi16(q, 4), shift(hm, 4 * n as i32)),
-                        value(_mm256_srli_epi16(q, 6), shift(hm, 4 * n as i32 + 1)),
+                        q3_values(low, high, o),
+                        q3_values(low, high, o + 1),
+                        q3_values(low, high, o + 2),
+                        q3_values(low, high, o + 3),
                     ]
                 }
                 _ => {
