@@ -56,21 +56,19 @@ impl Values {
     /// from the sequence's values, or, for Q2_K, Q3_K and MXFP4 (which weft reads but does
     /// not write), records of bytes from the sequence with their scales set to 1/64.
     pub fn weights(&mut self, dtype: GgmlType, n: usize, k: usize) -> Vec<u8> {
-        // Where each record's scales start and the bytes of 1/64 there (Q2_K: `d` and
-        // `dmin` in f16; Q3_K: `d`; MXFP4: its E8M0 exponent, `2^(e − 128)` as weft halves it).
+        // Each record's scale bytes and 1/64 in their form (Q2_K: `d` and `dmin` in f16;
+        // Q3_K: `d`; MXFP4: its E8M0 exponent, `2^(e − 128)` as weft halves it).
         let f16 = half::f16::from_f32(1.0 / 64.0).to_le_bytes();
-        let (scales_at, scale): (usize, &[u8]) = match dtype {
-            GgmlType::Q2K => (80, &f16),
-            GgmlType::Q3K => (108, &f16),
-            GgmlType::Mxfp4 => (0, &[122]),
+        let (scales, scale): (std::ops::Range<usize>, &[u8]) = match dtype {
+            GgmlType::Q2K => (80..84, &f16),
+            GgmlType::Q3K => (108..110, &f16),
+            GgmlType::Mxfp4 => (0..1, &[122]),
             _ => return quantize(dtype, &(0..n * k).map(|_| self.next() * 0.1).collect::<Vec<_>>()),
         };
         let (per_block, record) = dtype.block();
         let mut bytes: Vec<u8> = (0..n * k / per_block * record).map(|_| (self.next() * 256.0) as i32 as u8).collect();
         for rec in bytes.chunks_exact_mut(record) {
-            let at = &mut rec[scales_at..];
-            let at = if dtype == GgmlType::Mxfp4 { &mut at[..1] } else { at };
-            at.chunks_exact_mut(scale.len()).for_each(|s| s.copy_from_slice(scale));
+            rec[scales.clone()].chunks_exact_mut(scale.len()).for_each(|s| s.copy_from_slice(scale));
         }
         bytes
     }

@@ -51,6 +51,24 @@ fn one_block_avx2(dtype: GgmlType, block: &[u8], x: f32) -> (Buf<u8>, QActs, [[f
     (data, xq, out)
 }
 
+/// `block` in each of a group's rows against activations all `x`: the AVX2 kernel's full
+/// tile, and each row alone (the one-row kernels) on both instruction sets, give the
+/// portable kernel's bits (`case` names the inputs). The records, activations and results.
+#[cfg(target_arch = "x86_64")]
+fn tiles_and_rows_agree(dtype: GgmlType, block: &[u8], x: f32, case: &str) -> (Buf<u8>, QActs, [[f32; GROUP]; TILE]) {
+    let (data, xq, b) = one_block_avx2(dtype, block, x);
+    let mut a = [[0f32; GROUP]; TILE];
+    portable_group(dtype, &data, &xq, 0, TILE, 256, &mut a);
+    assert_eq!(a, b, "{dtype:?}: {case}");
+    for (vnni, t) in [false, avx2::vnni()].into_iter().flat_map(|v| (0..TILE).map(move |t| (v, t))) {
+        let mut one = [[0f32; GROUP]; TILE];
+        // SAFETY: the callers checked for AVX2 (VNNI where asked for); `data` is one group's records.
+        unsafe { avx2::group(vnni, dtype, records(&data), &xq, t, 1, 1, &mut one) };
+        assert_eq!(one[0], a[t], "{dtype:?} row {t} alone, VNNI {vnni}: {case}");
+    }
+    (data, xq, a)
+}
+
 /// Q6_K's 16-bit sums at their extremes (every value 0 or 63, every activation ±127,
 /// scales ±127): the AVX2 kernel matches the portable one, nothing wraps.
 #[cfg(target_arch = "x86_64")]
@@ -64,17 +82,8 @@ fn q6_k_extremes_stay_in_range() {
         let mut block = [q; 210];
         block[192..208].fill(sc as u8);
         block[208..210].copy_from_slice(&half::f16::from_f32(0.5).to_le_bytes());
-        let (data, xq, b) = one_block_avx2(GgmlType::Q6K, &block, x);
-        let mut a = [[0f32; GROUP]; TILE];
-        portable_group(GgmlType::Q6K, &data, &xq, 0, TILE, k, &mut a);
-        assert_eq!(a, b, "values {q:#x}, activations {x}, scales {sc}");
-        // Each row alone (the one-row kernels), on both instruction sets.
-        for (vnni, t) in [false, avx2::vnni()].into_iter().flat_map(|v| (0..TILE).map(move |t| (v, t))) {
-            let mut one = [[0f32; GROUP]; TILE];
-            // SAFETY: AVX2 is present (and VNNI where asked for); `data` is one group's records.
-            unsafe { avx2::group(vnni, GgmlType::Q6K, records(&data), &xq, t, 1, 1, &mut one) };
-            assert_eq!(one[0], a[t], "row {t} alone, VNNI {vnni}: values {q:#x}, activations {x}, scales {sc}");
-        }
+        let case = format!("values {q:#x}, activations {x}, scales {sc}");
+        let (data, xq, a) = tiles_and_rows_agree(GgmlType::Q6K, &block, x, &case);
         // The paired kernel, over decoded values (its 16 sums with VNNI, from the pair's
         // values side by side).
         let mut vals = vec![0u8; 2 * DECODED];
@@ -127,16 +136,8 @@ fn q2_k_and_q3_k_extremes_stay_in_range() {
             }
         }
         for x in [1.0f32, -1.0] {
-            let (data, xq, b) = one_block_avx2(dtype, &block, x);
-            let mut a = [[0f32; GROUP]; TILE];
-            portable_group(dtype, &data, &xq, 0, TILE, k, &mut a);
-            assert_eq!(a, b, "{dtype:?}: values {q:#x}, activations {x}, scales {sc:#x}");
-            for (vnni, t) in [false, avx2::vnni()].into_iter().flat_map(|v| (0..TILE).map(move |t| (v, t))) {
-                let mut one = [[0f32; GROUP]; TILE];
-                // SAFETY: AVX2 is present (and VNNI where asked for); `data` is one group's records.
-                unsafe { avx2::group(vnni, dtype, records(&data), &xq, t, 1, 1, &mut one) };
-                assert_eq!(one[0], a[t], "{dtype:?} row {t} alone, VNNI {vnni}: values {q:#x}, activations {x}");
-            }
+            let (_, _, a) =
+                tiles_and_rows_agree(dtype, &block, x, &format!("values {q:#x}, activations {x}, scales {sc:#x}"));
             let want = weight * x * k as f32;
             assert!((a[0][0] - want).abs() <= 1e-3 * want.abs().max(1.0), "{dtype:?}: {} vs {want}", a[0][0]);
         }
