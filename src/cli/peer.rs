@@ -5,8 +5,9 @@
 
 use anyhow::{bail, ensure, Context, Result};
 use serde_json::Value;
+use std::cell::Cell;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 
 /// llama.cpp's speeds at one batch size, tokens per second over all its sequences.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -18,6 +19,9 @@ pub struct PeerSpeed {
 /// A llama.cpp build's `bin` folder.
 pub struct LlamaCpp {
     bin: PathBuf,
+    /// Whether llama.cpp may repack the weights (its default); turned off for good once a
+    /// run crashes with them repacked.
+    repack: Cell<bool>,
 }
 
 impl LlamaCpp {
@@ -26,17 +30,27 @@ impl LlamaCpp {
         for tool in ["llama-bench", "llama-batched-bench"] {
             ensure!(bin.join(tool).is_file(), "--llama-cpp {}: no {tool} there", bin.display());
         }
-        Ok(LlamaCpp { bin })
+        Ok(LlamaCpp { bin, repack: Cell::new(true) })
     }
 
     /// llama.cpp's speeds on `model` with `threads` threads: `batch` prompts of `pp` tokens,
-    /// each then decoding `tg`.
+    /// each then decoding `tg`. A run killed by a signal with the weights repacked runs
+    /// again without repacking, and so does every later one: llama.cpp's AMX kernels, which
+    /// only repacked weights take, crash on some Intel CPUs (llama.cpp issue 20824), and
+    /// its next-fastest working path is the peer then.
     pub fn measure(&self, model: &Path, threads: usize, batch: usize, pp: usize, tg: usize) -> Result<PeerSpeed> {
-        let (tool, args) = command(model, threads, batch, pp, tg);
-        let out = Command::new(self.bin.join(tool))
-            .args(&args)
-            .output()
-            .with_context(|| format!("running {}", self.bin.join(tool).display()))?;
+        let (mut tool, mut args) = command(model, threads, batch, pp, tg, self.repack.get());
+        let mut out = self.run(tool, &args)?;
+        if self.repack.get() && killed(&out) {
+            eprintln!(
+                "weft: {tool} crashed with llama.cpp's repacked weights ({}); measuring llama.cpp without \
+                 repacking from here on",
+                out.status
+            );
+            self.repack.set(false);
+            (tool, args) = command(model, threads, batch, pp, tg, false);
+            out = self.run(tool, &args)?;
+        }
         let stdout = String::from_utf8_lossy(&out.stdout);
         if !out.status.success() {
             let err = String::from_utf8_lossy(&out.stderr);
@@ -51,12 +65,42 @@ impl LlamaCpp {
         if batch == 1 { parse_llama_bench(&stdout) } else { parse_batched_bench(&stdout) }
             .with_context(|| format!("reading {tool}'s output"))
     }
+
+    fn run(&self, tool: &str, args: &[String]) -> Result<Output> {
+        let path = self.bin.join(tool);
+        Command::new(&path).args(args).output().with_context(|| format!("running {}", path.display()))
+    }
+}
+
+/// Whether the process ended by a signal (a crash) rather than by exiting.
+fn killed(out: &Output) -> bool {
+    #[cfg(unix)]
+    return std::os::unix::process::ExitStatusExt::signal(&out.status).is_some();
+    #[cfg(not(unix))]
+    false
 }
 
 /// The tool and its arguments for one measurement: one repetition of `llama-bench`'s `pp`
 /// and `tg` tests at one stream, else one `llama-batched-bench` run with room for every
-/// sequence.
-fn command(model: &Path, threads: usize, batch: usize, pp: usize, tg: usize) -> (&'static str, Vec<String>) {
+/// sequence; without `repack`, with the weights as the file has them.
+fn command(
+    model: &Path,
+    threads: usize,
+    batch: usize,
+    pp: usize,
+    tg: usize,
+    repack: bool,
+) -> (&'static str, Vec<String>) {
+    let (tool, mut args) = repacked_command(model, threads, batch, pp, tg);
+    if !repack {
+        let flags = if batch == 1 { ["--repack", "0"].as_slice() } else { ["--no-repack"].as_slice() };
+        args.extend(flags.iter().map(|f| f.to_string()));
+    }
+    (tool, args)
+}
+
+/// [`command`] with llama.cpp's default, repacked weights.
+fn repacked_command(model: &Path, threads: usize, batch: usize, pp: usize, tg: usize) -> (&'static str, Vec<String>) {
     let model = model.display().to_string();
     let t = threads.to_string();
     if batch == 1 {
@@ -118,12 +162,48 @@ mod tests {
     #[test]
     fn one_stream_runs_llama_bench_and_more_run_batched_bench() {
         let m = Path::new("m.gguf");
-        let (tool, args) = command(m, 2, 1, 128, 64);
+        let (tool, args) = command(m, 2, 1, 128, 64, true);
         assert_eq!(tool, "llama-bench");
         assert_eq!(args.join(" "), "-m m.gguf -t 2 -p 128 -n 64 -r 1 -o jsonl");
-        let (tool, args) = command(m, 2, 32, 128, 32);
+        let (tool, args) = command(m, 2, 32, 128, 32, true);
         assert_eq!(tool, "llama-batched-bench");
         assert_eq!(args.join(" "), "-m m.gguf -t 2 -c 5120 -npp 128 -ntg 32 -npl 32 --output-format jsonl");
+        assert_eq!(
+            command(m, 2, 1, 128, 64, false).1.join(" "),
+            "-m m.gguf -t 2 -p 128 -n 64 -r 1 -o jsonl --repack 0"
+        );
+        let no_repack = command(m, 2, 32, 128, 32, false).1.join(" ");
+        assert_eq!(no_repack, "-m m.gguf -t 2 -c 5120 -npp 128 -ntg 32 -npl 32 --output-format jsonl --no-repack");
+    }
+
+    /// A peer that crashes with repacked weights (as llama.cpp's AMX path does on some Intel
+    /// CPUs) is measured again without repacking, and so are its later runs; one that fails
+    /// by exiting is an error.
+    #[cfg(unix)]
+    #[test]
+    fn a_crash_with_repacked_weights_runs_again_without() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("calls");
+        let script = format!(
+            "#!/bin/sh\necho \"$*\" >> {}\ncase \"$*\" in *fail*) exit 1 ;; *repack*) ;; *) kill -SEGV $$ ;; esac\n\
+             echo '{{\"speed_tg\": 50.0, \"speed_pp\": 70.0}}'\n",
+            log.display()
+        );
+        for tool in ["llama-bench", "llama-batched-bench"] {
+            let path = dir.path().join(tool);
+            std::fs::write(&path, &script).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let peer = LlamaCpp::new(dir.path().to_path_buf()).unwrap();
+        for _ in 0..2 {
+            let speed = peer.measure(Path::new("m.gguf"), 2, 32, 64, 64).unwrap();
+            assert_eq!(speed, PeerSpeed { tg_tok_s: 50.0, pp_tok_s: 70.0 });
+        }
+        assert!(peer.measure(Path::new("fail.gguf"), 2, 32, 64, 64).is_err());
+        let calls = std::fs::read_to_string(&log).unwrap();
+        let repacked: Vec<bool> = calls.lines().map(|l| !l.contains("--no-repack")).collect();
+        assert_eq!(repacked, [true, false, false, false], "{calls}");
     }
 
     /// Lines as llama.cpp prints them (fields cut down), among its log lines.
