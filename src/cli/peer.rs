@@ -39,7 +39,7 @@ impl LlamaCpp {
     /// only repacked weights take, crash on some Intel CPUs (llama.cpp issue 20824), and
     /// its next-fastest working path is the peer then.
     pub fn measure(&self, model: &Path, threads: usize, batch: usize, pp: usize, tg: usize) -> Result<PeerSpeed> {
-        let (mut tool, mut args) = command(model, threads, batch, pp, tg, self.repack.get());
+        let (tool, mut args) = command(model, threads, batch, pp, tg, self.repack.get());
         let mut out = self.run(tool, &args)?;
         if self.repack.get() && killed(&out) {
             eprintln!(
@@ -48,7 +48,7 @@ impl LlamaCpp {
                 out.status
             );
             self.repack.set(false);
-            (tool, args) = command(model, threads, batch, pp, tg, false);
+            args = command(model, threads, batch, pp, tg, false).1;
             out = self.run(tool, &args)?;
         }
         let stdout = String::from_utf8_lossy(&out.stdout);
@@ -91,19 +91,9 @@ fn command(
     tg: usize,
     repack: bool,
 ) -> (&'static str, Vec<String>) {
-    let (tool, mut args) = repacked_command(model, threads, batch, pp, tg);
-    if !repack {
-        let flags = if batch == 1 { ["--repack", "0"].as_slice() } else { ["--no-repack"].as_slice() };
-        args.extend(flags.iter().map(|f| f.to_string()));
-    }
-    (tool, args)
-}
-
-/// [`command`] with llama.cpp's default, repacked weights.
-fn repacked_command(model: &Path, threads: usize, batch: usize, pp: usize, tg: usize) -> (&'static str, Vec<String>) {
     let model = model.display().to_string();
     let t = threads.to_string();
-    if batch == 1 {
+    let (tool, mut args): (_, Vec<String>) = if batch == 1 {
         let args = ["-m", &model, "-t", &t, "-p", &pp.to_string(), "-n", &tg.to_string(), "-r", "1", "-o", "jsonl"];
         ("llama-bench", args.map(String::from).to_vec())
     } else {
@@ -125,7 +115,12 @@ fn repacked_command(model: &Path, threads: usize, batch: usize, pp: usize, tg: u
             "jsonl",
         ];
         ("llama-batched-bench", args.map(String::from).to_vec())
+    };
+    if !repack {
+        let flags = if batch == 1 { ["--repack", "0"].as_slice() } else { ["--no-repack"].as_slice() };
+        args.extend(flags.iter().map(|f| f.to_string()));
     }
+    (tool, args)
 }
 
 /// The JSON objects among a tool's output lines (it prints other lines too).
