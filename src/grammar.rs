@@ -47,16 +47,18 @@ impl Grammar {
     }
 }
 
-/// Whitespace between JSON tokens, at most 16 characters at a time: enough for a space after
-/// a colon or a newline and indentation, never an endless run (a model that likes newlines
-/// would otherwise spend all of `max_tokens` on them without breaking the grammar). A schema
-/// with its own `x-guidance` options keeps them.
+/// Whitespace between JSON tokens, as llama.cpp's schema grammars allow it: one space, or one or
+/// two line breaks and at most 20 spaces or tabs of indentation. Pretty-printed JSON fits; runs
+/// of blank lines do not (a small model that likes newlines would otherwise spend `max_tokens`
+/// on them, grammar or not). A schema with its own `x-guidance` options keeps them.
 fn bounded_whitespace(mut schema: Value) -> Value {
     if let Some(o) = schema.as_object_mut() {
-        o.entry("x-guidance").or_insert_with(|| json!({"whitespace_pattern": "[\\x20\\x0A\\x0D\\x09]{1,16}"}));
+        o.entry("x-guidance").or_insert_with(|| json!({"whitespace_pattern": JSON_WHITESPACE}));
     }
     schema
 }
+
+const JSON_WHITESPACE: &str = r"\x20|(\x0D?\x0A){1,2}[\x20\x09]{0,20}";
 
 /// Compiles grammars against one model's vocabulary.
 pub struct GrammarCompiler {

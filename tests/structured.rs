@@ -14,7 +14,8 @@ use weft::tokenizer::Tokenizer;
 /// Random weights, the real Qwen2 vocabulary (151k tokens): its free output is noise.
 const NOISE: &str = "tiny-qwen2";
 
-/// Five schemas, bounded so that even a noise model's output ends inside `max_tokens`.
+/// Five schemas, bounded so that even a noise model's output ends inside `max_tokens`: short
+/// values, at most 17 places for whitespace (23 characters each), under 500 tokens in all.
 fn schemas() -> Vec<Value> {
     vec![
         json!({"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
@@ -79,6 +80,14 @@ fn masks_follow_the_grammar() {
     assert!(accepts(&mut g.compile(&schema).unwrap(), &tok, r#"{"name": "Ann", "age": 41}"#));
     assert!(!accepts(&mut g.compile(&schema).unwrap(), &tok, r#"{"name": "Ann"}"#));
     assert!(!accepts(&mut g.compile(&schema).unwrap(), &tok, r#"{"name": "Ann", "age": 151}"#));
+    // Pretty-printed JSON is whitespace the grammar takes; runs of blank lines are not.
+    assert!(accepts(&mut g.compile(&schema).unwrap(), &tok, "{\n  \"name\": \"Ann\",\r\n\t\"age\" : 41\n}"));
+    assert!(!accepts(&mut g.compile(&schema).unwrap(), &tok, "{\n\n\n  \"name\": \"Ann\", \"age\": 41}"));
+    assert!(!accepts(&mut g.compile(&schema).unwrap(), &tok, "{\"name\":  \"Ann\", \"age\": 41}"));
+    let colors = Grammar::JsonSchema(schemas()[2].clone());
+    // A 135M model wrote this on a CI machine and ran out of tokens before the `}`.
+    let spun = "{\n    \"color\"\n\n:\"blue\"\n\n           \n\n\n,\n\n\"ok\"\n\n:false}";
+    assert!(!accepts(&mut g.compile(&colors).unwrap(), &tok, spun));
     let mut c = g.compile(&Grammar::Regex("[0-9]{3}-x".into())).unwrap();
     assert!(accepts(&mut c, &tok, "123-x"));
     assert!(c.is_done(), "nothing can follow a complete fixed-length match");
@@ -88,7 +97,7 @@ fn masks_follow_the_grammar() {
 
 /// A request for `schema`: greedy, or sampled with a seed.
 fn constrained(e: &EngineHandle, prompt: &[u32], schema: &Value, seed: Option<u64>) -> Request {
-    let mut r = Request::new(prompt.to_vec(), 200);
+    let mut r = Request::new(prompt.to_vec(), 500);
     if let Some(s) = seed {
         r.sampling.temperature = 1.0;
         r.sampling.seed = Some(s);
@@ -160,7 +169,7 @@ async fn api_constraints_over_http() {
     let req = CreateChatCompletionRequestArgs::default()
         .model("SmolLM2-135M-Instruct.Q4_1")
         .messages(vec![msg.into()])
-        .max_tokens(100u32)
+        .max_tokens(500u32)
         .response_format(ResponseFormat::JsonSchema {
             json_schema: ResponseFormatJsonSchema {
                 name: "person".into(),
@@ -175,7 +184,7 @@ async fn api_constraints_over_http() {
     assert_valid(&schema, resp.choices[0].message.content.as_deref().unwrap());
 
     let chat = |extra: Value| {
-        let mut body = json!({"messages": [{"role": "user", "content": "Answer."}], "max_tokens": 60});
+        let mut body = json!({"messages": [{"role": "user", "content": "Answer."}], "max_tokens": 500});
         body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
         body
     };
