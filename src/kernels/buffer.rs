@@ -168,13 +168,15 @@ mod tests {
     #[test]
     fn buffers_carved_side_by_side_are_each_their_own() {
         let mut bufs: Vec<Buf<u8>> = (1..300).map(|i| Buf::zeroed(i * 997)).collect();
+        // Neighbours differ: each buffer's own nonzero byte.
+        let mark = |i: usize| (i % 255) as u8 + 1;
         for (i, b) in bufs.iter_mut().enumerate() {
             assert!(b.iter().all(|&x| x == 0), "buffer {i} is not zeroed");
             assert_eq!(b.as_ptr() as usize % ALIGN, 0, "buffer {i} starts inside a cache line");
-            b.fill(i as u8 + 1);
+            b.fill(mark(i));
         }
         for (i, b) in bufs.iter().enumerate() {
-            assert!(b.iter().all(|&x| x == i as u8 + 1), "buffer {i} was written by another");
+            assert!(b.iter().all(|&x| x == mark(i)), "buffer {i} was written by another");
         }
         let own = Buf::<u8>::zeroed(OWN);
         let pool = F32Buf::zeroed_resident(5000);

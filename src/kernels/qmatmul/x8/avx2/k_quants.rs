@@ -29,7 +29,7 @@ pub(super) unsafe fn k_tiled<const V: bool, const FIVE: bool, const PRE: bool, c
     ahead: Ahead,
 ) {
     unsafe {
-        debug_assert!(xq.scales == ActScales::PerSuper, "a K-quant block shares one activation scale");
+        debug_assert!(xq.scales >= ActScales::PerSuper, "a K-quant block shares one activation scale");
         let rec_bytes = record(if FIVE { GgmlType::Q5K } else { GgmlType::Q4K }).0;
         clear_sums::<G, R>(out);
         let asks = asks_ahead::<PRE, G, R>();
