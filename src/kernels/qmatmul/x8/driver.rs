@@ -30,9 +30,10 @@ pub(crate) unsafe fn groups_task(
     let (xq, m, wide) = xq.for_part(p.dtype, m);
     let blocks = k / p.dtype.block().0;
     let group_bytes = blocks * record(p.dtype).0;
-    // With more than one tile, K-quant and TQ1_0 values are decoded once per chunk, and
-    // every tile reads the bytes the kernel would have decoded: results do not change.
-    let decoded = decodes(p.dtype) && m > TILE;
+    // From `decode_from` rows on (more than one tile), the values of the formats that
+    // `decodes` are decoded once per chunk, and every tile reads the bytes the kernel
+    // would have decoded: results do not change.
+    let decoded = decodes(p.dtype) && m >= decode_from(p.dtype);
     let decoded_bytes = if decoded { blocks * decoded_bytes(p.dtype) } else { 0 };
     // Chunks of groups that fit in L2 (with their decoded values), then activation tiles,
     // then the chunk's groups: the weights are read from memory once, and the tile stays
@@ -67,7 +68,7 @@ pub(crate) unsafe fn groups_task(
             }
             // Where a pair's values go side by side, each pair decodes together, as the
             // tiles below pair the groups (a chunk's odd last group alone).
-            let in_pairs = paired && decodes_in_pairs(p.dtype);
+            let in_pairs = decoded && paired && decodes_in_pairs(p.dtype);
             if decoded_bytes > 0 {
                 let mut g = first;
                 while g < last {
@@ -170,7 +171,7 @@ thread_local! {
     static DECODE_SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// One group's `blocks` records `data` of a K-quant or TQ1_0, its values decoded into
+/// One group's `blocks` records `data` of a [`decodable`] format, its values decoded into
 /// `out` (`blocks` times [`decoded_bytes`]) in the order its kernel reads them.
 pub(super) fn decode(dtype: GgmlType, data: &[u8], blocks: usize, out: &mut [u8]) {
     let fits = data.len() == blocks * record(dtype).0 && out.len() == blocks * decoded_bytes(dtype);
@@ -182,10 +183,11 @@ pub(super) fn decode(dtype: GgmlType, data: &[u8], blocks: usize, out: &mut [u8]
     }
 }
 
-/// Two neighbouring groups' records `data` of the Q6_K family, their values decoded side
-/// by side into `out` (twice [`decode`]'s bytes), for [`decodes_in_pairs`].
+/// Two neighbouring groups' records `data` of a [`decodes_in_pairs`] format, their values
+/// decoded side by side into `out` (twice [`decode`]'s bytes).
 pub(super) fn decode_pair(dtype: GgmlType, data: [&[u8]; 2], blocks: usize, out: &mut [u8]) {
-    let fits = data.iter().all(|d| d.len() == blocks * record(dtype).0) && out.len() == 2 * blocks * DECODED;
+    let fits =
+        data.iter().all(|d| d.len() == blocks * record(dtype).0) && out.len() == 2 * blocks * decoded_bytes(dtype);
     assert!(decodes_in_pairs(dtype) && fits);
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `decodes_in_pairs` checked for VNNI (and so AVX2); the lengths were checked above.
@@ -242,8 +244,11 @@ pub(super) fn quad(
 ) {
     let blocks = k / dtype.block().0;
     let fits = |g: usize| {
-        let vals = vals[g].map(|v| v.len() == 2 * blocks * DECODED);
-        data[g].len() == blocks * record(dtype).0 && vals == decodes_in_pairs(dtype).then_some(true)
+        // The lookup formats' values are decoded only from `decode_from` rows on.
+        let vals = vals[g].map_or(lookup(dtype) || !decodes_in_pairs(dtype), |v| {
+            decodes_in_pairs(dtype) && v.len() == 2 * blocks * decoded_bytes(dtype)
+        });
+        data[g].len() == blocks * record(dtype).0 && vals
     };
     assert!(quads(dtype) && (1..=TILE).contains(&tile) && (0..4).all(fits));
     #[cfg(target_arch = "x86_64")]

@@ -30,7 +30,10 @@ pub(super) use driver::{groups_per_task, groups_task};
 pub use layout::{interleave, raw_row};
 use layout::{record, shape};
 pub use paths::{act_scales, avx2_step, supports, vnni, Avx2Step};
-use paths::{decodable, decoded_bytes, decodes, decodes_in_pairs, k_quant, pairs, quads, signed_bytes, ternary};
+use paths::{
+    decodable, decode_from, decoded_bytes, decodes, decodes_in_pairs, k_quant, lookup, pairs, quads, signed_bytes,
+    ternary,
+};
 
 /// Rows interleaved into one group.
 pub const GROUP: usize = 8;

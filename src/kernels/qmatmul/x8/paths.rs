@@ -26,44 +26,75 @@ pub(super) fn k_quant(dtype: GgmlType) -> bool {
 }
 
 /// Whether [`decode`] can decode `dtype`'s values (on AVX2): the K-quants' to a byte
-/// each, TQ1_0's base-3 digits to TQ2_0's codes.
+/// each, TQ1_0's base-3 digits to TQ2_0's codes, the [`lookup`] formats' indices to
+/// their signed values (offset by 128, as `vpdpbusd` takes them).
 pub(super) fn decodable(dtype: GgmlType) -> bool {
-    k_quant(dtype) || dtype == GgmlType::Tq1_0 && crate::kernels::matmul::avx2::available()
+    k_quant(dtype) || (dtype == GgmlType::Tq1_0 || lookup(dtype)) && crate::kernels::matmul::avx2::available()
 }
 
-/// Bytes of one block of `dtype`'s values [`decode`]d, for the group's rows.
+/// Whether `dtype`'s values are 4-bit indices into a table of signed bytes: IQ4_NL's,
+/// IQ4_XS's and MXFP4's.
+pub(super) fn lookup(dtype: GgmlType) -> bool {
+    matches!(dtype, GgmlType::Iq4Nl | GgmlType::Iq4Xs | GgmlType::Mxfp4)
+}
+
+/// Bytes of one block of `dtype`'s values [`decode`]d, for the group's rows: a byte a
+/// value, except TQ1_0's codes (four a byte, as TQ2_0's).
 pub(super) fn decoded_bytes(dtype: GgmlType) -> usize {
     if dtype == GgmlType::Tq1_0 {
         DECODED_TQ1
     } else {
-        DECODED
+        dtype.block().0 * GROUP
     }
 }
 
-/// Whether `dtype`'s values are decoded once per chunk of groups ([`decode`]) when more
-/// than one tile of rows runs over them: the K-quants, whose bit unpacking would
+/// Whether `dtype`'s values are decoded once per chunk of groups ([`decode`]) when enough
+/// rows run over them ([`decode_from`]): the K-quants, whose bit unpacking would
 /// otherwise be repeated for every tile (Q6_K's costs a vector operation per `maddubs`
-/// at four rows), and TQ1_0, whose base-3 digits cost six per 32 values (decoded, they
-/// run TQ2_0's kernel). Not Q4_K with VNNI, whose paired kernel masks the nibbles in
-/// place, an `and` per chunk against 16 `vpdpbusd` ([`avx2::k_block_vnni`]).
+/// at four rows), TQ1_0, whose base-3 digits cost six per 32 values (decoded, they run
+/// TQ2_0's kernel), and with VNNI the [`lookup`] formats, whose shift, mask, shuffle and
+/// offset per chunk cost nearly as much as the four `vpdpbusd` it feeds (without VNNI,
+/// against a `sign`, a `maddubs` and a `madd` a row, decoding gained nothing). Not Q4_K
+/// with VNNI, whose paired kernel masks the nibbles in place, an `and` per chunk against
+/// 16 `vpdpbusd` ([`avx2::k_block_vnni`]).
 pub(super) fn decodes(dtype: GgmlType) -> bool {
-    decodable(dtype) && !(dtype == GgmlType::Q4K && vnni())
+    decodable(dtype)
+        && match dtype {
+            GgmlType::Q4K => !vnni(),
+            _ if lookup(dtype) => vnni(),
+            _ => true,
+        }
+}
+
+/// The fewest activation rows at which the driver decodes `dtype`'s values ahead
+/// ([`decodes`]): more than one tile, and 32 for the [`lookup`] formats, whose decoded
+/// values, twice their indices' bytes, every tile reads again. IQ4_XS on the Xeon, decoded
+/// against looked up in one process, alternating: 32 rows 0.98–1.04×, 48 rows 1.13×, 64
+/// rows 1.17–1.30×, 512 rows 1.19–1.37× (IQ4_NL 1.16×, MXFP4 1.20×); 5 and 16 rows
+/// 0.6× and 0.8×, in separate runs.
+pub(super) fn decode_from(dtype: GgmlType) -> usize {
+    if lookup(dtype) {
+        32
+    } else {
+        TILE + 1
+    }
 }
 
 /// Whether a pair's values are decoded side by side ([`decode_pair`]): the Q6_K family's
-/// with VNNI, so that one 512-bit load takes a chunk of both groups, where two loads and
-/// an insert did (32 rows in cache: 0.30–0.32 → 0.34–0.35 of the `vpdpbusd` peak).
+/// and the [`lookup`] formats' with VNNI, so that one 512-bit load takes a chunk of both
+/// groups, where two loads and an insert did (Q6_K, 32 rows in cache: 0.30–0.32 →
+/// 0.34–0.35 of the `vpdpbusd` peak).
 pub(super) fn decodes_in_pairs(dtype: GgmlType) -> bool {
-    matches!(dtype, GgmlType::Q6K | GgmlType::Q3K | GgmlType::Q2K) && vnni()
+    (matches!(dtype, GgmlType::Q6K | GgmlType::Q3K | GgmlType::Q2K) || lookup(dtype)) && vnni()
 }
 
 /// Whether four groups of `dtype` run together ([`quad`]) where a chunk holds them: with
-/// VNNI, Q4_K and the signed-byte formats (from their records) and the formats whose
-/// pairs decode side by side, so that each broadcast of activations feeds two pairs'
+/// VNNI, Q4_K and Q8_0 (from their records) and the formats whose pairs decode side by
+/// side, so that each broadcast of activations feeds two pairs'
 /// `vpdpbusd`s; one broadcast per `vpdpbusd` kept the load ports busier than the
 /// multiply-adds (`docs/kernels.md`).
 pub(super) fn quads(dtype: GgmlType) -> bool {
-    decodes_in_pairs(dtype) || (dtype == GgmlType::Q4K || signed_bytes(dtype)) && vnni()
+    decodes_in_pairs(dtype) || matches!(dtype, GgmlType::Q4K | GgmlType::Q8_0) && vnni()
 }
 
 /// Whether two groups of `dtype` run side by side ([`pair`]) when more than one tile of

@@ -2,7 +2,7 @@ use super::super::tests::random_blocks;
 use super::super::{quantize_rows, QActs};
 use super::driver::{decode, decode_pair, group, pair, portable_group, quad};
 use super::*;
-use crate::kernels::quant::{tq1_0_codes, BLOCK_FORMATS, TQ2_0_BYTES};
+use crate::kernels::quant::{iq4_indices_at, tq1_0_codes, BLOCK_FORMATS, IQ4_VALUES, MXFP4_VALUES, TQ2_0_BYTES};
 use crate::kernels::ternary::tq2_0_block;
 use crate::kernels::testing::random_vec;
 
@@ -340,8 +340,9 @@ fn rows_are_tile_invariant() {
     });
 }
 
-/// Values decoded ahead give every K-quant kernel and TQ1_0's, at every tile height, the
-/// very results it computes from the records, and the decoded bytes are the file's values.
+/// Values decoded ahead give every kernel that reads them (the K-quants', TQ1_0's, the
+/// lookup formats'), at every tile height, the very results it computes from the records,
+/// and the decoded bytes are the file's values.
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn decoded_values_change_nothing() {
@@ -374,6 +375,20 @@ fn decoded_values_change_nothing() {
             let two = interleave(GgmlType::Tq2_0, &two, row_bytes / TQ2_0_BYTES * 256);
             for (b, vals) in vals.chunks_exact(decoded_bytes(dtype)).enumerate() {
                 assert_eq!(vals, &two[b * rec_bytes + head..(b + 1) * rec_bytes], "TQ1_0 block {b}");
+            }
+            return;
+        }
+        if lookup(dtype) {
+            // Per 32 values, the low nibbles' four chunks, then the high ones', each byte
+            // the looked-up value plus 128.
+            let table = if dtype == GgmlType::Mxfp4 { MXFP4_VALUES } else { IQ4_VALUES };
+            let (values, bytes) = dtype.block();
+            for (at, &v) in vals.iter().enumerate() {
+                let (run, h, c, r, i) = (at / 256, at % 256 / 128, at % 128 / 32, at % 32 / 4, at % 4);
+                let (b, sub) = (run * QB / values, run % (values / QB));
+                let qs = if dtype == GgmlType::Mxfp4 { 1 } else { iq4_indices_at(dtype, sub) };
+                let q = raw[r][b * bytes + qs + 4 * c + i] >> (4 * h) & 0xF;
+                assert_eq!(v, (table[q as usize] as u8) ^ 0x80, "{dtype:?} byte {at}");
             }
             return;
         }
@@ -438,7 +453,7 @@ fn pairs_change_nothing() {
                 })
             })
             .collect();
-        let mut side_by_side = vec![0u8; 2 * blocks * DECODED];
+        let mut side_by_side = vec![0u8; 2 * blocks * decoded_bytes(dtype)];
         if decodes_in_pairs(dtype) {
             decode_pair(dtype, [a, b], blocks, &mut side_by_side);
         }
@@ -447,7 +462,9 @@ fn pairs_change_nothing() {
             (true, false) => [vals[0].as_deref(), vals[1].as_deref()],
             _ => [None, None],
         };
-        for tile in 1..=TILE {
+        // The lookup formats pair from their records too, below `decode_from` rows.
+        let ways = if lookup(dtype) { vec![paired_vals, [None, None]] } else { vec![paired_vals] };
+        for (paired_vals, tile) in ways.iter().flat_map(|&v| (1..=TILE).map(move |t| (v, t))) {
             let mut paired = [[[0f32; GROUP]; TILE]; 2];
             pair(dtype, [a, b], paired_vals, &xq, 0, tile, k, &mut paired, &[]);
             for (g, d) in [a, b].into_iter().enumerate() {
@@ -461,7 +478,8 @@ fn pairs_change_nothing() {
 
 /// Four groups run together give each group's results alone, bit for bit, at every
 /// tile height, for the formats that run in [`quads`] (none without VNNI): Q4_K's from
-/// its records, the Q6_K family's from each pair's values side by side.
+/// its records, the Q6_K family's from each pair's values side by side, the lookup
+/// formats' both ways.
 #[test]
 fn quads_change_nothing() {
     for dtype in BLOCK_FORMATS.into_iter().filter(|&d| quads(d)) {
@@ -471,26 +489,28 @@ fn quads_change_nothing() {
         let groups: Vec<&[u8]> = data.chunks_exact(data.len() / 4).collect();
         let mut xq = QActs::default();
         quantize_rows(&random_vec(TILE * k, 86), TILE, k, act_scales(dtype), &mut xq);
-        let mut side_by_side = vec![0u8; 4 * blocks * DECODED];
-        let (first, second) = side_by_side.split_at_mut(2 * blocks * DECODED);
+        let decoded = blocks * decoded_bytes(dtype);
+        let mut side_by_side = vec![0u8; 4 * decoded];
+        let (first, second) = side_by_side.split_at_mut(2 * decoded);
         if decodes_in_pairs(dtype) {
             decode_pair(dtype, [groups[0], groups[1]], blocks, first);
             decode_pair(dtype, [groups[2], groups[3]], blocks, second);
         }
-        let (first, second) = side_by_side.split_at(2 * blocks * DECODED);
-        let [a, b] = [first, second].map(|v| decodes_in_pairs(dtype).then_some(v));
-        for tile in 1..=TILE {
+        let (first, second) = side_by_side.split_at(2 * decoded);
+        let both_ways = if lookup(dtype) { &[true, false][..] } else { &[decodes_in_pairs(dtype)] };
+        for (&pre, tile) in both_ways.iter().flat_map(|p| (1..=TILE).map(move |t| (p, t))) {
+            let [a, b] = [first, second].map(|v| pre.then_some(v));
             let mut four = [[[0f32; GROUP]; TILE]; 4];
             let data = [groups[0], groups[1], groups[2], groups[3]];
             quad(dtype, data, [a, a, b, b], &xq, 0, tile, k, &mut four, &[]);
             for (g, d) in groups.iter().enumerate() {
-                let mut vals = vec![0u8; blocks * DECODED];
+                let mut vals = vec![0u8; decoded];
                 if decodes(dtype) {
                     decode(dtype, d, blocks, &mut vals);
                 }
                 let mut alone = [[0f32; GROUP]; TILE];
                 group(dtype, d, decodes(dtype).then_some(&vals), &xq, 0, tile, k, &mut alone);
-                assert_eq!(four[g][..tile], alone[..tile], "{dtype:?} tile {tile} group {g}");
+                assert_eq!(four[g][..tile], alone[..tile], "{dtype:?} tile {tile} group {g} decoded {pre}");
             }
         }
     }
@@ -533,7 +553,8 @@ fn vnni_matches_avx2_bit_for_bit() {
         let (a, b) = data.split_at(data.len() / 2);
         if !k_quant(dtype) {
             // Q8_0, IQ4, MXFP4 and the ternary formats pair with VNNI only: against the
-            // AVX2 kernel alone (TQ1_0 from its codes decoded ahead, as the step runs it).
+            // AVX2 kernel alone (TQ1_0 from its codes decoded ahead, as the step runs it,
+            // and the lookup formats from their values, side by side where paired).
             let decoded: Vec<Vec<u8>> = [a, b]
                 .iter()
                 .map(|d| {
@@ -548,12 +569,17 @@ fn vnni_matches_avx2_bit_for_bit() {
                 rec: [a, b][g].as_ptr(),
                 vals: if decodes(dtype) { decoded[g].as_ptr() } else { std::ptr::null() },
             };
+            let mut side_by_side = vec![0u8; 2 * blocks * decoded_bytes(dtype)];
+            let paired = if decodes_in_pairs(dtype) {
+                decode_pair(dtype, [a, b], blocks, &mut side_by_side);
+                [a, b].map(|d| avx2::Src { rec: d.as_ptr(), vals: side_by_side.as_ptr() })
+            } else {
+                [src(0), src(1)]
+            };
             for tile in 1..=TILE {
                 let mut vnni = [[[0f32; GROUP]; TILE]; 2];
                 // SAFETY: as above, for two groups' records (and decoded values).
-                unsafe {
-                    avx2::pair(true, dtype, [src(0), src(1)], &xq, 0, tile, blocks, &mut vnni, avx2::Ahead::NONE)
-                };
+                unsafe { avx2::pair(true, dtype, paired, &xq, 0, tile, blocks, &mut vnni, avx2::Ahead::NONE) };
                 for (g, vnni) in vnni.iter().enumerate() {
                     let mut avx2 = [[0f32; GROUP]; TILE];
                     // SAFETY: as above, one group's records (and decoded values).
@@ -570,7 +596,7 @@ fn vnni_matches_avx2_bit_for_bit() {
         let src = [avx2::Src { rec: a.as_ptr(), vals: va.as_ptr() }, avx2::Src { rec: b.as_ptr(), vals: vb.as_ptr() }];
         // VNNI reads Q4_K's records, not decoded values ([`decodes`]), and the Q6_K
         // family's values side by side ([`decodes_in_pairs`]).
-        let mut side_by_side = vec![0u8; 2 * blocks * DECODED];
+        let mut side_by_side = vec![0u8; 2 * blocks * decoded_bytes(dtype)];
         let vnni_src = if decodes_in_pairs(dtype) {
             decode_pair(dtype, [a, b], blocks, &mut side_by_side);
             [a, b].map(|d| avx2::Src { rec: d.as_ptr(), vals: side_by_side.as_ptr() })
@@ -601,10 +627,10 @@ fn pairs_decode_side_by_side() {
         let blocks = k / dtype.block().0;
         let data = interleave(dtype, &random_blocks(dtype, 2 * GROUP * blocks, 97), k);
         let (a, b) = data.split_at(data.len() / 2);
-        let mut both = vec![0u8; 2 * blocks * DECODED];
+        let mut both = vec![0u8; 2 * blocks * decoded_bytes(dtype)];
         decode_pair(dtype, [a, b], blocks, &mut both);
         for (g, d) in [a, b].into_iter().enumerate() {
-            let mut alone = vec![0u8; blocks * DECODED];
+            let mut alone = vec![0u8; blocks * decoded_bytes(dtype)];
             decode(dtype, d, blocks, &mut alone);
             let from_pair: Vec<u8> = both.chunks_exact(32).skip(g).step_by(2).flatten().copied().collect();
             assert_eq!(from_pair, alone, "{dtype:?} group {g}");

@@ -1,12 +1,13 @@
-//! The K-quants' values decoded to a byte each (and TQ1_0's base-3 digits to TQ2_0's
-//! codes), once per chunk of groups, in the order the kernels read them, so that tiles
-//! after the first skip the unpacking.
+//! The K-quants' values decoded to a byte each (TQ1_0's base-3 digits to TQ2_0's codes,
+//! the lookup formats' indices to their values), once per chunk of groups, in the order
+//! the kernels read them, so that tiles after the first skip the unpacking.
 
 use super::*;
 
 /// A group's `blocks` K-quant records at `p`, their values decoded to bytes at `out` in
 /// the order [`k_sub`] and [`q6_out`] read them: per block, 32-byte chunks by sub-block
-/// (Q6_K: by output) and then chunk; or TQ1_0's, their codes as TQ2_0's ([`decode_tq1`]).
+/// (Q6_K: by output) and then chunk; or TQ1_0's, their codes as TQ2_0's ([`decode_tq1`]);
+/// or the lookup formats' values ([`decode_lookup`]).
 ///
 /// # Safety
 /// AVX2 must be available; `p` holds `blocks` records, `out` room for `blocks` decoded.
@@ -22,14 +23,16 @@ pub(crate) unsafe fn decode(dtype: GgmlType, p: *const u8, blocks: usize, out: *
                 GgmlType::Q3K => decode_q3::<32>(rec.add(head), out),
                 GgmlType::Q2K => decode_q2::<32>(rec.add(head), out),
                 GgmlType::Tq1_0 => decode_tq1(rec.add(head), out),
+                _ if lookup(dtype) => decode_lookup(dtype, rec.add(head), out),
                 _ => decode_q6(rec.add(head), out),
             }
         }
     }
 }
 
-/// Two neighbouring groups' `blocks` records of the Q6_K family (at `a`, `b`), their
-/// values decoded side by side at `out` for the VNNI paired kernel ([`q6_block_vnni`]):
+/// Two neighbouring groups' `blocks` records of the Q6_K family or a lookup format (at
+/// `a`, `b`), their values decoded side by side at `out` for the VNNI paired kernels
+/// ([`q6_block_vnni`], [`q8_pairs`]):
 /// per block, each 32-byte chunk of `a`'s [`decode`]d values followed by `b`'s, so that
 /// one 512-bit load takes a chunk of both groups.
 ///
@@ -39,15 +42,19 @@ pub(crate) unsafe fn decode(dtype: GgmlType, p: *const u8, blocks: usize, out: *
 #[target_feature(enable = "avx2")]
 pub(crate) unsafe fn decode_pair(dtype: GgmlType, a: *const u8, b: *const u8, blocks: usize, out: *mut u8) {
     unsafe {
-        let (rec_bytes, head) = record(dtype);
+        let ((rec_bytes, head), decoded) = (record(dtype), decoded_bytes(dtype));
         for blk in 0..blocks {
+            let vals = |p: *const u8| p.add(blk * rec_bytes + head);
             if dtype == GgmlType::Q6K {
-                let vals = |p: *const u8| p.add(blk * rec_bytes + head);
-                decode_q6_pair(vals(a), vals(b), out.add(2 * blk * DECODED));
+                decode_q6_pair(vals(a), vals(b), out.add(2 * blk * decoded));
+                continue;
+            }
+            if lookup(dtype) {
+                decode_lookup_pair(dtype, vals(a), vals(b), out.add(2 * blk * decoded));
                 continue;
             }
             for (g, p) in [a, b].into_iter().enumerate() {
-                let (vals, out) = (p.add(blk * rec_bytes + head), out.add(2 * blk * DECODED + 32 * g));
+                let (vals, out) = (p.add(blk * rec_bytes + head), out.add(2 * blk * decoded + 32 * g));
                 match dtype {
                     GgmlType::Q3K => decode_q3::<64>(vals, out),
                     GgmlType::Q2K => decode_q2::<64>(vals, out),
@@ -119,6 +126,63 @@ pub(super) unsafe fn decode_k<const FIVE: bool>(rec: *const u8, out: *mut u8) {
                 put::<32>(out, 2 * pair + 1, c, k_chunk::<FIVE, 1>(rec, pair, c));
             }
         }
+    }
+}
+
+/// One block of a lookup format's values (indices at `qs`), decoded for [`decode`]: per
+/// 32-value sub-block, its eight chunks (the low nibbles' four, then the high ones'), each
+/// value plus 128, the unsigned byte [`q8`]'s `vpdpbusd` takes.
+///
+/// # Safety
+/// AVX2 must be available; `qs` holds a record's indices and `out` room for its
+/// decoded block.
+#[inline(always)]
+unsafe fn decode_lookup(dtype: GgmlType, qs: *const u8, out: *mut u8) {
+    unsafe {
+        let table = _mm256_broadcastsi128_si256(offset_values(dtype));
+        for sub in 0..dtype.block().0 / QB {
+            for h in 0..2 {
+                for c in 0..4 {
+                    put::<32>(out, sub, 4 * h + c, lookup_chunk(qs.add(128 * sub), h, c, table));
+                }
+            }
+        }
+    }
+}
+
+/// One block of two groups' lookup-format values (indices at `a`, `b`), decoded side by
+/// side for [`decode_pair`] with AVX-512: each 64-byte chunk of both groups one shuffle,
+/// where [`decode_lookup`] took two and an offset each.
+///
+/// # Safety
+/// What [`vnni`] checks must be available (as [`decode_pair`]'s caller does); `a` and `b`
+/// hold one record's indices each and `out` room for their decoded block.
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn decode_lookup_pair(dtype: GgmlType, a: *const u8, b: *const u8, out: *mut u8) {
+    unsafe {
+        let (table, low) = (_mm512_broadcast_i32x4(offset_values(dtype)), _mm512_set1_epi8(0x0F));
+        for sub in 0..dtype.block().0 / QB {
+            for c in 0..4 {
+                let v = two_groups(a.add(128 * sub + 32 * c), b.add(128 * sub + 32 * c));
+                let lo = _mm512_shuffle_epi8(table, _mm512_and_si512(v, low));
+                let hi = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
+                _mm512_storeu_si512(out.add(64 * (8 * sub + c)).cast(), lo);
+                _mm512_storeu_si512(out.add(64 * (8 * sub + 4 + c)).cast(), hi);
+            }
+        }
+    }
+}
+
+/// The sixteen values of a lookup format, each plus 128 (the bytes [`decode_lookup`]
+/// writes).
+///
+/// # Safety
+/// SSE2 must be available.
+#[inline(always)]
+unsafe fn offset_values(dtype: GgmlType) -> __m128i {
+    unsafe {
+        let values = if dtype == GgmlType::Mxfp4 { lookup_values::<F_MXFP4>() } else { lookup_values::<F_IQ4_NL>() };
+        _mm_xor_si128(values, _mm_set1_epi8(-128))
     }
 }
 

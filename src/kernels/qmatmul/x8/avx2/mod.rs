@@ -25,7 +25,7 @@ use sums::*;
 use ternary::*;
 use vnni::*;
 
-/// One group's weights as a kernel reads them: its records, and the K-quants' values
+/// One group's weights as a kernel reads them: its records, and its values
 /// decoded ahead ([`decode`]) or null.
 #[derive(Clone, Copy)]
 pub struct Src {
@@ -124,10 +124,13 @@ pub unsafe fn group(
             (GgmlType::Q4_1, v) => by_isa!(v, tile, legacy_n | legacy_n_vnni, true, false),
             (GgmlType::Q5_0, v) => by_isa!(v, tile, legacy_n | legacy_n_vnni, false, true),
             (GgmlType::Q5_1, v) => by_isa!(v, tile, legacy_n | legacy_n_vnni, true, true),
-            (GgmlType::Q8_0, v) => by_isa!(v, tile, q8_0 | q8_0_vnni, F_Q8_0),
-            (GgmlType::Iq4Nl, v) => by_isa!(v, tile, q8_0 | q8_0_vnni, F_IQ4_NL),
-            (GgmlType::Iq4Xs, v) => by_isa!(v, tile, q8_0 | q8_0_vnni, F_IQ4_XS),
-            (GgmlType::Mxfp4, v) => by_isa!(v, tile, q8_0 | q8_0_vnni, F_MXFP4),
+            (GgmlType::Q8_0, v) => by_isa!(v, tile, q8_0 | q8_0_vnni, F_Q8_0, false),
+            (GgmlType::Iq4Nl, v) if pre => by_isa!(v, tile, q8_0 | q8_0_vnni, F_IQ4_NL, true),
+            (GgmlType::Iq4Nl, v) => by_isa!(v, tile, q8_0 | q8_0_vnni, F_IQ4_NL, false),
+            (GgmlType::Iq4Xs, v) if pre => by_isa!(v, tile, q8_0 | q8_0_vnni, F_IQ4_XS, true),
+            (GgmlType::Iq4Xs, v) => by_isa!(v, tile, q8_0 | q8_0_vnni, F_IQ4_XS, false),
+            (GgmlType::Mxfp4, v) if pre => by_isa!(v, tile, q8_0 | q8_0_vnni, F_MXFP4, true),
+            (GgmlType::Mxfp4, v) => by_isa!(v, tile, q8_0 | q8_0_vnni, F_MXFP4, false),
             (GgmlType::Tq2_0, v) => by_isa!(v, tile, tq2_0 | tq2_0_vnni, false),
             // TQ1_0's codes decoded ahead are TQ2_0's ([`decode_tq1`]).
             (GgmlType::Tq1_0, v) if pre => by_isa!(v, tile, tq2_0 | tq2_0_vnni, true),
@@ -160,9 +163,9 @@ pub unsafe fn group(
 /// by side ([`k_tiled`], [`q6_k`], [`q8`]), asking for `ahead` on the way.
 ///
 /// # Safety
-/// As [`group`], for each group: values decoded ahead, except for Q4_K and Q8_0 with
-/// VNNI, which read the records; with VNNI, the Q6_K family's side by side at both
-/// groups' `vals` ([`decode_pair`]).
+/// As [`group`], for each group: values decoded ahead, except for Q4_K, Q8_0 and TQ2_0
+/// with VNNI, which read the records; with VNNI, the Q6_K family's and the lookup
+/// formats' side by side at both groups' `vals` ([`decode_pair`]).
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn pair(
     vnni: bool,
@@ -181,13 +184,16 @@ pub unsafe fn pair(
         if signed_bytes(dtype) || ternary(dtype) {
             // Their share of records is asked for before the call: a check per block of
             // 32 values measured slower.
-            debug_assert!(vnni && ahead.len == 0 && pre == (dtype == GgmlType::Tq1_0));
-            let f = match dtype {
-                GgmlType::Q8_0 => by_tile!(tile, q8_two_vnni, F_Q8_0),
-                GgmlType::Iq4Nl => by_tile!(tile, q8_two_vnni, F_IQ4_NL),
-                GgmlType::Mxfp4 => by_tile!(tile, q8_two_vnni, F_MXFP4),
-                GgmlType::Iq4Xs => by_tile!(tile, q8_two_vnni, F_IQ4_XS),
-                GgmlType::Tq2_0 => by_tile!(tile, tq2_two_vnni, false),
+            debug_assert!(vnni && ahead.len == 0 && (pre == (dtype == GgmlType::Tq1_0) || lookup(dtype)));
+            let f = match (dtype, pre) {
+                (GgmlType::Q8_0, _) => by_tile!(tile, q8_two_vnni, F_Q8_0, false),
+                (GgmlType::Iq4Nl, true) => by_tile!(tile, q8_two_vnni, F_IQ4_NL, true),
+                (GgmlType::Iq4Nl, false) => by_tile!(tile, q8_two_vnni, F_IQ4_NL, false),
+                (GgmlType::Mxfp4, true) => by_tile!(tile, q8_two_vnni, F_MXFP4, true),
+                (GgmlType::Mxfp4, false) => by_tile!(tile, q8_two_vnni, F_MXFP4, false),
+                (GgmlType::Iq4Xs, true) => by_tile!(tile, q8_two_vnni, F_IQ4_XS, true),
+                (GgmlType::Iq4Xs, false) => by_tile!(tile, q8_two_vnni, F_IQ4_XS, false),
+                (GgmlType::Tq2_0, _) => by_tile!(tile, tq2_two_vnni, false),
                 _ => by_tile!(tile, tq2_two_vnni, true),
             };
             return f(src, xq, first, blocks, acc);
@@ -207,15 +213,15 @@ pub unsafe fn pair(
     }
 }
 
-/// Four neighbouring groups (`src`: Q4_K's, Q8_0's, IQ4's and MXFP4's records, or the
-/// Q6_K family's with each pair's values decoded side by side, [`decode_pair`]) against
+/// Four neighbouring groups (`src`: Q4_K's and Q8_0's records, or the Q6_K family's and
+/// the lookup formats' with each pair's values decoded side by side, [`decode_pair`]) against
 /// activation rows `first..first + tile`, with VNNI ([`quads`]): each broadcast of
 /// activations feeds both pairs' `vpdpbusd`s.
 ///
 /// # Safety
 /// What [`vnni`] checks must be available; each `src` holds `blocks` records, and for
 /// the Q6_K family `src[0]` and `src[1]` share their pair's decoded values, as do
-/// `src[2]` and `src[3]` (Q4_K's are null).
+/// `src[2]` and `src[3]` (Q4_K's and Q8_0's are null).
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn quad(
     dtype: GgmlType,
@@ -228,15 +234,20 @@ pub unsafe fn quad(
     ahead: Ahead,
 ) {
     unsafe {
-        debug_assert!((1..=TILE).contains(&tile) && src.iter().all(|s| s.vals.is_null() != decodes_in_pairs(dtype)));
+        let pre = !src[0].vals.is_null();
+        debug_assert!((1..=TILE).contains(&tile) && src.iter().all(|s| s.vals.is_null() != pre));
+        debug_assert!(pre == decodes_in_pairs(dtype) || lookup(dtype) && !pre);
         if signed_bytes(dtype) {
             // Their share of records is asked for before the call, as for [`pair`]'s.
             debug_assert!(ahead.len == 0);
-            let f = match dtype {
-                GgmlType::Q8_0 => by_tile!(tile, q8_four_vnni, F_Q8_0),
-                GgmlType::Iq4Nl => by_tile!(tile, q8_four_vnni, F_IQ4_NL),
-                GgmlType::Mxfp4 => by_tile!(tile, q8_four_vnni, F_MXFP4),
-                _ => by_tile!(tile, q8_four_vnni, F_IQ4_XS),
+            let f = match (dtype, pre) {
+                (GgmlType::Q8_0, _) => by_tile!(tile, q8_four_vnni, F_Q8_0, false),
+                (GgmlType::Iq4Nl, true) => by_tile!(tile, q8_four_vnni, F_IQ4_NL, true),
+                (GgmlType::Iq4Nl, false) => by_tile!(tile, q8_four_vnni, F_IQ4_NL, false),
+                (GgmlType::Mxfp4, true) => by_tile!(tile, q8_four_vnni, F_MXFP4, true),
+                (GgmlType::Mxfp4, false) => by_tile!(tile, q8_four_vnni, F_MXFP4, false),
+                (GgmlType::Iq4Xs, true) => by_tile!(tile, q8_four_vnni, F_IQ4_XS, true),
+                _ => by_tile!(tile, q8_four_vnni, F_IQ4_XS, false),
             };
             return f(src, xq, first, blocks, acc);
         }
@@ -299,22 +310,22 @@ twins!(tq2_0, tq2_0_vnni<ONE: bool, R: usize>
 twins!(tq1_0, tq1_0_vnni<R: usize>
     (src: Src, xq: &QActs, first: usize, blocks: usize, out: &mut [[f32; GROUP]; TILE]),
     V => tq1::<V, R>(src, xq, first, blocks, out));
-twins!(q8_0, q8_0_vnni<F: u8, R: usize>
+twins!(q8_0, q8_0_vnni<F: u8, PRE: bool, R: usize>
     (src: Src, xq: &QActs, first: usize, blocks: usize, out: &mut [[f32; GROUP]; TILE]),
-    V => q8::<V, F, R>(src, xq, first, blocks, out));
+    V => q8::<V, F, PRE, R>(src, xq, first, blocks, out));
 /// Two groups of Q8_0 (or IQ4, MXFP4) side by side, with VNNI only ([`pairs`]).
 ///
 /// # Safety
 /// As [`q8_pairs`]'s.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn q8_two_vnni<const F: u8, const R: usize>(
+unsafe fn q8_two_vnni<const F: u8, const PRE: bool, const R: usize>(
     src: [Src; 2],
     xq: &QActs,
     first: usize,
     blocks: usize,
     out: &mut [[[f32; GROUP]; TILE]; 2],
 ) {
-    unsafe { q8_pairs::<F, 2, 1, R>(src, xq, first, blocks, out) }
+    unsafe { q8_pairs::<F, PRE, 2, 1, R>(src, xq, first, blocks, out) }
 }
 
 /// Four groups of Q8_0 (or IQ4, MXFP4), two pairs side by side, with VNNI only ([`quads`]).
@@ -322,14 +333,14 @@ unsafe fn q8_two_vnni<const F: u8, const R: usize>(
 /// # Safety
 /// As [`q8_pairs`]'s.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn q8_four_vnni<const F: u8, const R: usize>(
+unsafe fn q8_four_vnni<const F: u8, const PRE: bool, const R: usize>(
     src: [Src; 4],
     xq: &QActs,
     first: usize,
     blocks: usize,
     out: &mut [[[f32; GROUP]; TILE]; 4],
 ) {
-    unsafe { q8_pairs::<F, 4, 2, R>(src, xq, first, blocks, out) }
+    unsafe { q8_pairs::<F, PRE, 4, 2, R>(src, xq, first, blocks, out) }
 }
 
 /// Two groups of TQ2_0 (TQ1_0's decoded ahead with `ONE`) side by side, with VNNI only ([`pairs`]).

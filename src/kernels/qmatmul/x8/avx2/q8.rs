@@ -15,12 +15,14 @@ use crate::kernels::quant::{IQ4_VALUES, MXFP4_VALUES};
 /// IQ4_XS's weight scale of 32 values is `d · (ls − 32)` (`blocks` counts its 256-value
 /// blocks; the loop runs over 32). So does MXFP4, its doubled E2M1 values looked up from
 /// [`MXFP4_VALUES`] and its eight E8M0 bytes made the f32 scales they halve to ([`e8m0x8`]).
+/// With `PRE`, the values come decoded ahead ([`decode_lookup`]), offset by 128.
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be available (with `V`, what [`vnni`] checks too); `src`
-/// holds `blocks` records and `xq` the activation rows `first..first + R`.
+/// holds `blocks` records (and decoded values with `PRE`) and `xq` the activation rows
+/// `first..first + R`.
 #[inline(always)]
-pub(super) unsafe fn q8<const V: bool, const F: u8, const R: usize>(
+pub(super) unsafe fn q8<const V: bool, const F: u8, const PRE: bool, const R: usize>(
     src: Src,
     xq: &QActs,
     first: usize,
@@ -31,8 +33,7 @@ pub(super) unsafe fn q8<const V: bool, const F: u8, const R: usize>(
         let dtype = q8_format(F);
         let ((rec_bytes, head), subs, sc_at) = (record(dtype), dtype.block().0 / QB, shape(dtype).bytes_at());
         let blocks = blocks * subs;
-        let values = if F == F_MXFP4 { &MXFP4_VALUES } else { &IQ4_VALUES };
-        let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(values.as_ptr().cast()));
+        let table = _mm256_broadcastsi128_si256(lookup_values::<F>());
         let ones = _mm256_set1_epi16(1);
         let mut acc = [_mm256_setzero_ps(); R];
         for b in 0..blocks {
@@ -48,14 +49,19 @@ pub(super) unsafe fn q8<const V: bool, const F: u8, const R: usize>(
                     }
                 }
                 for c in 0..4 {
-                    let w = if F == F_Q8_0 {
-                        _mm256_loadu_si256(rec.add(head + 32 * (4 * h + c)).cast())
+                    let offset = _mm256_set1_epi8(-128);
+                    let (w, uw) = if PRE {
+                        let uw = _mm256_loadu_si256(src.vals.add(32 * (8 * b + 4 * h + c)).cast());
+                        (_mm256_xor_si256(uw, offset), uw)
                     } else {
-                        let v = _mm256_loadu_si256(rec.add(head + 128 * sub + 32 * c).cast());
-                        let v = if h == 0 { v } else { _mm256_srli_epi16(v, 4) };
-                        _mm256_shuffle_epi8(table, _mm256_and_si256(v, _mm256_set1_epi8(0xF)))
+                        let w = if F == F_Q8_0 {
+                            _mm256_loadu_si256(rec.add(head + 32 * (4 * h + c)).cast())
+                        } else {
+                            lookup_chunk(rec.add(head + 128 * sub), h, c, table)
+                        };
+                        (w, _mm256_xor_si256(w, offset))
                     };
-                    let (aw, uw) = (_mm256_abs_epi8(w), _mm256_xor_si256(w, _mm256_set1_epi8(-128)));
+                    let aw = _mm256_abs_epi8(w);
                     for (t, s) in s.iter_mut().enumerate() {
                         let x = bcast(xq.q.as_ptr().add(((first + t) * blocks + b) * QB + QH * h + 4 * c));
                         *s = if V {
@@ -80,12 +86,14 @@ pub(super) unsafe fn q8<const V: bool, const F: u8, const R: usize>(
 /// each 512-bit register ([`two_groups`]), so that each broadcast of activations feeds a
 /// pair's sixteen rows in one `vpdpbusd` (and, with two pairs, each row's broadcast,
 /// offset and scale serve both): the same operations per lane as one group's, so the
-/// same bits.
+/// same bits. With `PRE`, the [`lookup`] formats read each pair's values decoded side by
+/// side ([`decode_pair`]), a chunk of both groups one load.
 ///
 /// # Safety
-/// As [`q8`]'s, for each of `G` groups, and what [`vnni`] checks.
+/// As [`q8`]'s, for each of `G` groups (with `PRE`, `vals` each pair's decoded values,
+/// at both of its groups), and what [`vnni`] checks.
 #[inline(always)]
-pub(super) unsafe fn q8_pairs<const F: u8, const G: usize, const P: usize, const R: usize>(
+pub(super) unsafe fn q8_pairs<const F: u8, const PRE: bool, const G: usize, const P: usize, const R: usize>(
     src: [Src; G],
     xq: &QActs,
     first: usize,
@@ -97,8 +105,8 @@ pub(super) unsafe fn q8_pairs<const F: u8, const G: usize, const P: usize, const
         let dtype = q8_format(F);
         let ((rec_bytes, head), subs, sc_at) = (record(dtype), dtype.block().0 / QB, shape(dtype).bytes_at());
         let blocks = blocks * subs;
-        let values = if F == F_MXFP4 { &MXFP4_VALUES } else { &IQ4_VALUES };
-        let table = _mm512_broadcast_i32x4(_mm_loadu_si128(values.as_ptr().cast()));
+        debug_assert!(src.iter().all(|s| s.vals.is_null() != PRE) && (F != F_Q8_0 || !PRE));
+        let table = _mm512_broadcast_i32x4(lookup_values::<F>());
         let mut acc = [[_mm512_setzero_ps(); R]; P];
         for b in 0..blocks {
             let sub = b % subs;
@@ -126,6 +134,10 @@ pub(super) unsafe fn q8_pairs<const F: u8, const G: usize, const P: usize, const
                 for c in 0..4 {
                     let mut uw = [_mm512_setzero_si512(); P];
                     for (p, uw) in uw.iter_mut().enumerate() {
+                        if PRE {
+                            *uw = _mm512_loadu_si512(src[2 * p].vals.add(64 * (8 * b + 4 * h + c)).cast());
+                            continue;
+                        }
                         let (a, b) = (rec[2 * p], rec[2 * p + 1]);
                         let w = if F == F_Q8_0 {
                             let at = head + 32 * (4 * h + c);
@@ -158,6 +170,33 @@ pub(super) unsafe fn q8_pairs<const F: u8, const G: usize, const P: usize, const
             let [a, b] = out else { unreachable!("pairs of groups") };
             store_two(acc, [a, b]);
         }
+    }
+}
+
+/// The sixteen signed values a [`lookup`] format `F`'s indices pick.
+///
+/// # Safety
+/// SSE2 must be available.
+#[inline(always)]
+pub(super) unsafe fn lookup_values<const F: u8>() -> __m128i {
+    unsafe {
+        let values = if F == F_MXFP4 { &MXFP4_VALUES } else { &IQ4_VALUES };
+        _mm_loadu_si128(values.as_ptr().cast())
+    }
+}
+
+/// Chunk `c` of half `h` of the 32-value sub-block whose indices are at `qs` (the low
+/// nibbles the first half, the high ones the second): four signed values of each of the
+/// eight rows, looked up in `table` ([`lookup_values`] in both 128-bit lanes).
+///
+/// # Safety
+/// AVX2 must be available and `qs` hold a sub-block's 128 bytes of indices.
+#[inline(always)]
+pub(super) unsafe fn lookup_chunk(qs: *const u8, h: usize, c: usize, table: __m256i) -> __m256i {
+    unsafe {
+        let v = _mm256_loadu_si256(qs.add(32 * c).cast());
+        let v = if h == 0 { v } else { _mm256_srli_epi16(v, 4) };
+        _mm256_shuffle_epi8(table, _mm256_and_si256(v, _mm256_set1_epi8(0xF)))
     }
 }
 
