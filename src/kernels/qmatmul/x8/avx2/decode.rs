@@ -160,14 +160,13 @@ unsafe fn decode_lookup(dtype: GgmlType, qs: *const u8, out: *mut u8) {
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn decode_lookup_pair(dtype: GgmlType, a: *const u8, b: *const u8, out: *mut u8) {
     unsafe {
-        let (table, low) = (_mm512_broadcast_i32x4(offset_values(dtype)), _mm512_set1_epi8(0x0F));
+        let table = _mm512_broadcast_i32x4(offset_values(dtype));
         for sub in 0..dtype.block().0 / QB {
             for c in 0..4 {
                 let v = two_groups(a.add(128 * sub + 32 * c), b.add(128 * sub + 32 * c));
-                let lo = _mm512_shuffle_epi8(table, _mm512_and_si512(v, low));
-                let hi = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
-                _mm512_storeu_si512(out.add(64 * (8 * sub + c)).cast(), lo);
-                _mm512_storeu_si512(out.add(64 * (8 * sub + 4 + c)).cast(), hi);
+                for h in 0..2 {
+                    _mm512_storeu_si512(out.add(64 * (8 * sub + 4 * h + c)).cast(), lookup_x2(v, h, table));
+                }
             }
         }
     }

@@ -99,6 +99,24 @@ macro_rules! by_isa {
     };
 }
 
+/// [`by_tile!`] or [`by_isa!`] (`$by!($($args)*)`) of the signed-byte formats' kernel of
+/// `$dtype`, with its format and, for the lookup formats, `$pre` (values decoded ahead) as
+/// const arguments; Q8_0 always reads its records.
+macro_rules! by_signed_bytes {
+    ($dtype:expr, $pre:expr, $by:ident!($($args:tt)*)) => {
+        match ($dtype, $pre) {
+            (GgmlType::Q8_0, _) => $by!($($args)*, F_Q8_0, false),
+            (GgmlType::Iq4Nl, true) => $by!($($args)*, F_IQ4_NL, true),
+            (GgmlType::Iq4Nl, false) => $by!($($args)*, F_IQ4_NL, false),
+            (GgmlType::Iq4Xs, true) => $by!($($args)*, F_IQ4_XS, true),
+            (GgmlType::Iq4Xs, false) => $by!($($args)*, F_IQ4_XS, false),
+            (GgmlType::Mxfp4, true) => $by!($($args)*, F_MXFP4, true),
+            (GgmlType::Mxfp4, false) => $by!($($args)*, F_MXFP4, false),
+            (other, _) => unreachable!("{other:?}: not a signed-byte format"),
+        }
+    };
+}
+
 /// One group's records against activation rows `first..first + tile`, with the
 /// AVX-512 VNNI copies of the kernels when `vnni` (same results, bit for bit).
 ///
@@ -124,13 +142,7 @@ pub unsafe fn group(
             (GgmlType::Q4_1, v) => by_isa!(v, tile, legacy_n | legacy_n_vnni, true, false),
             (GgmlType::Q5_0, v) => by_isa!(v, tile, legacy_n | legacy_n_vnni, false, true),
             (GgmlType::Q5_1, v) => by_isa!(v, tile, legacy_n | legacy_n_vnni, true, true),
-            (GgmlType::Q8_0, v) => by_isa!(v, tile, q8_0 | q8_0_vnni, F_Q8_0, false),
-            (GgmlType::Iq4Nl, v) if pre => by_isa!(v, tile, q8_0 | q8_0_vnni, F_IQ4_NL, true),
-            (GgmlType::Iq4Nl, v) => by_isa!(v, tile, q8_0 | q8_0_vnni, F_IQ4_NL, false),
-            (GgmlType::Iq4Xs, v) if pre => by_isa!(v, tile, q8_0 | q8_0_vnni, F_IQ4_XS, true),
-            (GgmlType::Iq4Xs, v) => by_isa!(v, tile, q8_0 | q8_0_vnni, F_IQ4_XS, false),
-            (GgmlType::Mxfp4, v) if pre => by_isa!(v, tile, q8_0 | q8_0_vnni, F_MXFP4, true),
-            (GgmlType::Mxfp4, v) => by_isa!(v, tile, q8_0 | q8_0_vnni, F_MXFP4, false),
+            (d, v) if signed_bytes(d) => by_signed_bytes!(d, pre, by_isa!(v, tile, q8_0 | q8_0_vnni)),
             (GgmlType::Tq2_0, v) => by_isa!(v, tile, tq2_0 | tq2_0_vnni, false),
             // TQ1_0's codes decoded ahead are TQ2_0's ([`decode_tq1`]).
             (GgmlType::Tq1_0, v) if pre => by_isa!(v, tile, tq2_0 | tq2_0_vnni, true),
@@ -185,16 +197,10 @@ pub unsafe fn pair(
             // Their share of records is asked for before the call: a check per block of
             // 32 values measured slower.
             debug_assert!(vnni && ahead.len == 0 && (pre == (dtype == GgmlType::Tq1_0) || lookup(dtype)));
-            let f = match (dtype, pre) {
-                (GgmlType::Q8_0, _) => by_tile!(tile, q8_two_vnni, F_Q8_0, false),
-                (GgmlType::Iq4Nl, true) => by_tile!(tile, q8_two_vnni, F_IQ4_NL, true),
-                (GgmlType::Iq4Nl, false) => by_tile!(tile, q8_two_vnni, F_IQ4_NL, false),
-                (GgmlType::Mxfp4, true) => by_tile!(tile, q8_two_vnni, F_MXFP4, true),
-                (GgmlType::Mxfp4, false) => by_tile!(tile, q8_two_vnni, F_MXFP4, false),
-                (GgmlType::Iq4Xs, true) => by_tile!(tile, q8_two_vnni, F_IQ4_XS, true),
-                (GgmlType::Iq4Xs, false) => by_tile!(tile, q8_two_vnni, F_IQ4_XS, false),
-                (GgmlType::Tq2_0, _) => by_tile!(tile, tq2_two_vnni, false),
-                _ => by_tile!(tile, tq2_two_vnni, true),
+            let f = match dtype {
+                GgmlType::Tq2_0 => by_tile!(tile, tq2_two_vnni, false),
+                GgmlType::Tq1_0 => by_tile!(tile, tq2_two_vnni, true),
+                _ => by_signed_bytes!(dtype, pre, by_tile!(tile, q8_two_vnni)),
             };
             return f(src, xq, first, blocks, acc);
         }
@@ -240,15 +246,7 @@ pub unsafe fn quad(
         if signed_bytes(dtype) {
             // Their share of records is asked for before the call, as for [`pair`]'s.
             debug_assert!(ahead.len == 0);
-            let f = match (dtype, pre) {
-                (GgmlType::Q8_0, _) => by_tile!(tile, q8_four_vnni, F_Q8_0, false),
-                (GgmlType::Iq4Nl, true) => by_tile!(tile, q8_four_vnni, F_IQ4_NL, true),
-                (GgmlType::Iq4Nl, false) => by_tile!(tile, q8_four_vnni, F_IQ4_NL, false),
-                (GgmlType::Mxfp4, true) => by_tile!(tile, q8_four_vnni, F_MXFP4, true),
-                (GgmlType::Mxfp4, false) => by_tile!(tile, q8_four_vnni, F_MXFP4, false),
-                (GgmlType::Iq4Xs, true) => by_tile!(tile, q8_four_vnni, F_IQ4_XS, true),
-                _ => by_tile!(tile, q8_four_vnni, F_IQ4_XS, false),
-            };
+            let f = by_signed_bytes!(dtype, pre, by_tile!(tile, q8_four_vnni));
             return f(src, xq, first, blocks, acc);
         }
         let f = match dtype {

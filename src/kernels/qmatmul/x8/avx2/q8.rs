@@ -144,9 +144,7 @@ pub(super) unsafe fn q8_pairs<const F: u8, const PRE: bool, const G: usize, cons
                             two_groups(a.add(at), b.add(at))
                         } else {
                             let at = head + 128 * sub + 32 * c;
-                            let v = two_groups(a.add(at), b.add(at));
-                            let v = if h == 0 { v } else { _mm512_srli_epi16(v, 4) };
-                            _mm512_shuffle_epi8(table, _mm512_and_si512(v, _mm512_set1_epi8(0xF)))
+                            lookup_x2(two_groups(a.add(at), b.add(at)), h, table)
                         };
                         *uw = _mm512_xor_si512(w, _mm512_set1_epi8(-128));
                     }
@@ -197,6 +195,19 @@ pub(super) unsafe fn lookup_chunk(qs: *const u8, h: usize, c: usize, table: __m2
         let v = _mm256_loadu_si256(qs.add(32 * c).cast());
         let v = if h == 0 { v } else { _mm256_srli_epi16(v, 4) };
         _mm256_shuffle_epi8(table, _mm256_and_si256(v, _mm256_set1_epi8(0xF)))
+    }
+}
+
+/// [`lookup_chunk`] of a pair's chunk of indices `v` ([`two_groups`]) in 512 bits, `table`
+/// in every 128-bit lane.
+///
+/// # Safety
+/// What [`vnni`] checks must be available.
+#[inline(always)]
+pub(super) unsafe fn lookup_x2(v: __m512i, h: usize, table: __m512i) -> __m512i {
+    unsafe {
+        let v = if h == 0 { v } else { _mm512_srli_epi16(v, 4) };
+        _mm512_shuffle_epi8(table, _mm512_and_si512(v, _mm512_set1_epi8(0xF)))
     }
 }
 
