@@ -32,7 +32,7 @@ use layout::{record, shape};
 pub use paths::{act_scales, avx2_step, supports, vnni, Avx2Step};
 use paths::{
     decodable, decode_from, decoded_bytes, decodes, decodes_in_pairs, k_quant, lookup, pairs, quads, signed_bytes,
-    ternary,
+    table, ternary,
 };
 
 /// Rows interleaved into one group.

@@ -2,6 +2,7 @@
 //! branch on, and what `weft bench` reports of them.
 
 use super::*;
+use crate::kernels::quant::{IQ4_VALUES, MXFP4_VALUES};
 
 /// Whether the kernels run their AVX-512 VNNI copies (same results, bit for bit).
 pub fn vnni() -> bool {
@@ -32,10 +33,19 @@ pub(super) fn decodable(dtype: GgmlType) -> bool {
     k_quant(dtype) || (dtype == GgmlType::Tq1_0 || lookup(dtype)) && crate::kernels::matmul::avx2::available()
 }
 
-/// Whether `dtype`'s values are 4-bit indices into a table of signed bytes: IQ4_NL's,
-/// IQ4_XS's and MXFP4's.
+/// Whether `dtype`'s values are 4-bit indices into a table of signed bytes ([`table`]):
+/// IQ4_NL's, IQ4_XS's and MXFP4's.
 pub(super) fn lookup(dtype: GgmlType) -> bool {
     matches!(dtype, GgmlType::Iq4Nl | GgmlType::Iq4Xs | GgmlType::Mxfp4)
+}
+
+/// The sixteen values a [`lookup`] format's indices stand for.
+pub(super) fn table(dtype: GgmlType) -> &'static [i8; 16] {
+    if dtype == GgmlType::Mxfp4 {
+        &MXFP4_VALUES
+    } else {
+        &IQ4_VALUES
+    }
 }
 
 /// Bytes of one block of `dtype`'s values [`decode`]d, for the group's rows: a byte a
@@ -89,12 +99,12 @@ pub(super) fn decodes_in_pairs(dtype: GgmlType) -> bool {
 }
 
 /// Whether four groups of `dtype` run together ([`quad`]) where a chunk holds them: with
-/// VNNI, Q4_K and Q8_0 (from their records) and the formats whose pairs decode side by
-/// side, so that each broadcast of activations feeds two pairs'
+/// VNNI, Q4_K, Q8_0 and Q4_0 (from their records) and the formats whose pairs decode side
+/// by side, so that each broadcast of activations feeds two pairs'
 /// `vpdpbusd`s; one broadcast per `vpdpbusd` kept the load ports busier than the
 /// multiply-adds (`docs/kernels.md`).
 pub(super) fn quads(dtype: GgmlType) -> bool {
-    decodes_in_pairs(dtype) || matches!(dtype, GgmlType::Q4K | GgmlType::Q8_0) && vnni()
+    decodes_in_pairs(dtype) || matches!(dtype, GgmlType::Q4K | GgmlType::Q8_0 | GgmlType::Q4_0) && vnni()
 }
 
 /// Whether two groups of `dtype` run side by side ([`pair`]) when more than one tile of
@@ -110,10 +120,11 @@ pub(super) fn ternary(dtype: GgmlType) -> bool {
     matches!(dtype, GgmlType::Tq2_0 | GgmlType::Tq1_0)
 }
 
-/// Whether `dtype` runs on [`avx2::q8`]'s kernels, its values signed bytes: Q8_0's, and
-/// IQ4_NL's, IQ4_XS's and MXFP4's looked up from their indices.
+/// Whether `dtype` runs on [`avx2::q8`]'s kernels, its values signed bytes: Q8_0's, the
+/// [`lookup`] formats' looked up from their indices, and Q4_0's nibbles less 8 (which go
+/// in as they are, the 8 taken off the sum).
 pub(super) fn signed_bytes(dtype: GgmlType) -> bool {
-    matches!(dtype, GgmlType::Q8_0 | GgmlType::Iq4Nl | GgmlType::Iq4Xs | GgmlType::Mxfp4)
+    matches!(dtype, GgmlType::Q8_0 | GgmlType::Q4_0) || lookup(dtype)
 }
 
 /// The coarsest activation scales `dtype`'s kernel needs (every kernel reads coarser
@@ -148,6 +159,8 @@ pub struct Avx2Step {
 /// in two (Q3_K and Q2_K run on its kernels).
 pub fn avx2_step(dtype: GgmlType) -> Avx2Step {
     let (per_madd, signed) = match dtype {
+        // Q4_0's nibbles go into `maddubs` as they are, less 8 on the sum.
+        GgmlType::Q4_0 => (4, false),
         _ if signed_bytes(dtype) => (1, true),
         GgmlType::Q4K => (8, false),
         GgmlType::Tq2_0 | GgmlType::Tq1_0 => (64, false),

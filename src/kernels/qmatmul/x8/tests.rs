@@ -2,7 +2,7 @@ use super::super::tests::random_blocks;
 use super::super::{quantize_rows, QActs};
 use super::driver::{decode, decode_pair, group, pair, portable_group, quad};
 use super::*;
-use crate::kernels::quant::{iq4_indices_at, tq1_0_codes, BLOCK_FORMATS, IQ4_VALUES, MXFP4_VALUES, TQ2_0_BYTES};
+use crate::kernels::quant::{iq4_indices_at, tq1_0_codes, BLOCK_FORMATS, TQ2_0_BYTES};
 use crate::kernels::ternary::tq2_0_block;
 use crate::kernels::testing::random_vec;
 
@@ -381,7 +381,7 @@ fn decoded_values_change_nothing() {
         if lookup(dtype) {
             // Per 32 values, the low nibbles' four chunks, then the high ones', each byte
             // the looked-up value plus 128.
-            let table = if dtype == GgmlType::Mxfp4 { MXFP4_VALUES } else { IQ4_VALUES };
+            let table = table(dtype);
             let (values, bytes) = dtype.block();
             for (at, &v) in vals.iter().enumerate() {
                 let (run, h, c, r, i) = (at / 256, at % 256 / 128, at % 128 / 32, at % 32 / 4, at % 4);

@@ -179,10 +179,7 @@ unsafe fn decode_lookup_pair(dtype: GgmlType, a: *const u8, b: *const u8, out: *
 /// SSE2 must be available.
 #[inline(always)]
 unsafe fn offset_values(dtype: GgmlType) -> __m128i {
-    unsafe {
-        let values = if dtype == GgmlType::Mxfp4 { lookup_values::<F_MXFP4>() } else { lookup_values::<F_IQ4_NL>() };
-        _mm_xor_si128(values, _mm_set1_epi8(-128))
-    }
+    unsafe { _mm_xor_si128(_mm_loadu_si128(table(dtype).as_ptr().cast()), _mm_set1_epi8(-128)) }
 }
 
 /// One Q3_K record's values (from `vals`), decoded for [`decode`] ([`q3_chunk`]).

@@ -1,11 +1,11 @@
-//! The nibble formats Q4_0, Q4_1, Q5_0 and Q5_1: 16-value halves, each under its own
-//! activation scale.
+//! The nibble formats Q4_1, Q5_0 and Q5_1: 16-value halves, each under its own
+//! activation scale. (Q4_0 runs on [`q8`]'s kernels.)
 
 use super::*;
 
-/// The nibble formats: Q4_0 (values are nibbles − 8), Q4_1 (`MIN`: `d·q + m`), and with
-/// `FIVE` their fifth bits, Q5_0 (− 16) and Q5_1. The values stay unsigned for
-/// `maddubs`; Q4_0's and Q5_0's offsets are taken off the integer sum.
+/// The nibble formats: Q4_1 (`MIN`: `d·q + m`), and with `FIVE` the fifth bits, Q5_0
+/// (values `q − 16`) and Q5_1. The values stay unsigned for `maddubs`; Q5_0's offset is
+/// taken off the integer sum.
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be available (with `V`, what [`vnni`] checks too); `src`
@@ -21,13 +21,13 @@ pub(super) unsafe fn legacy<const V: bool, const MIN: bool, const FIVE: bool, co
 ) {
     unsafe {
         let dtype = match (MIN, FIVE) {
-            (false, false) => GgmlType::Q4_0,
+            (false, false) => unreachable!("Q4_0 runs on q8's kernels"),
             (true, false) => GgmlType::Q4_1,
             (false, true) => GgmlType::Q5_0,
             (true, true) => GgmlType::Q5_1,
         };
         let (rec_bytes, head) = record(dtype);
-        let (masks, offset) = (shape(dtype).fifth_at(), if FIVE { -16 } else { -8 });
+        let (masks, offset) = (shape(dtype).fifth_at(), -16);
         let p = src.rec;
         let (ones, low4) = (_mm256_set1_epi16(1), _mm256_set1_epi8(0xF));
         let mut acc = [_mm256_setzero_ps(); R];
@@ -50,7 +50,7 @@ pub(super) unsafe fn legacy<const V: bool, const MIN: bool, const FIVE: bool, co
                 for (t, blk) in blk.iter_mut().enumerate() {
                     let xb = (first + t) * blocks + b;
                     let x = xq.q.as_ptr().add(xb * QB + QH * h);
-                    // The −8 or −16 · Σx, first or last: the same i32 sum either way.
+                    // The −16 · Σx, first or last: the same i32 sum either way.
                     let offset = _mm256_set1_epi32(if MIN { 0 } else { offset * xq.sums.get_unchecked(2 * xb + h) });
                     let s = if V {
                         w.iter().enumerate().fold(offset, |s, (c, w)| dot4(s, *w, bcast(x.add(4 * c))))

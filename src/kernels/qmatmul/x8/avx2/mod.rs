@@ -101,11 +101,12 @@ macro_rules! by_isa {
 
 /// [`by_tile!`] or [`by_isa!`] (`$by!($($args)*)`) of the signed-byte formats' kernel of
 /// `$dtype`, with its format and, for the lookup formats, `$pre` (values decoded ahead) as
-/// const arguments; Q8_0 always reads its records.
+/// const arguments; Q8_0 and Q4_0 always read their records.
 macro_rules! by_signed_bytes {
     ($dtype:expr, $pre:expr, $by:ident!($($args:tt)*)) => {
         match ($dtype, $pre) {
             (GgmlType::Q8_0, _) => $by!($($args)*, F_Q8_0, false),
+            (GgmlType::Q4_0, _) => $by!($($args)*, F_Q4_0, false),
             (GgmlType::Iq4Nl, true) => $by!($($args)*, F_IQ4_NL, true),
             (GgmlType::Iq4Nl, false) => $by!($($args)*, F_IQ4_NL, false),
             (GgmlType::Iq4Xs, true) => $by!($($args)*, F_IQ4_XS, true),
@@ -138,7 +139,6 @@ pub unsafe fn group(
     unsafe {
         let pre = !src.vals.is_null();
         let f = match (dtype, vnni) {
-            (GgmlType::Q4_0, v) => by_isa!(v, tile, legacy_n | legacy_n_vnni, false, false),
             (GgmlType::Q4_1, v) => by_isa!(v, tile, legacy_n | legacy_n_vnni, true, false),
             (GgmlType::Q5_0, v) => by_isa!(v, tile, legacy_n | legacy_n_vnni, false, true),
             (GgmlType::Q5_1, v) => by_isa!(v, tile, legacy_n | legacy_n_vnni, true, true),
@@ -393,6 +393,7 @@ const F_Q8_0: u8 = 0;
 const F_IQ4_NL: u8 = 1;
 const F_IQ4_XS: u8 = 2;
 const F_MXFP4: u8 = 3;
+const F_Q4_0: u8 = 4;
 
 /// Asks for the record [`AHEAD`] bytes on from `rec` into L2: for the K-quant kernels
 /// that run one group's records from memory (tiles of one to four rows; also a paired

@@ -1,8 +1,7 @@
-//! Signed byte values: Q8_0's, and IQ4_NL's, IQ4_XS's and MXFP4's looked up from their
-//! indices.
+//! Signed byte values: Q8_0's, and IQ4_NL's, IQ4_XS's, MXFP4's and Q4_0's looked up from
+//! their indices.
 
 use super::*;
-use crate::kernels::quant::{IQ4_VALUES, MXFP4_VALUES};
 
 /// Q8_0: signed weights, so `|w|` against `x` carrying `w`'s sign. Each chunk loads
 /// once for the tile's rows; a row's half-block sums gather in i32 and go straight
@@ -10,12 +9,13 @@ use crate::kernels::quant::{IQ4_VALUES, MXFP4_VALUES};
 /// registers, not three (with a per-block sum as well, four rows spilled and ran
 /// slower than one). Pairs of groups side by side run in [`q8_pairs`].
 ///
-/// IQ4_NL (`F`) and IQ4_XS run here too: each chunk of their 4-bit indices (as Q4_0's
-/// nibbles) becomes its signed values with one byte shuffle from [`IQ4_VALUES`], and
-/// IQ4_XS's weight scale of 32 values is `d · (ls − 32)` (`blocks` counts its 256-value
-/// blocks; the loop runs over 32). So does MXFP4, its doubled E2M1 values looked up from
-/// [`MXFP4_VALUES`] and its eight E8M0 bytes made the f32 scales they halve to ([`e8m0x8`]).
-/// With `PRE`, the values come decoded ahead ([`decode_lookup`]), offset by 128.
+/// IQ4_NL (`F`) and IQ4_XS run here too: each chunk of their 4-bit indices becomes its
+/// signed values with one byte shuffle from their [`table`], and IQ4_XS's weight scale of
+/// 32 values is `d · (ls − 32)` (`blocks` counts its 256-value blocks; the loop runs over
+/// 32). So does MXFP4, its doubled E2M1 values looked up likewise and its eight E8M0 bytes
+/// made the f32 scales they halve to ([`e8m0x8`]). With `PRE`, the values come decoded
+/// ahead ([`decode_lookup`]), offset by 128. Q4_0's values are its nibbles less 8: they go
+/// in as they are, unsigned, and the 8 comes off the sum ([`unsigned_offset`]).
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be available (with `V`, what [`vnni`] checks too); `src`
@@ -42,34 +42,56 @@ pub(super) unsafe fn q8<const V: bool, const F: u8, const PRE: bool, const R: us
             let dw = q8_scales::<F>(rec, sc_at + GROUP * sub);
             for h in 0..2 {
                 let mut s = [_mm256_setzero_si256(); R];
-                if V {
-                    // `w + 128` is unsigned, and `Σ (w + 128)·x` starts from `−128 · Σx`.
+                let offset = unsigned_offset(F);
+                if V || offset == 8 {
+                    // The unsigned bytes are `w + offset`, and `Σ (w + offset)·x` starts
+                    // from `−offset · Σx`.
                     for (t, s) in s.iter_mut().enumerate() {
-                        *s = _mm256_set1_epi32(-128 * xq.sums.get_unchecked(2 * ((first + t) * blocks + b) + h));
+                        *s = _mm256_set1_epi32(-offset * xq.sums.get_unchecked(2 * ((first + t) * blocks + b) + h));
                     }
                 }
-                for c in 0..4 {
-                    let offset = _mm256_set1_epi8(-128);
-                    let (w, uw) = if PRE {
-                        let uw = _mm256_loadu_si256(src.vals.add(32 * (8 * b + 4 * h + c)).cast());
-                        (_mm256_xor_si256(uw, offset), uw)
-                    } else {
-                        let w = if F == F_Q8_0 {
-                            _mm256_loadu_si256(rec.add(head + 32 * (4 * h + c)).cast())
-                        } else {
-                            lookup_chunk(rec.add(head + 128 * sub), h, c, table)
-                        };
-                        (w, _mm256_xor_si256(w, offset))
-                    };
-                    let aw = _mm256_abs_epi8(w);
+                if !V && offset == 8 {
+                    // Without VNNI, four chunks of Q4_0's nibbles gather their `maddubs`
+                    // products in i16 (at most 4 · 2 · 15 · 127) before one `madd`.
+                    let mut w = [_mm256_setzero_si256(); 4];
+                    for (c, w) in w.iter_mut().enumerate() {
+                        *w = nibble_chunk(rec.add(head), h, c);
+                    }
                     for (t, s) in s.iter_mut().enumerate() {
-                        let x = bcast(xq.q.as_ptr().add(((first + t) * blocks + b) * QB + QH * h + 4 * c));
-                        *s = if V {
-                            dot4(*s, uw, x)
+                        let x = xq.q.as_ptr().add(((first + t) * blocks + b) * QB + QH * h);
+                        let mut s16 = _mm256_maddubs_epi16(w[0], bcast(x));
+                        for (c, w) in w.iter().enumerate().skip(1) {
+                            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(*w, bcast(x.add(4 * c))));
+                        }
+                        *s = _mm256_add_epi32(*s, _mm256_madd_epi16(s16, ones));
+                    }
+                } else {
+                    for c in 0..4 {
+                        let (w, uw) = if PRE {
+                            let uw = _mm256_loadu_si256(src.vals.add(32 * (8 * b + 4 * h + c)).cast());
+                            (_mm256_xor_si256(uw, _mm256_set1_epi8(-128)), uw)
+                        } else if F == F_Q4_0 {
+                            // (With VNNI only.) The nibbles, `w + 8`.
+                            let w = nibble_chunk(rec.add(head), h, c);
+                            (w, w)
                         } else {
-                            let prod = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w));
-                            _mm256_add_epi32(*s, _mm256_madd_epi16(prod, ones))
+                            let w = if F == F_Q8_0 {
+                                _mm256_loadu_si256(rec.add(head + 32 * (4 * h + c)).cast())
+                            } else {
+                                lookup_chunk(rec.add(head + 128 * sub), h, c, table)
+                            };
+                            (w, _mm256_xor_si256(w, _mm256_set1_epi8(-128)))
                         };
+                        let aw = _mm256_abs_epi8(w);
+                        for (t, s) in s.iter_mut().enumerate() {
+                            let x = bcast(xq.q.as_ptr().add(((first + t) * blocks + b) * QB + QH * h + 4 * c));
+                            *s = if V {
+                                dot4(*s, uw, x)
+                            } else {
+                                let prod = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w));
+                                _mm256_add_epi32(*s, _mm256_madd_epi16(prod, ones))
+                            };
+                        }
                     }
                 }
                 for (t, (acc, s)) in acc.iter_mut().zip(&s).enumerate() {
@@ -123,10 +145,12 @@ pub(super) unsafe fn q8_pairs<const F: u8, const PRE: bool, const G: usize, cons
                 *dw = two_groups_ps(q8_scales::<F>(rec[2 * p], at), q8_scales::<F>(rec[2 * p + 1], at));
             }
             for h in 0..2 {
-                // `w + 128` is unsigned, and `Σ (w + 128)·x` starts from `−128 · Σx`.
+                // The unsigned bytes are `w + offset`, and `Σ (w + offset)·x` starts from
+                // `−offset · Σx`.
+                let offset = unsigned_offset(F);
                 let mut s = [[_mm512_setzero_si512(); R]; P];
                 for t in 0..R {
-                    let init = _mm512_set1_epi32(-128 * xq.sums.get_unchecked(2 * ((first + t) * blocks + b) + h));
+                    let init = _mm512_set1_epi32(-offset * xq.sums.get_unchecked(2 * ((first + t) * blocks + b) + h));
                     for s in s.iter_mut() {
                         s[t] = init;
                     }
@@ -144,7 +168,13 @@ pub(super) unsafe fn q8_pairs<const F: u8, const PRE: bool, const G: usize, cons
                             two_groups(a.add(at), b.add(at))
                         } else {
                             let at = head + 128 * sub + 32 * c;
-                            lookup_x2(two_groups(a.add(at), b.add(at)), h, table)
+                            let v = two_groups(a.add(at), b.add(at));
+                            if F == F_Q4_0 {
+                                // The nibbles, `w + 8`.
+                                *uw = nibbles_x2(v, h);
+                                continue;
+                            }
+                            lookup_x2(v, h, table)
                         };
                         *uw = _mm512_xor_si512(w, _mm512_set1_epi8(-128));
                     }
@@ -171,49 +201,75 @@ pub(super) unsafe fn q8_pairs<const F: u8, const PRE: bool, const G: usize, cons
     }
 }
 
-/// The sixteen signed values a [`lookup`] format `F`'s indices pick.
+/// The sixteen signed values a [`lookup`] format `F`'s indices pick ([`table`]).
 ///
 /// # Safety
 /// SSE2 must be available.
 #[inline(always)]
 pub(super) unsafe fn lookup_values<const F: u8>() -> __m128i {
-    unsafe {
-        let values = if F == F_MXFP4 { &MXFP4_VALUES } else { &IQ4_VALUES };
-        _mm_loadu_si128(values.as_ptr().cast())
+    unsafe { _mm_loadu_si128(table(q8_format(F)).as_ptr().cast()) }
+}
+
+/// What format `f`'s unsigned bytes add to its values: 8 to Q4_0's, its nibbles as they
+/// are; 128 to every other's.
+const fn unsigned_offset(f: u8) -> i32 {
+    if f == F_Q4_0 {
+        8
+    } else {
+        128
     }
 }
 
 /// Chunk `c` of half `h` of the 32-value sub-block whose indices are at `qs` (the low
-/// nibbles the first half, the high ones the second): four signed values of each of the
-/// eight rows, looked up in `table` ([`lookup_values`] in both 128-bit lanes).
+/// nibbles the first half, the high ones the second): four indices of each of the
+/// eight rows.
+///
+/// # Safety
+/// AVX2 must be available and `qs` hold a sub-block's 128 bytes of indices.
+#[inline(always)]
+pub(super) unsafe fn nibble_chunk(qs: *const u8, h: usize, c: usize) -> __m256i {
+    unsafe {
+        let v = _mm256_loadu_si256(qs.add(32 * c).cast());
+        let v = if h == 0 { v } else { _mm256_srli_epi16(v, 4) };
+        _mm256_and_si256(v, _mm256_set1_epi8(0xF))
+    }
+}
+
+/// [`nibble_chunk`]'s values looked up in `table` ([`lookup_values`] in both 128-bit lanes).
 ///
 /// # Safety
 /// AVX2 must be available and `qs` hold a sub-block's 128 bytes of indices.
 #[inline(always)]
 pub(super) unsafe fn lookup_chunk(qs: *const u8, h: usize, c: usize, table: __m256i) -> __m256i {
+    unsafe { _mm256_shuffle_epi8(table, nibble_chunk(qs, h, c)) }
+}
+
+/// Half `h`'s indices of a pair's chunk `v` ([`two_groups`]), as [`nibble_chunk`] in 512
+/// bits.
+///
+/// # Safety
+/// What [`vnni`] checks must be available.
+#[inline(always)]
+pub(super) unsafe fn nibbles_x2(v: __m512i, h: usize) -> __m512i {
     unsafe {
-        let v = _mm256_loadu_si256(qs.add(32 * c).cast());
-        let v = if h == 0 { v } else { _mm256_srli_epi16(v, 4) };
-        _mm256_shuffle_epi8(table, _mm256_and_si256(v, _mm256_set1_epi8(0xF)))
+        let v = if h == 0 { v } else { _mm512_srli_epi16(v, 4) };
+        _mm512_and_si512(v, _mm512_set1_epi8(0xF))
     }
 }
 
-/// [`lookup_chunk`] of a pair's chunk of indices `v` ([`two_groups`]) in 512 bits, `table`
-/// in every 128-bit lane.
+/// [`nibbles_x2`]'s values looked up in `table` ([`lookup_values`] in every 128-bit lane).
 ///
 /// # Safety
 /// What [`vnni`] checks must be available.
 #[inline(always)]
 pub(super) unsafe fn lookup_x2(v: __m512i, h: usize, table: __m512i) -> __m512i {
-    unsafe {
-        let v = if h == 0 { v } else { _mm512_srli_epi16(v, 4) };
-        _mm512_shuffle_epi8(table, _mm512_and_si512(v, _mm512_set1_epi8(0xF)))
-    }
+    unsafe { _mm512_shuffle_epi8(table, nibbles_x2(v, h)) }
 }
 
 /// The format `F` of [`q8`].
 const fn q8_format(f: u8) -> GgmlType {
     match f {
+        F_Q4_0 => GgmlType::Q4_0,
         F_IQ4_NL => GgmlType::Iq4Nl,
         F_IQ4_XS => GgmlType::Iq4Xs,
         F_MXFP4 => GgmlType::Mxfp4,
