@@ -29,7 +29,6 @@ pub(super) unsafe fn legacy<const V: bool, const MIN: bool, const FIVE: bool, co
         let (rec_bytes, head) = record(dtype);
         let (masks, offset) = (shape(dtype).fifth_at(), -16);
         let p = src.rec;
-        let (ones, low4) = (_mm256_set1_epi16(1), _mm256_set1_epi8(0xF));
         let mut acc = [_mm256_setzero_ps(); R];
         for b in 0..blocks {
             let rec = p.add(b * rec_bytes);
@@ -41,8 +40,7 @@ pub(super) unsafe fn legacy<const V: bool, const MIN: bool, const FIVE: bool, co
                 // w[c]: values 16h + 4c..16h + 4c + 4 of every row.
                 let mut w = [_mm256_setzero_si256(); 4];
                 for (c, w) in w.iter_mut().enumerate() {
-                    let v = _mm256_loadu_si256(rec.add(head + 32 * c).cast());
-                    *w = _mm256_and_si256(if h == 0 { v } else { _mm256_srli_epi16(v, 4) }, low4);
+                    *w = nibble_chunk(rec.add(head), h, c);
                     if FIVE {
                         *w = with_fifth::<V>(*w, rec.add(masks + 4 * (4 * h + c)).cast::<u32>().read_unaligned());
                     }
@@ -52,15 +50,7 @@ pub(super) unsafe fn legacy<const V: bool, const MIN: bool, const FIVE: bool, co
                     let x = xq.q.as_ptr().add(xb * QB + QH * h);
                     // The −16 · Σx, first or last: the same i32 sum either way.
                     let offset = _mm256_set1_epi32(if MIN { 0 } else { offset * xq.sums.get_unchecked(2 * xb + h) });
-                    let s = if V {
-                        w.iter().enumerate().fold(offset, |s, (c, w)| dot4(s, *w, bcast(x.add(4 * c))))
-                    } else {
-                        let mut s16 = _mm256_maddubs_epi16(w[0], bcast(x));
-                        for (c, w) in w.iter().enumerate().skip(1) {
-                            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(*w, bcast(x.add(4 * c))));
-                        }
-                        _mm256_add_epi32(_mm256_madd_epi16(s16, ones), offset)
-                    };
+                    let s = nibble_sums::<V>(&w, x, offset);
                     let dx = _mm256_set1_ps(*xq.d.get_unchecked(2 * xb + h));
                     *blk = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), dx, *blk);
                 }
@@ -80,6 +70,46 @@ pub(super) unsafe fn legacy<const V: bool, const MIN: bool, const FIVE: bool, co
             }
         }
         store(&acc, out);
+    }
+}
+
+/// Chunk `c` of half `h` of the 32-value blocks whose nibbles (or 4-bit indices) are at
+/// `qs` (the low nibbles the first half, the high ones the second): four of each of the
+/// eight rows.
+///
+/// # Safety
+/// AVX2 must be available and `qs` hold a block's 128 bytes of nibbles.
+#[inline(always)]
+pub(super) unsafe fn nibble_chunk(qs: *const u8, h: usize, c: usize) -> __m256i {
+    unsafe {
+        let v = _mm256_loadu_si256(qs.add(32 * c).cast());
+        let v = if h == 0 { v } else { _mm256_srli_epi16(v, 4) };
+        _mm256_and_si256(v, _mm256_set1_epi8(0xF))
+    }
+}
+
+/// One row's sum over a half block's four chunks of unsigned values `w` (at most 31)
+/// against its activations at `x`, from `init`: with VNNI (`V`) one `vpdpbusd` a chunk;
+/// with AVX2 the chunks' `maddubs` products (at most 4 · 2 · 31 · 127 a lane) gather in
+/// i16 before one `madd`.
+///
+/// # Safety
+/// AVX2 must be available (with `V`, what [`vnni`] checks too) and `x` hold 16 bytes.
+#[inline(always)]
+pub(super) unsafe fn nibble_sums<const V: bool>(w: &[__m256i; 4], x: *const i8, init: __m256i) -> __m256i {
+    unsafe {
+        if V {
+            let mut s = init;
+            for (c, w) in w.iter().enumerate() {
+                s = dot4(s, *w, bcast(x.add(4 * c)));
+            }
+            return s;
+        }
+        let mut s16 = _mm256_maddubs_epi16(w[0], bcast(x));
+        for (c, w) in w.iter().enumerate().skip(1) {
+            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(*w, bcast(x.add(4 * c))));
+        }
+        _mm256_add_epi32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)), init)
     }
 }
 

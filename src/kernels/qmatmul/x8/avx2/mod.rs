@@ -311,7 +311,7 @@ twins!(tq1_0, tq1_0_vnni<R: usize>
 twins!(q8_0, q8_0_vnni<F: u8, PRE: bool, R: usize>
     (src: Src, xq: &QActs, first: usize, blocks: usize, out: &mut [[f32; GROUP]; TILE]),
     V => q8::<V, F, PRE, R>(src, xq, first, blocks, out));
-/// Two groups of Q8_0 (or IQ4, MXFP4) side by side, with VNNI only ([`pairs`]).
+/// Two groups of a signed-byte format (Q8_0, Q4_0, IQ4, MXFP4) side by side, with VNNI only ([`pairs`]).
 ///
 /// # Safety
 /// As [`q8_pairs`]'s.
@@ -326,7 +326,7 @@ unsafe fn q8_two_vnni<const F: u8, const PRE: bool, const R: usize>(
     unsafe { q8_pairs::<F, PRE, 2, 1, R>(src, xq, first, blocks, out) }
 }
 
-/// Four groups of Q8_0 (or IQ4, MXFP4), two pairs side by side, with VNNI only ([`quads`]).
+/// Four groups of a signed-byte format (Q8_0, Q4_0, IQ4, MXFP4), two pairs side by side, with VNNI only ([`quads`]).
 ///
 /// # Safety
 /// As [`q8_pairs`]'s.

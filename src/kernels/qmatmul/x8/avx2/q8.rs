@@ -42,45 +42,37 @@ pub(super) unsafe fn q8<const V: bool, const F: u8, const PRE: bool, const R: us
             let dw = q8_scales::<F>(rec, sc_at + GROUP * sub);
             for h in 0..2 {
                 let mut s = [_mm256_setzero_si256(); R];
-                let offset = unsigned_offset(F);
-                if V || offset == 8 {
-                    // The unsigned bytes are `w + offset`, and `Σ (w + offset)·x` starts
-                    // from `−offset · Σx`.
-                    for (t, s) in s.iter_mut().enumerate() {
-                        *s = _mm256_set1_epi32(-offset * xq.sums.get_unchecked(2 * ((first + t) * blocks + b) + h));
-                    }
-                }
-                if !V && offset == 8 {
-                    // Without VNNI, four chunks of Q4_0's nibbles gather their `maddubs`
-                    // products in i16 (at most 4 · 2 · 15 · 127) before one `madd`.
+                if F == F_Q4_0 {
+                    // Q4_0's nibbles as they are, `8 · Σx` off the sum, as the nibble
+                    // formats' kernel takes them.
                     let mut w = [_mm256_setzero_si256(); 4];
                     for (c, w) in w.iter_mut().enumerate() {
                         *w = nibble_chunk(rec.add(head), h, c);
                     }
                     for (t, s) in s.iter_mut().enumerate() {
-                        let x = xq.q.as_ptr().add(((first + t) * blocks + b) * QB + QH * h);
-                        let mut s16 = _mm256_maddubs_epi16(w[0], bcast(x));
-                        for (c, w) in w.iter().enumerate().skip(1) {
-                            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(*w, bcast(x.add(4 * c))));
-                        }
-                        *s = _mm256_add_epi32(*s, _mm256_madd_epi16(s16, ones));
+                        let xb = (first + t) * blocks + b;
+                        let init = _mm256_set1_epi32(-unsigned_offset(F) * xq.sums.get_unchecked(2 * xb + h));
+                        *s = nibble_sums::<V>(&w, xq.q.as_ptr().add(xb * QB + QH * h), init);
                     }
                 } else {
+                    if V {
+                        // `w + 128` is unsigned, and `Σ (w + 128)·x` starts from `−128 · Σx`.
+                        for (t, s) in s.iter_mut().enumerate() {
+                            *s = _mm256_set1_epi32(-128 * xq.sums.get_unchecked(2 * ((first + t) * blocks + b) + h));
+                        }
+                    }
                     for c in 0..4 {
+                        let offset = _mm256_set1_epi8(-128);
                         let (w, uw) = if PRE {
                             let uw = _mm256_loadu_si256(src.vals.add(32 * (8 * b + 4 * h + c)).cast());
-                            (_mm256_xor_si256(uw, _mm256_set1_epi8(-128)), uw)
-                        } else if F == F_Q4_0 {
-                            // (With VNNI only.) The nibbles, `w + 8`.
-                            let w = nibble_chunk(rec.add(head), h, c);
-                            (w, w)
+                            (_mm256_xor_si256(uw, offset), uw)
                         } else {
                             let w = if F == F_Q8_0 {
                                 _mm256_loadu_si256(rec.add(head + 32 * (4 * h + c)).cast())
                             } else {
                                 lookup_chunk(rec.add(head + 128 * sub), h, c, table)
                             };
-                            (w, _mm256_xor_si256(w, _mm256_set1_epi8(-128)))
+                            (w, _mm256_xor_si256(w, offset))
                         };
                         let aw = _mm256_abs_epi8(w);
                         for (t, s) in s.iter_mut().enumerate() {
@@ -217,21 +209,6 @@ const fn unsigned_offset(f: u8) -> i32 {
         8
     } else {
         128
-    }
-}
-
-/// Chunk `c` of half `h` of the 32-value sub-block whose indices are at `qs` (the low
-/// nibbles the first half, the high ones the second): four indices of each of the
-/// eight rows.
-///
-/// # Safety
-/// AVX2 must be available and `qs` hold a sub-block's 128 bytes of indices.
-#[inline(always)]
-pub(super) unsafe fn nibble_chunk(qs: *const u8, h: usize, c: usize) -> __m256i {
-    unsafe {
-        let v = _mm256_loadu_si256(qs.add(32 * c).cast());
-        let v = if h == 0 { v } else { _mm256_srli_epi16(v, 4) };
-        _mm256_and_si256(v, _mm256_set1_epi8(0xF))
     }
 }
 
