@@ -31,7 +31,7 @@ pub use layout::{interleave, raw_row};
 use layout::{record, shape};
 pub use paths::{act_scales, avx2_step, supports, vnni, Avx2Step};
 use paths::{
-    decodable, decode_from, decoded_bytes, decodes, decodes_in_pairs, k_quant, lookup, pairs, quads, signed_bytes,
+    decodable, decode_from, decoded_bytes, decodes, decodes_in_pairs, k_quant, lookup, pairs, quads, scaled_per_32,
     table, ternary,
 };
 

@@ -99,20 +99,27 @@ pub(super) fn decodes_in_pairs(dtype: GgmlType) -> bool {
 }
 
 /// Whether four groups of `dtype` run together ([`quad`]) where a chunk holds them: with
-/// VNNI, Q4_K, Q8_0 and Q4_0 (from their records) and the formats whose pairs decode side
-/// by side, so that each broadcast of activations feeds two pairs'
+/// VNNI, Q4_K, the Q6_K family, whose pairs decode side by side, and the formats that
+/// [`pairs_per_32`], so that each broadcast of activations feeds two pairs'
 /// `vpdpbusd`s; one broadcast per `vpdpbusd` kept the load ports busier than the
 /// multiply-adds (`docs/kernels.md`).
 pub(super) fn quads(dtype: GgmlType) -> bool {
-    decodes_in_pairs(dtype) || matches!(dtype, GgmlType::Q4K | GgmlType::Q8_0 | GgmlType::Q4_0) && vnni()
+    decodes_in_pairs(dtype) || dtype == GgmlType::Q4K && vnni() || pairs_per_32(dtype)
 }
 
 /// Whether two groups of `dtype` run side by side ([`pair`]) when more than one tile of
 /// rows runs over them: every broadcast of activations then feeds two multiply-adds (with
-/// VNNI, one 512-bit `vpdpbusd`). Q8_0 and the ternary formats pair only with VNNI, whose
-/// 32 registers hold both groups' sums.
+/// VNNI, one 512-bit `vpdpbusd`). The ternary formats pair only with VNNI, whose 32
+/// registers hold both groups' sums, as do the formats that [`pairs_per_32`].
 pub(super) fn pairs(dtype: GgmlType) -> bool {
-    k_quant(dtype) || (signed_bytes(dtype) || ternary(dtype)) && vnni()
+    k_quant(dtype) || ternary(dtype) && vnni() || pairs_per_32(dtype)
+}
+
+/// Whether `dtype` is [`scaled_per_32`] and pairs (with VNNI only): all but Q5_0 and
+/// Q5_1, whose pairs' fifth bits, two masks joined and added per chunk, ran them at
+/// 0.81–0.87× of one group at a time at 8 rows and no faster from 32.
+fn pairs_per_32(dtype: GgmlType) -> bool {
+    scaled_per_32(dtype) && !matches!(dtype, GgmlType::Q5_0 | GgmlType::Q5_1) && vnni()
 }
 
 /// Whether `dtype` is one of the ternary formats, which run on [`avx2::tq2`]'s kernels.
@@ -120,11 +127,12 @@ pub(super) fn ternary(dtype: GgmlType) -> bool {
     matches!(dtype, GgmlType::Tq2_0 | GgmlType::Tq1_0)
 }
 
-/// Whether `dtype` runs on [`avx2::q8`]'s kernels, its values signed bytes: Q8_0's, the
-/// [`lookup`] formats' looked up from their indices, and Q4_0's nibbles less 8 (which go
-/// in as they are, the 8 taken off the sum).
-pub(super) fn signed_bytes(dtype: GgmlType) -> bool {
-    matches!(dtype, GgmlType::Q8_0 | GgmlType::Q4_0) || lookup(dtype)
+/// Whether `dtype` runs on [`avx2::q8`]'s kernels, a weight scale per 32 values: Q8_0's
+/// signed bytes, the [`lookup`] formats' looked up from their indices, and the legacy
+/// nibble formats' (Q5's with their fifth bits), which go in unsigned as they are, their
+/// offset taken off the sum or their min added per block.
+pub(super) fn scaled_per_32(dtype: GgmlType) -> bool {
+    matches!(dtype, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1) || lookup(dtype)
 }
 
 /// The coarsest activation scales `dtype`'s kernel needs (every kernel reads coarser
@@ -159,9 +167,9 @@ pub struct Avx2Step {
 /// in two (Q3_K and Q2_K run on its kernels).
 pub fn avx2_step(dtype: GgmlType) -> Avx2Step {
     let (per_madd, signed) = match dtype {
-        // Q4_0's nibbles go into `maddubs` as they are, less 8 on the sum.
-        GgmlType::Q4_0 => (4, false),
-        _ if signed_bytes(dtype) => (1, true),
+        // The nibble formats' values go into `maddubs` as they are, unsigned.
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => (4, false),
+        _ if scaled_per_32(dtype) => (1, true),
         GgmlType::Q4K => (8, false),
         GgmlType::Tq2_0 | GgmlType::Tq1_0 => (64, false),
         GgmlType::Q6K | GgmlType::Q3K | GgmlType::Q2K => (2, false),

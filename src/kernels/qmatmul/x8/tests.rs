@@ -552,7 +552,7 @@ fn vnni_matches_avx2_bit_for_bit() {
         quantize_rows(&random_vec(TILE * k, 94), TILE, k, act_scales(dtype), &mut xq);
         let (a, b) = data.split_at(data.len() / 2);
         if !k_quant(dtype) {
-            // Q8_0, Q4_0, IQ4, MXFP4 and the ternary formats pair with VNNI only: against the
+            // The formats scaled per 32 values and the ternary ones pair with VNNI only: against the
             // AVX2 kernel alone (TQ1_0 from its codes decoded ahead, as the step runs it,
             // and the lookup formats from their values, side by side where paired).
             let decoded: Vec<Vec<u8>> = [a, b]

@@ -4,7 +4,7 @@
 use super::*;
 
 /// Q4_K and Q5_K (`FIVE`) with each decoded chunk (nibbles, and Q5_K's fifth bits)
-/// shared by the tile's rows, as [`legacy`] does; with `PRE`, the chunks are read
+/// shared by the tile's rows, as [`q8`]'s nibble formats do; with `PRE`, the chunks are read
 /// from the values decoded ahead. `G` groups run side by side, so that each
 /// broadcast of activation bytes feeds `G` multiply-adds (a broadcast load costs about
 /// as much as a `maddubs`). One sub-block at a time (the low nibbles of a pair, then

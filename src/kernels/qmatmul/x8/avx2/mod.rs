@@ -8,7 +8,6 @@ use std::arch::x86_64::*;
 
 mod decode;
 mod k_quants;
-mod legacy;
 mod q6;
 mod q8;
 mod sums;
@@ -18,7 +17,6 @@ mod vnni;
 pub(crate) use decode::{decode, decode_pair};
 use decode::{q2_chunk, q2_values, q3_chunk, q3_values};
 use k_quants::*;
-use legacy::*;
 use q6::*;
 use q8::*;
 use sums::*;
@@ -99,21 +97,23 @@ macro_rules! by_isa {
     };
 }
 
-/// [`by_tile!`] or [`by_isa!`] (`$by!($($args)*)`) of the signed-byte formats' kernel of
-/// `$dtype`, with its format and, for the lookup formats, `$pre` (values decoded ahead) as
-/// const arguments; Q8_0 and Q4_0 always read their records.
-macro_rules! by_signed_bytes {
+/// [`by_tile!`] or [`by_isa!`] (`$by!($($args)*)`) of the kernel of `$dtype`, one of the
+/// [`scaled_per_32`] formats that also pair (Q5_0 and Q5_1 do not: [`group`] dispatches
+/// them), with its format and, for the lookup formats, `$pre` (values decoded ahead) as
+/// const arguments; Q8_0 and the nibble formats always read their records.
+macro_rules! by_per_32 {
     ($dtype:expr, $pre:expr, $by:ident!($($args:tt)*)) => {
         match ($dtype, $pre) {
             (GgmlType::Q8_0, _) => $by!($($args)*, F_Q8_0, false),
             (GgmlType::Q4_0, _) => $by!($($args)*, F_Q4_0, false),
+            (GgmlType::Q4_1, _) => $by!($($args)*, F_Q4_1, false),
             (GgmlType::Iq4Nl, true) => $by!($($args)*, F_IQ4_NL, true),
             (GgmlType::Iq4Nl, false) => $by!($($args)*, F_IQ4_NL, false),
             (GgmlType::Iq4Xs, true) => $by!($($args)*, F_IQ4_XS, true),
             (GgmlType::Iq4Xs, false) => $by!($($args)*, F_IQ4_XS, false),
             (GgmlType::Mxfp4, true) => $by!($($args)*, F_MXFP4, true),
             (GgmlType::Mxfp4, false) => $by!($($args)*, F_MXFP4, false),
-            (other, _) => unreachable!("{other:?}: not a signed-byte format"),
+            (other, _) => unreachable!("{other:?}: not a paired format scaled per 32 values"),
         }
     };
 }
@@ -139,10 +139,9 @@ pub unsafe fn group(
     unsafe {
         let pre = !src.vals.is_null();
         let f = match (dtype, vnni) {
-            (GgmlType::Q4_1, v) => by_isa!(v, tile, legacy_n | legacy_n_vnni, true, false),
-            (GgmlType::Q5_0, v) => by_isa!(v, tile, legacy_n | legacy_n_vnni, false, true),
-            (GgmlType::Q5_1, v) => by_isa!(v, tile, legacy_n | legacy_n_vnni, true, true),
-            (d, v) if signed_bytes(d) => by_signed_bytes!(d, pre, by_isa!(v, tile, q8_0 | q8_0_vnni)),
+            (GgmlType::Q5_0, v) => by_isa!(v, tile, q8_0 | q8_0_vnni, F_Q5_0, false),
+            (GgmlType::Q5_1, v) => by_isa!(v, tile, q8_0 | q8_0_vnni, F_Q5_1, false),
+            (d, v) if scaled_per_32(d) => by_per_32!(d, pre, by_isa!(v, tile, q8_0 | q8_0_vnni)),
             (GgmlType::Tq2_0, v) => by_isa!(v, tile, tq2_0 | tq2_0_vnni, false),
             // TQ1_0's codes decoded ahead are TQ2_0's ([`decode_tq1`]).
             (GgmlType::Tq1_0, v) if pre => by_isa!(v, tile, tq2_0 | tq2_0_vnni, true),
@@ -193,14 +192,14 @@ pub unsafe fn pair(
     unsafe {
         let pre = !src[0].vals.is_null();
         debug_assert!((1..=TILE).contains(&tile) && src.iter().all(|s| s.vals.is_null() != pre));
-        if signed_bytes(dtype) || ternary(dtype) {
+        if scaled_per_32(dtype) || ternary(dtype) {
             // Their share of records is asked for before the call: a check per block of
             // 32 values measured slower.
             debug_assert!(vnni && ahead.len == 0 && (pre == (dtype == GgmlType::Tq1_0) || lookup(dtype)));
             let f = match dtype {
                 GgmlType::Tq2_0 => by_tile!(tile, tq2_two_vnni, false),
                 GgmlType::Tq1_0 => by_tile!(tile, tq2_two_vnni, true),
-                _ => by_signed_bytes!(dtype, pre, by_tile!(tile, q8_two_vnni)),
+                _ => by_per_32!(dtype, pre, by_tile!(tile, q8_two_vnni)),
             };
             return f(src, xq, first, blocks, acc);
         }
@@ -243,10 +242,10 @@ pub unsafe fn quad(
         let pre = !src[0].vals.is_null();
         debug_assert!((1..=TILE).contains(&tile) && src.iter().all(|s| s.vals.is_null() != pre));
         debug_assert!(pre == decodes_in_pairs(dtype) || lookup(dtype) && !pre);
-        if signed_bytes(dtype) {
+        if scaled_per_32(dtype) {
             // Their share of records is asked for before the call, as for [`pair`]'s.
             debug_assert!(ahead.len == 0);
-            let f = by_signed_bytes!(dtype, pre, by_tile!(tile, q8_four_vnni));
+            let f = by_per_32!(dtype, pre, by_tile!(tile, q8_four_vnni));
             return f(src, xq, first, blocks, acc);
         }
         let f = match dtype {
@@ -299,9 +298,6 @@ twins!(q6_one, q6_one_vnni<F: u8, PRE: bool, R: usize>
 twins!(q6_two, q6_two_vnni<F: u8, PRE: bool, R: usize>
     (src: [Src; 2], xq: &QActs, first: usize, blocks: usize, out: &mut [[[f32; GROUP]; TILE]; 2], ahead: Ahead),
     V => q6_k::<V, F, PRE, 2, R>(src, xq, first, blocks, out, ahead));
-twins!(legacy_n, legacy_n_vnni<MIN: bool, FIVE: bool, R: usize>
-    (src: Src, xq: &QActs, first: usize, blocks: usize, out: &mut [[f32; GROUP]; TILE]),
-    V => legacy::<V, MIN, FIVE, R>(src, xq, first, blocks, out));
 twins!(tq2_0, tq2_0_vnni<ONE: bool, R: usize>
     (src: Src, xq: &QActs, first: usize, blocks: usize, out: &mut [[f32; GROUP]; TILE]),
     V => tq2::<V, ONE, R>(src, xq, first, blocks, out));
@@ -311,7 +307,7 @@ twins!(tq1_0, tq1_0_vnni<R: usize>
 twins!(q8_0, q8_0_vnni<F: u8, PRE: bool, R: usize>
     (src: Src, xq: &QActs, first: usize, blocks: usize, out: &mut [[f32; GROUP]; TILE]),
     V => q8::<V, F, PRE, R>(src, xq, first, blocks, out));
-/// Two groups of a signed-byte format (Q8_0, Q4_0, IQ4, MXFP4) side by side, with VNNI only ([`pairs`]).
+/// Two groups of a [`scaled_per_32`] format side by side, with VNNI only ([`pairs`]).
 ///
 /// # Safety
 /// As [`q8_pairs`]'s.
@@ -326,7 +322,7 @@ unsafe fn q8_two_vnni<const F: u8, const PRE: bool, const R: usize>(
     unsafe { q8_pairs::<F, PRE, 2, 1, R>(src, xq, first, blocks, out) }
 }
 
-/// Four groups of a signed-byte format (Q8_0, Q4_0, IQ4, MXFP4), two pairs side by side, with VNNI only ([`quads`]).
+/// Four groups of a [`scaled_per_32`] format, two pairs side by side, with VNNI only ([`quads`]).
 ///
 /// # Safety
 /// As [`q8_pairs`]'s.
@@ -388,12 +384,15 @@ unsafe fn q6_four_vnni<const F: u8, const R: usize>(
     unsafe { q6_k::<true, F, true, 4, R>(src, xq, first, blocks, out, ahead) }
 }
 
-/// The formats that run on [`q8`]'s kernels ([`signed_bytes`]), as its const argument `F`.
+/// The formats that run on [`q8`]'s kernels ([`scaled_per_32`]), as its const argument `F`.
 const F_Q8_0: u8 = 0;
 const F_IQ4_NL: u8 = 1;
 const F_IQ4_XS: u8 = 2;
 const F_MXFP4: u8 = 3;
 const F_Q4_0: u8 = 4;
+const F_Q4_1: u8 = 5;
+const F_Q5_0: u8 = 6;
+const F_Q5_1: u8 = 7;
 
 /// Asks for the record [`AHEAD`] bytes on from `rec` into L2: for the K-quant kernels
 /// that run one group's records from memory (tiles of one to four rows; also a paired
