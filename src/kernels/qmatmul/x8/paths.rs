@@ -132,7 +132,13 @@ pub(super) fn ternary(dtype: GgmlType) -> bool {
 /// nibble formats' (Q5's with their fifth bits), which go in unsigned as they are, their
 /// offset taken off the sum or their min added per block.
 pub(super) fn scaled_per_32(dtype: GgmlType) -> bool {
-    matches!(dtype, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1) || lookup(dtype)
+    dtype == GgmlType::Q8_0 || nibbles(dtype) || lookup(dtype)
+}
+
+/// Whether `dtype` is a legacy nibble format (Q4_0, Q4_1, Q5_0, Q5_1), whose values go into
+/// the kernels unsigned, as they are.
+fn nibbles(dtype: GgmlType) -> bool {
+    matches!(dtype, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1)
 }
 
 /// The coarsest activation scales `dtype`'s kernel needs (every kernel reads coarser
@@ -167,8 +173,7 @@ pub struct Avx2Step {
 /// in two (Q3_K and Q2_K run on its kernels).
 pub fn avx2_step(dtype: GgmlType) -> Avx2Step {
     let (per_madd, signed) = match dtype {
-        // The nibble formats' values go into `maddubs` as they are, unsigned.
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => (4, false),
+        _ if nibbles(dtype) => (4, false),
         _ if scaled_per_32(dtype) => (1, true),
         GgmlType::Q4K => (8, false),
         GgmlType::Tq2_0 | GgmlType::Tq1_0 => (64, false),
