@@ -444,8 +444,9 @@ pub(super) unsafe fn q6_halves_vnni<const P: usize, const R: usize>(
 /// by side (`vals[g]`: group `g`'s pair's, [`decode_pair`]), and `R` rows with VNNI:
 /// output by output in a loop (unrolled, the outputs' sums, scales and pointers crowded
 /// the registers and spilled), both 16-value halves of an output at once
-/// ([`q6_halves_vnni`]), a pair in each 512-bit register; the same operations per row
-/// and lane as [`q6_out`].
+/// ([`q6_halves_vnni`]), a pair in each 512-bit register; per row and lane the same
+/// values as [`q6_out`]'s at every step (its scaled integer sums formed in f32, where
+/// they are exact), so the same bits.
 ///
 /// # Safety
 /// As [`q6_k`]'s with `V`, for the block that `rec` and `vals` point into.
@@ -511,10 +512,15 @@ unsafe fn q6_pairs_vnni<const F: u8, const G: usize, const P: usize, const R: us
             for (p, s) in s.iter().enumerate() {
                 let sc = |g: usize| rec[2 * p + g].add(sc_at + 16 * o);
                 let (lo, hi) = (q6_scales_2::<F>(sc(0), sc(1)), q6_scales_2::<F>(sc(0).add(8), sc(1).add(8)));
+                let (lo, hi) = (_mm512_cvtepi32_ps(lo), _mm512_cvtepi32_ps(hi));
                 for (t, (acc, s)) in acc.iter_mut().zip(s).enumerate() {
-                    let dot = _mm512_add_epi32(_mm512_mullo_epi32(s[0], lo), _mm512_mullo_epi32(s[1], hi));
+                    // The two halves' scaled sums in f32, exactly the integers two `vpmulld`s
+                    // gave (two micro-ops each on Intel): a half's sum is at most 16 · 32 · 127
+                    // and a scale at most 128, so products and sum stay under 2²⁴.
+                    let lo = _mm512_mul_ps(_mm512_cvtepi32_ps(s[0]), lo);
+                    let dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[1]), hi, lo);
                     let dx = _mm512_set1_ps(*xq.d.get_unchecked(hb(t) + 2 * o));
-                    acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), dx, acc[p]);
+                    acc[p] = _mm512_fmadd_ps(dot, dx, acc[p]);
                 }
             }
         }
