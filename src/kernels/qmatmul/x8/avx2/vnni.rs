@@ -517,8 +517,8 @@ unsafe fn q6_pairs_vnni<const F: u8, const G: usize, const P: usize, const R: us
                     // The two halves' scaled sums in f32, exactly the integers two `vpmulld`s
                     // gave (two micro-ops each on Intel): a half's sum is at most 16 · 32 · 127
                     // and a scale at most 128, so products and sum stay under 2²⁴.
-                    let lo = _mm512_mul_ps(_mm512_cvtepi32_ps(s[0]), lo);
-                    let dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[1]), hi, lo);
+                    let first = _mm512_mul_ps(_mm512_cvtepi32_ps(s[0]), lo);
+                    let dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[1]), hi, first);
                     let dx = _mm512_set1_ps(*xq.d.get_unchecked(hb(t) + 2 * o));
                     acc[p] = _mm512_fmadd_ps(dot, dx, acc[p]);
                 }
