@@ -189,7 +189,8 @@ pub(super) unsafe fn k_rows_vnni<const R: usize>(
         let spread = _mm512_set_epi32(15, 7, 14, 6, 13, 5, 12, 4, 11, 3, 10, 2, 9, 1, 8, 0);
         // Chains per half of a row: `[row][chain][half]`.
         let split = if R == 1 { 2 } else { 1 };
-        let mut sums = [_mm256_setzero_si256(); R];
+        // Each row's block sums in its two lanes per weight row, folded once at the end.
+        let mut sums = [_mm512_setzero_si512(); R];
         for pair in 0..4 {
             let w = rec.add(head + 256 * pair);
             let mut s = [[[_mm512_setzero_si512(); 2]; 2]; R];
@@ -203,16 +204,23 @@ pub(super) unsafe fn k_rows_vnni<const R: usize>(
                     s[i][1] = _mm512_dpbusd_epi32(s[i][1], hi, bcast8(x.add(QB)));
                 }
             }
-            let sc = pair_scales(rec, pair);
-            // A row's chains, and both halves of each, add into its eight rows' sums.
+            let sc = pair_scales_x2(rec, pair);
+            // A row's chains, and both halves of each, times their scales.
             for (sums, s) in sums.iter_mut().zip(&s) {
-                add_scaled(sums, [fold_pairs(s[0][0], s[1][0]), fold_pairs(s[0][1], s[1][1])], sc);
+                let (lo, hi) = if R == 1 {
+                    (_mm512_add_epi32(s[0][0], s[1][0]), _mm512_add_epi32(s[0][1], s[1][1]))
+                } else {
+                    (s[0][0], s[0][1])
+                };
+                let scaled = _mm512_add_epi32(_mm512_mullo_epi32(lo, sc[0]), _mm512_mullo_epi32(hi, sc[1]));
+                *sums = _mm512_add_epi32(*sums, scaled);
             }
         }
-        for s in sums.iter_mut() {
-            *s = _mm256_srai_epi32(*s, 4);
+        let mut out = [_mm256_setzero_si256(); R];
+        for (out, &s) in out.iter_mut().zip(&sums) {
+            *out = _mm256_srai_epi32(fold_pairs(s), 4);
         }
-        sums
+        out
     }
 }
 
@@ -272,6 +280,21 @@ unsafe fn pair_scales(rec: *const u8, pair: usize) -> [__m256i; 2] {
     }
 }
 
+/// [`pair_scales`] in 512-bit registers, each row's scale in its two neighbouring lanes
+/// (`2r`, `2r + 1`), as [`k_rows_vnni`]'s sums hold a row's.
+///
+/// # Safety
+/// What [`vnni`] checks must be available and `rec` be a whole Q4_K record.
+#[inline(always)]
+unsafe fn pair_scales_x2(rec: *const u8, pair: usize) -> [__m512i; 2] {
+    unsafe {
+        let sc = rec.add(32 + 16 * pair);
+        let (lo, hi) = (_mm_loadl_epi64(sc.cast()), _mm_loadl_epi64(sc.add(8).cast()));
+        let lo = _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, lo)), 4);
+        [lo, _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(hi, hi))]
+    }
+}
+
 /// Adds a sub-block pair's sums `s`, times their scales `sc` ([`pair_scales`]), to `sums`.
 ///
 /// # Safety
@@ -294,16 +317,13 @@ unsafe fn bcast8(x: *const i8) -> __m512i {
     unsafe { _mm512_set1_epi64(x.cast::<i64>().read_unaligned()) }
 }
 
-/// `a + b`, each pair of neighbouring lanes added: eight i32 sums.
+/// `z`'s neighbouring lanes added: eight i32 sums.
 ///
 /// # Safety
 /// What [`vnni`] checks must be available.
 #[inline(always)]
-unsafe fn fold_pairs(a: __m512i, b: __m512i) -> __m256i {
-    unsafe {
-        let z = _mm512_add_epi32(a, b);
-        _mm512_cvtepi64_epi32(_mm512_add_epi32(z, _mm512_srli_epi64::<32>(z)))
-    }
+unsafe fn fold_pairs(z: __m512i) -> __m256i {
+    unsafe { _mm512_cvtepi64_epi32(_mm512_add_epi32(z, _mm512_srli_epi64::<32>(z))) }
 }
 
 /// The i32 sums of two sub-blocks of decoded values (from `w0`, `w1`: eight 32-byte
