@@ -189,7 +189,8 @@ pub(super) unsafe fn k_rows_vnni<const R: usize>(
         let spread = _mm512_set_epi32(15, 7, 14, 6, 13, 5, 12, 4, 11, 3, 10, 2, 9, 1, 8, 0);
         // Chains per half of a row: `[row][chain][half]`.
         let split = if R == 1 { 2 } else { 1 };
-        // Each row's block sums in its two lanes per weight row, folded once at the end.
+        // Each activation row's block sums, a weight row's in two neighbouring lanes, folded
+        // to eight lanes once at the end.
         let mut sums = [_mm512_setzero_si512(); R];
         for pair in 0..4 {
             let w = rec.add(head + 256 * pair);
