@@ -206,13 +206,10 @@ pub(super) unsafe fn k_rows_vnni<const R: usize>(
                 }
             }
             let sc = pair_scales_x2(rec, pair);
-            // A row's chains, and both halves of each, times their scales.
+            // A row's chains (the second stays zero from two rows on), and both halves of
+            // each, times their scales.
             for (sums, s) in sums.iter_mut().zip(&s) {
-                let (lo, hi) = if R == 1 {
-                    (_mm512_add_epi32(s[0][0], s[1][0]), _mm512_add_epi32(s[0][1], s[1][1]))
-                } else {
-                    (s[0][0], s[0][1])
-                };
+                let (lo, hi) = (_mm512_add_epi32(s[0][0], s[1][0]), _mm512_add_epi32(s[0][1], s[1][1]));
                 let scaled = _mm512_add_epi32(_mm512_mullo_epi32(lo, sc[0]), _mm512_mullo_epi32(hi, sc[1]));
                 *sums = _mm512_add_epi32(*sums, scaled);
             }
